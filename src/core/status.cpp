@@ -1,0 +1,29 @@
+#include "core/status.h"
+
+#include <cstdarg>
+
+namespace lc {
+
+std::string strprintf(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  va_end(ap);
+  std::string s;
+  if (n > 0) {
+    s.resize(static_cast<size_t>(n) + 1);
+    std::vsnprintf(s.data(), s.size(), fmt, ap2);
+    s.resize(static_cast<size_t>(n));
+  }
+  va_end(ap2);
+  return s;
+}
+
+void check_failed(const char* file, int line, const char* expr) {
+  std::fprintf(stderr, "longctx: internal check failed at %s:%d: %s\n", file, line, expr);
+  std::abort();
+}
+
+}  // namespace lc

@@ -1,0 +1,89 @@
+#include "core/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LC_PAUSE() _mm_pause()
+#else
+#define LC_PAUSE() ((void)0)
+#endif
+
+namespace lc {
+
+namespace {
+constexpr int kSpinIterations = 1 << 16;
+}
+
+int default_thread_count() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  threads_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::worker(int idx) {
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
+      LC_PAUSE();
+      g = generation_.load(std::memory_order_acquire);
+    }
+    while (g == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
+      g = generation_.load(std::memory_order_acquire);
+    }
+    seen = g;
+    if (stop_.load(std::memory_order_acquire)) return;
+    (*job_)(idx);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(const std::function<void(int)>& fn) {
+  if (n_threads_ == 1) {
+    fn(0);
+    return;
+  }
+  job_ = &fn;
+  pending_.store(n_threads_ - 1, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  fn(0);
+  while (pending_.load(std::memory_order_acquire) != 0) LC_PAUSE();
+  job_ = nullptr;
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
+                              int64_t grain) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t n_chunks = (n + grain - 1) / grain;
+  const int nt = static_cast<int>(std::min<int64_t>(n_threads_, n_chunks));
+  if (nt <= 1) {
+    fn(0, n, 0);
+    return;
+  }
+  run([&](int t) {
+    if (t >= nt) return;
+    const int64_t c0 = n_chunks * t / nt, c1 = n_chunks * (t + 1) / nt;
+    const int64_t b = c0 * grain, e = std::min(n, c1 * grain);
+    if (b < e) fn(b, e, t);
+  });
+}
+
+}  // namespace lc

@@ -1,0 +1,49 @@
+// Compute kernels. Every kernel here has a scalar reference in ref/ that tests compare with.
+// SIMD paths are chosen at compile time (AVX-512 when the build targets it, else AVX2+FMA+F16C,
+// else scalar): the engine is built on the machine that runs it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace lc::kernels {
+
+// Dequantise/widen n elements (a multiple of the type's block size) of type t to f32.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Quantise/narrow n f32 values to type t (f32, f16, bf16, q8_0, q4_0, q8_k and the k-quants
+// the writer needs); returns false if t cannot be produced.
+bool quantize_row(DType t, const float* src, void* dst, int64_t n);
+bool can_quantize(DType t);
+
+// Types matmul accepts as weights.
+bool matmul_supports(DType t);
+
+// y[t, o] = sum_i W[o, i] * x[t, i].
+// w: [n_out rows of n_in] (w.ne[0] = n_in, w.ne[1] = n_out), any type matmul_supports.
+// x: [n_tokens, n_in] f32, y: [n_tokens, n_out] f32.
+// Quantised weights multiply activations quantised the way ggml does it (Q8_0 blocks for
+// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K blocks for k-quants) with integer dot products, so results
+// are the same whatever n_tokens is. F16/BF16/F32 weights multiply f32 activations.
+void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+
+// Element-wise and row kernels (contiguous f32).
+void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps);
+void softmax_inplace(float* x, int64_t n);
+void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
+void add_inplace(float* y, const float* x, int64_t n);    // y += x
+void scale_inplace(float* y, float a, int64_t n);
+
+// Rotates the first n_rot dims of every head in place.
+// x: [n_tokens, n_head, head_dim] f32; pos: [n_tokens]; inv_freq: [n_rot/2], the angle of pair
+// i at position p is p * inv_freq[i]; cos and sin are multiplied by mscale (YaRN).
+// neox=false rotates adjacent pairs (x[2i], x[2i+1]); neox=true rotates (x[i], x[i+n_rot/2]).
+void rope_apply(float* x, int64_t n_tokens, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                const int32_t* pos, const float* inv_freq, float mscale, bool neox);
+
+}  // namespace lc::kernels
