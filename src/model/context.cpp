@@ -1,0 +1,171 @@
+#include "model/context.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/kernels.h"
+
+namespace lc {
+
+Context::Context(const Model& model, const ContextParams& p)
+    : model_(model), hp_(model.hparams()), params_(p),
+      pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()),
+      kv_(hp_.n_layer, hp_.n_head_kv, hp_.head_dim, hp_.head_dim_v, p.n_ctx),
+      rope_(make_rope_table(hp_, model.rope_freq_factors())) {}
+
+Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& in) {
+  ContextParams p = in;
+  const HParams& hp = model.hparams();
+  if (p.n_ctx == 0) p.n_ctx = std::max<int64_t>(hp.n_ctx_train, 512);
+  if (p.n_ctx < 1 || p.n_ctx > (int64_t{1} << 31))
+    return make_error(strprintf("context size %lld is out of range", (long long)p.n_ctx));
+  if (p.n_batch < 1 || p.n_batch > 65536)
+    return make_error(strprintf("batch size %lld is out of range [1, 65536]", (long long)p.n_batch));
+  p.n_batch = std::min(p.n_batch, p.n_ctx);
+  if (p.n_threads < 0 || p.n_threads > 1024)
+    return make_error(strprintf("thread count %d is out of range", p.n_threads));
+  auto c = std::unique_ptr<Context>(new Context(model, p));
+  const size_t nb = static_cast<size_t>(p.n_batch);
+  const int64_t q_dim = hp.n_head * hp.head_dim;
+  const int64_t o_dim = hp.n_head * hp.head_dim_v;
+  try {
+    c->x_.resize(nb * static_cast<size_t>(hp.n_embd));
+    c->cur_.resize(nb * static_cast<size_t>(std::max({hp.n_embd, q_dim, o_dim})));
+    c->q_.resize(nb * static_cast<size_t>(q_dim));
+    c->k_.resize(nb * static_cast<size_t>(hp.n_head_kv * hp.head_dim));
+    c->v_.resize(nb * static_cast<size_t>(hp.n_head_kv * hp.head_dim_v));
+    c->attn_.resize(nb * static_cast<size_t>(o_dim));
+    c->gate_.resize(nb * static_cast<size_t>(hp.n_ff));
+    c->up_.resize(nb * static_cast<size_t>(hp.n_ff));
+    c->embd_.resize(static_cast<size_t>(hp.n_embd));
+    c->pos_.resize(nb);
+  } catch (const std::bad_alloc&) {
+    return make_error(strprintf("out of memory allocating activations for batch size %lld",
+                                (long long)p.n_batch));
+  }
+  return c;
+}
+
+size_t Context::activation_bytes() const {
+  return (x_.size() + cur_.size() + q_.size() + k_.size() + v_.size() + attn_.size() +
+          gate_.size() + up_.size()) * sizeof(float) + logits_.capacity() * sizeof(float);
+}
+
+Status Context::decode(std::span<const int32_t> tokens, Logits which) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return make_error("decode: no tokens");
+  if (n_past_ + n > params_.n_ctx) {
+    return make_error(strprintf("%lld tokens do not fit: %lld already in the context of %lld "
+                                "(raise --ctx-size)",
+                                (long long)n, (long long)n_past_, (long long)params_.n_ctx));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= hp_.n_vocab)
+      return make_error(strprintf("token id %d at index %lld is outside the vocabulary [0, %lld)",
+                                  tokens[static_cast<size_t>(i)], (long long)i, (long long)hp_.n_vocab));
+  }
+  LC_TRY(kv_.reserve(n_past_ + n));
+  n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
+  logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
+  for (int64_t i = 0; i < n; i += params_.n_batch) {
+    const int64_t m = std::min(params_.n_batch, n - i);
+    Logits w = Logits::kNone;
+    if (which == Logits::kAll) w = Logits::kAll;
+    if (which == Logits::kLast && i + m == n) w = Logits::kLast;
+    forward_chunk(tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
+  }
+  return Status::ok();
+}
+
+void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
+  const HParams& hp = hp_;
+  const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
+                k_dim = hp.n_head_kv * hp.head_dim, v_dim = hp.n_head_kv * hp.head_dim_v;
+  float* x = x_.data();
+  float* cur = cur_.data();
+
+  for (int64_t t = 0; t < n; ++t) {
+    const TensorView& te = model_.tok_embd();
+    kernels::dequantize_row(te.type, te.row(tokens[t]), x + t * E, E);
+    pos_[static_cast<size_t>(t)] = static_cast<int32_t>(n_past_ + t);
+  }
+
+  kernels::AttnShape as;
+  as.n_tokens = n;
+  as.n_head = hp.n_head;
+  as.n_head_kv = hp.n_head_kv;
+  as.head_dim = hp.head_dim;
+  as.head_dim_v = hp.head_dim_v;
+  as.kv_stride = kv_.capacity();
+  as.n_past = n_past_;
+  as.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+
+  auto rows = [&](int64_t count, auto&& fn) {
+    pool_.parallel_for(count, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    }, count >= 64 ? 8 : count);
+  };
+
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
+    rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
+    kernels::matmul(L.wq, cur, n, q_.data(), pool_);
+    kernels::matmul(L.wk, cur, n, k_.data(), pool_);
+    kernels::matmul(L.wv, cur, n, v_.data(), pool_);
+    rows(n, [&](int64_t t) {
+      float* qt = q_.data() + t * q_dim;
+      float* kt = k_.data() + t * k_dim;
+      float* vt = v_.data() + t * v_dim;
+      if (L.bq) kernels::add_inplace(qt, L.bq, q_dim);
+      if (L.bk) kernels::add_inplace(kt, L.bk, k_dim);
+      if (L.bv) kernels::add_inplace(vt, L.bv, v_dim);
+      if (L.q_norm) {
+        for (int64_t h = 0; h < hp.n_head; ++h)
+          kernels::rmsnorm(qt + h * hp.head_dim, L.q_norm, qt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
+        for (int64_t h = 0; h < hp.n_head_kv; ++h)
+          kernels::rmsnorm(kt + h * hp.head_dim, L.k_norm, kt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
+      }
+      const bool neox = hp.rope_kind == RopeKind::kNeox;
+      kernels::rope_apply(qt, 1, hp.n_head, hp.head_dim, hp.n_rot, &pos_[static_cast<size_t>(t)],
+                          rope_.inv_freq.data(), rope_.mscale, neox);
+      kernels::rope_apply(kt, 1, hp.n_head_kv, hp.head_dim, hp.n_rot, &pos_[static_cast<size_t>(t)],
+                          rope_.inv_freq.data(), rope_.mscale, neox);
+      // Scatter into the cache: [n_head_kv, capacity, head_dim].
+      const int64_t slot = n_past_ + t, cap = kv_.capacity();
+      float* kc = kv_.k(il);
+      float* vc = kv_.v(il);
+      for (int64_t h = 0; h < hp.n_head_kv; ++h) {
+        std::memcpy(kc + (h * cap + slot) * hp.head_dim, kt + h * hp.head_dim,
+                    static_cast<size_t>(hp.head_dim) * sizeof(float));
+        std::memcpy(vc + (h * cap + slot) * hp.head_dim_v, vt + h * hp.head_dim_v,
+                    static_cast<size_t>(hp.head_dim_v) * sizeof(float));
+      }
+    });
+    kernels::attention_causal(as, q_.data(), kv_.k(il), kv_.v(il), attn_.data(), pool_);
+    kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
+    rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+
+    rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
+    kernels::matmul(L.w_gate, cur, n, gate_.data(), pool_);
+    kernels::matmul(L.w_up, cur, n, up_.data(), pool_);
+    rows(n, [&](int64_t t) {
+      kernels::swiglu(gate_.data() + t * hp.n_ff, up_.data() + t * hp.n_ff, gate_.data() + t * hp.n_ff, hp.n_ff);
+    });
+    kernels::matmul(L.w_down, gate_.data(), n, cur, pool_);
+    rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+  }
+  n_past_ += n;
+  kv_.set_size(n_past_);
+
+  if (which == Logits::kNone) return;
+  const int64_t first = which == Logits::kAll ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  rows(n_out, [&](int64_t i) {
+    kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
+  });
+  kernels::matmul(model_.output(), cur, n_out, logits, pool_);
+}
+
+}  // namespace lc

@@ -1,0 +1,82 @@
+// One sequence's inference state over a Model: the KV cache, activation buffers sized for one
+// prefill chunk (n_batch tokens), and the forward pass. A prompt longer than n_batch is
+// evaluated chunk by chunk, so activation memory does not grow with the prompt.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/rope_table.h"
+
+namespace lc {
+
+struct ContextParams {
+  int64_t n_ctx = 0;     // 0: the model's training context (at least 512)
+  int64_t n_batch = 512; // tokens per forward chunk
+  int n_threads = 0;     // 0: all cores
+};
+
+enum class Logits { kLast, kAll, kNone };
+
+class Context {
+ public:
+  static Expected<std::unique_ptr<Context>> create(const Model& model, const ContextParams& p);
+
+  // Appends tokens to the sequence (positions n_past() ...) and runs the forward pass.
+  // kLast keeps the logits of the last token, kAll of every token of this call.
+  Status decode(std::span<const int32_t> tokens, Logits which = Logits::kLast);
+
+  // Logits of output row i of the last decode() ([n_vocab]); row 0 for kLast.
+  const float* logits(int64_t i = 0) const { return logits_.data() + i * hp_.n_vocab; }
+  int64_t n_outputs() const { return n_outputs_; }
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return params_.n_ctx; }
+  int64_t n_batch() const { return params_.n_batch; }
+  void clear() { truncate(0); }
+  // Forgets every token after the first n (their cache slots are overwritten later).
+  void truncate(int64_t n) {
+    n_past_ = n < n_past_ ? n : n_past_;
+    kv_.set_size(n_past_);
+  }
+
+  const Model& model() const { return model_; }
+  const KvCache& kv() const { return kv_; }
+  ThreadPool& pool() { return pool_; }
+  size_t activation_bytes() const;
+
+ private:
+  Context(const Model& model, const ContextParams& p);
+  // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
+  void forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
+
+  const Model& model_;
+  const HParams& hp_;
+  ContextParams params_;
+  ThreadPool pool_;
+  KvCache kv_;
+  RopeTable rope_;
+  int64_t n_past_ = 0;
+  int64_t n_outputs_ = 0;
+
+  // Activations for one chunk of at most n_batch tokens.
+  Buffer<float> x_;      // [n_batch, n_embd] residual stream
+  Buffer<float> cur_;    // [n_batch, max(n_embd, q_dim)]
+  Buffer<float> q_;      // [n_batch, n_head * head_dim]
+  Buffer<float> k_;      // [n_batch, n_head_kv * head_dim]
+  Buffer<float> v_;      // [n_batch, n_head_kv * head_dim_v]
+  Buffer<float> attn_;   // [n_batch, n_head * head_dim_v]
+  Buffer<float> gate_;   // [n_batch, n_ff]
+  Buffer<float> up_;     // [n_batch, n_ff]
+  Buffer<float> embd_;   // [n_embd] one dequantised embedding row
+  std::vector<int32_t> pos_;  // [n_batch]
+  std::vector<float> logits_; // [n_outputs, n_vocab]
+};
+
+}  // namespace lc

@@ -1,0 +1,163 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/sys.h"
+
+namespace lc {
+
+Status generate(Context& ctx, Sampler& sampler, std::vector<int32_t>& history, int64_t n_predict,
+                const TokenCallback& on_token, GenerateStats& stats) {
+  const Tokenizer& tok = ctx.model().tokenizer();
+  const int32_t n_vocab = tok.n_vocab();
+  if (static_cast<int64_t>(history.size()) > ctx.n_ctx()) {
+    return make_error(strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
+                                history.size(), (long long)ctx.n_ctx()));
+  }
+  if (history.empty()) return make_error("empty prompt: nothing to condition on (the model adds no BOS)");
+  const int64_t start = ctx.n_past();
+  if (start >= static_cast<int64_t>(history.size())) {
+    return make_error("internal: context already holds the whole history");
+  }
+  double t0 = now_seconds();
+  std::span<const int32_t> todo(history.data() + start, history.size() - static_cast<size_t>(start));
+  LC_TRY(ctx.decode(todo, Logits::kLast));
+  stats.n_prompt += static_cast<int64_t>(todo.size());
+  stats.t_prompt += now_seconds() - t0;
+
+  StreamDecoder dec(tok);
+  t0 = now_seconds();
+  for (int64_t i = 0; i < n_predict; ++i) {
+    const int32_t id = sampler.sample(ctx.logits(0), n_vocab, history);
+    history.push_back(id);
+    ++stats.n_gen;
+    if (tok.is_eog(id)) {
+      stats.stopped_eog = true;
+      std::string rest = dec.flush();
+      if (on_token && !rest.empty()) on_token(id, rest);
+      break;
+    }
+    const std::string text = dec.push(id);
+    if (on_token && !on_token(id, text)) break;
+    if (i + 1 == n_predict) break;  // the last token needs no forward pass
+    if (ctx.n_past() >= ctx.n_ctx()) {
+      stats.t_gen += now_seconds() - t0;
+      return make_error(strprintf("context full after %lld tokens (raise --ctx-size)", (long long)ctx.n_ctx()));
+    }
+    LC_TRY(ctx.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
+  }
+  if (on_token) {
+    std::string rest = dec.flush();
+    if (!rest.empty()) on_token(-1, rest);
+  }
+  stats.t_gen += now_seconds() - t0;
+  return Status::ok();
+}
+
+Expected<PerplexityResult> perplexity(Context& ctx, const std::vector<int32_t>& tokens, int64_t n_ctx,
+                                      const std::function<void(int64_t, double)>& on_chunk) {
+  const Tokenizer& tok = ctx.model().tokenizer();
+  if (n_ctx < 4) return make_error("perplexity: context must be at least 4 tokens");
+  if (n_ctx > ctx.n_ctx()) {
+    return make_error(strprintf("perplexity: chunk size %lld exceeds the context size %lld",
+                                (long long)n_ctx, (long long)ctx.n_ctx()));
+  }
+  const int64_t n_tok = static_cast<int64_t>(tokens.size());
+  if (n_tok < 2 * n_ctx) {
+    return make_error(strprintf("perplexity: the text has %lld tokens, need at least 2 * %lld = %lld "
+                                "(use a longer text or a smaller -c)",
+                                (long long)n_tok, (long long)n_ctx, (long long)(2 * n_ctx)));
+  }
+  PerplexityResult r;
+  r.n_chunks = n_tok / n_ctx;
+  const int64_t first = n_ctx / 2;
+  std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
+  double nll = 0, nll2 = 0;
+  for (int64_t c = 0; c < r.n_chunks; ++c) {
+    std::copy(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx, chunk.begin());
+    if (tok.add_bos() && tok.bos() >= 0) chunk[0] = tok.bos();
+    ctx.clear();
+    LC_TRY(ctx.decode(chunk, Logits::kAll));
+    const int32_t n_vocab = tok.n_vocab();
+    for (int64_t i = first; i < n_ctx - 1; ++i) {
+      const float* lg = ctx.logits(i);
+      double mx = lg[0];
+      for (int32_t j = 1; j < n_vocab; ++j) mx = std::max<double>(mx, lg[j]);
+      double sum = 0;
+      for (int32_t j = 0; j < n_vocab; ++j) sum += std::exp(static_cast<double>(lg[j]) - mx);
+      const double v = -(static_cast<double>(lg[chunk[static_cast<size_t>(i + 1)]]) - mx - std::log(sum));
+      r.nll.push_back(v);
+      nll += v;
+      nll2 += v * v;
+    }
+    r.n_scored = static_cast<int64_t>(r.nll.size());
+    r.chunk_ppl.push_back(std::exp(nll / static_cast<double>(r.n_scored)));
+    if (on_chunk) on_chunk(c, r.chunk_ppl.back());
+  }
+  ctx.clear();
+  const double n = static_cast<double>(r.n_scored);
+  r.nll_sum = nll;
+  const double mean = nll / n;
+  r.ppl = std::exp(mean);
+  const double var = nll2 / n - mean * mean;
+  r.ppl_err = n > 1 && var > 0 ? std::sqrt(var / (n - 1)) * r.ppl : 0.0;
+  return r;
+}
+
+double SpeedTest::mean() const {
+  if (tps.empty()) return 0;
+  double s = 0;
+  for (double x : tps) s += x;
+  return s / static_cast<double>(tps.size());
+}
+
+double SpeedTest::stddev() const {
+  if (tps.size() < 2) return 0;
+  const double m = mean();
+  double s = 0;
+  for (double x : tps) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(tps.size() - 1));
+}
+
+Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int64_t depth,
+                                int reps, uint64_t seed) {
+  SpeedTest st;
+  st.n_prompt = n_prompt;
+  st.n_gen = n_gen;
+  st.depth = depth;
+  st.name = n_prompt > 0 ? strprintf("pp%lld", (long long)n_prompt) : strprintf("tg%lld", (long long)n_gen);
+  if (depth > 0) st.name += strprintf(" @ d%lld", (long long)depth);
+  if (depth + n_prompt + n_gen > ctx.n_ctx()) {
+    return make_error(strprintf("bench: depth %lld + %lld tokens exceed the context size %lld (raise --ctx-size)",
+                                (long long)depth, (long long)(n_prompt + n_gen), (long long)ctx.n_ctx()));
+  }
+  const int32_t n_vocab = ctx.model().tokenizer().n_vocab();
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
+  std::vector<int32_t> toks(static_cast<size_t>(std::max(depth, n_prompt)));
+  for (int r = -1; r < reps; ++r) {  // r = -1 is a warm-up
+    ctx.clear();
+    if (depth > 0) {
+      for (auto& t : toks) t = pick(rng);
+      LC_TRY(ctx.decode(std::span<const int32_t>(toks.data(), static_cast<size_t>(depth)), Logits::kNone));
+    }
+    double t0 = now_seconds();
+    if (n_prompt > 0) {
+      for (auto& t : toks) t = pick(rng);
+      LC_TRY(ctx.decode(std::span<const int32_t>(toks.data(), static_cast<size_t>(n_prompt)), Logits::kLast));
+    } else {
+      for (int64_t i = 0; i < n_gen; ++i) {
+        const int32_t id = pick(rng);
+        LC_TRY(ctx.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
+      }
+    }
+    const double dt = now_seconds() - t0;
+    if (r >= 0) st.tps.push_back(static_cast<double>(n_prompt > 0 ? n_prompt : n_gen) / dt);
+  }
+  ctx.clear();
+  return st;
+}
+
+}  // namespace lc

@@ -1,0 +1,63 @@
+// Prompt processing and the decode loop, perplexity the way llama.cpp's perplexity tool
+// computes it, and llama-bench style speed measurements.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "model/context.h"
+#include "runtime/sampler.h"
+
+namespace lc {
+
+struct GenerateStats {
+  int64_t n_prompt = 0;   // tokens evaluated for the prompt
+  int64_t n_gen = 0;      // tokens generated
+  double t_prompt = 0;    // seconds
+  double t_gen = 0;
+  bool stopped_eog = false;
+};
+
+// Called with each generated token and the text it completes (never a partial UTF-8
+// character). Return false to stop.
+using TokenCallback = std::function<bool(int32_t id, std::string_view text)>;
+
+// Evaluates the tokens of `history` not yet in the context, then samples up to n_predict
+// tokens (stopping at an end-of-generation token), appending them to `history`.
+Status generate(Context& ctx, Sampler& sampler, std::vector<int32_t>& history, int64_t n_predict,
+                const TokenCallback& on_token, GenerateStats& stats);
+
+struct PerplexityResult {
+  double ppl = 0, ppl_err = 0;
+  double nll_sum = 0;
+  int64_t n_scored = 0;
+  int64_t n_chunks = 0;
+  std::vector<double> nll;        // every scored token, chunk order
+  std::vector<double> chunk_ppl;  // running estimate after each chunk
+};
+
+// llama.cpp's method: the text's tokens (with BOS if the model adds it) are cut into chunks of
+// n_ctx; each chunk starts with BOS in place of its first token and is evaluated from an empty
+// cache; the second half of each chunk (positions n_ctx/2 .. n_ctx-2) scores the next token.
+// on_chunk(i, running ppl) reports progress.
+Expected<PerplexityResult> perplexity(Context& ctx, const std::vector<int32_t>& tokens, int64_t n_ctx,
+                                      const std::function<void(int64_t, double)>& on_chunk = {});
+
+struct SpeedTest {
+  std::string name;   // "pp512" / "tg64"
+  int64_t n_prompt = 0, n_gen = 0, depth = 0;
+  std::vector<double> tps;  // tokens/s per repetition
+  double mean() const;
+  double stddev() const;
+};
+
+// pp tests time a prompt of n_prompt tokens, tg tests n_gen single-token decodes, each after
+// `depth` tokens already in the cache (not timed), repeated `reps` times on random tokens.
+Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int64_t depth,
+                                int reps, uint64_t seed);
+
+}  // namespace lc

@@ -1,0 +1,116 @@
+// The longctx binary end to end: outputs checked against llama.cpp goldens, bad input gets a
+// clear error and a non-zero exit.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+const std::string kBin = LONGCTX_BINARY;
+const std::string kGolden = std::string(LONGCTX_TEST_DATA) + "/golden/";
+const std::string kStories = kGolden + "models/stories260K.gguf";
+
+struct Result {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = kBin + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+std::string write_file(const std::string& name, const std::string& bytes) {
+  const std::string path = testing::TempDir() + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Cli, GreedyRunMatchesLlamaCpp) {
+  std::ifstream jf(kGolden + "cases/stories260K/case.json");
+  const auto cj = nlohmann::json::parse(jf);
+  const std::string prompt = slurp(kGolden + "prompts/p1.txt");
+  Result r = run("run -m " + kStories + " -f " + kGolden + "prompts/p1.txt -n 64 --temp 0 -c 512");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(prompt + cj["greedy"]["text"].get<std::string>()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+  EXPECT_NE(r.out.find("peak RSS"), std::string::npos);
+}
+
+TEST(Cli, TokenizeMatchesLlamaCpp) {
+  Result r = run("tokenize --ids -m " + kStories + " -p 'Once upon a time'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[1, 403, 407, 261, 378]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InfoPrintsHyperParameters) {
+  Result r = run("info " + kStories);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"architecture:    llama", "n_layer:         5", "n_embd:          64",
+                        "n_head_kv:       4", "blk.0.attn_q.weight", "tokenizer:       llama"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(Cli, PerplexityPrintsLlamaCppFigure) {
+  Result r = run("perplexity -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt -c 128 -b 128");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Final estimate: PPL = 3.7869"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadFlagIsAnError) {
+  Result r = run("run --no-such-flag");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("no-such-flag"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " --top-p 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n -5");
+  EXPECT_NE(r.code, 0);
+}
+
+TEST(Cli, MissingAndHostileFiles) {
+  Result r = run("run -m /nonexistent/model.gguf");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/model.gguf"), std::string::npos) << r.out;
+
+  const std::string full = slurp(kStories);
+  const std::string trunc = write_file("trunc.gguf", full.substr(0, full.size() / 2));
+  r = run("info " + trunc);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("trunc.gguf"), std::string::npos) << r.out;
+
+  const std::string magic = write_file("magic.gguf", "GGML" + full.substr(4));
+  r = run("info " + magic);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("magic.gguf"), std::string::npos) << r.out;
+
+  const std::string empty = write_file("empty.gguf", "");
+  r = run("run -m " + empty);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("empty.gguf"), std::string::npos) << r.out;
+}
+
+TEST(Cli, PromptLongerThanContextIsAnError) {
+  Result r = run("run -m " + kStories + " -c 32 -p '" + std::string(400, 'a') + "' -n 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("context holds 32"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,197 @@
+// The whole model against llama.cpp's outputs for the same GGUF files (tests/data/golden, see
+// its README for how they were made and the tolerances).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/context.h"
+#include "model/model.h"
+
+namespace lc {
+namespace {
+
+const std::string kGolden = std::string(LONGCTX_TEST_DATA) + "/golden/";
+
+template <class T>
+std::vector<T> read_raw(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  in.seekg(0, std::ios::end);
+  const auto n = static_cast<size_t>(in.tellg());
+  in.seekg(0);
+  std::vector<T> v(n / sizeof(T));
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  return v;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return nlohmann::json::parse(in);
+}
+
+struct Diff {
+  double max_abs = 0, rms = 0;
+  int64_t rows = 0, top1_agree = 0;
+};
+
+Diff compare_logits(const float* ours, const float* ref, int64_t rows, int64_t n_vocab) {
+  Diff d;
+  double ss = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t a = 0, b = 0;
+    for (int64_t j = 0; j < n_vocab; ++j) {
+      const double e = std::fabs(static_cast<double>(ours[r * n_vocab + j]) - ref[r * n_vocab + j]);
+      d.max_abs = std::max(d.max_abs, std::isnan(e) ? INFINITY : e);
+      ss += e * e;
+      if (ours[r * n_vocab + j] > ours[r * n_vocab + a]) a = j;
+      if (ref[r * n_vocab + j] > ref[r * n_vocab + b]) b = j;
+    }
+    d.top1_agree += a == b;
+  }
+  d.rows = rows;
+  d.rms = std::sqrt(ss / static_cast<double>(rows * n_vocab));
+  return d;
+}
+
+struct Tolerance {
+  double max_abs, rms, top1;  // top1: minimum fraction of rows whose argmax agrees
+};
+
+// What a case is compared with and how closely (golden README, "Suggested tolerances").
+struct GoldenCase {
+  const char* model;
+  const char* ref_dir;  // "" = llama.cpp-native, else an alt reference folder
+  Tolerance tol;
+  bool exact_greedy;
+};
+
+constexpr Tolerance kF32Tol{1e-3, 1e-3, 1.0};
+constexpr Tolerance kQuantTol{0.5, 0.1, 0.95};
+
+// F16 weights are widened to f32 here, so the exact-math reference (deq_f32) applies. Quantised
+// weights multiply Q8-quantised activations as ggml does; Q4_0 and Q4_K use the portable
+// (non-repacked) ggml kernels' reference.
+const GoldenCase kCases[] = {
+    {"stories260K", "", kF32Tol, true},
+    {"llama_gqa_f32", "", kF32Tol, true},
+    {"qwen2_bias_f32", "", kF32Tol, true},
+    {"qwen3_qknorm_f32", "", kF32Tol, true},
+    {"llama_quant_src_f32", "", kF32Tol, true},
+    {"qwen2_yarn_f32", "", kF32Tol, true},
+    {"llama_ropefreqs_f32", "", kF32Tol, true},
+    {"llama_gqa_f16", "deq_f32/", kF32Tol, true},
+    {"llama_quant_q8_0", "", kQuantTol, false},
+    {"llama_quant_q4_0", "norepack/", kQuantTol, false},
+    {"llama_quant_q4_k", "norepack/", kQuantTol, false},
+    {"llama_quant_q4_k_s", "norepack/", kQuantTol, false},
+    {"llama_quant_q6_k", "", kQuantTol, false},
+};
+
+class GoldenTest : public ::testing::TestWithParam<GoldenCase> {};
+
+void check_prompts(const GoldenCase& gc, int n_threads, int64_t n_batch) {
+  auto model = Model::load(kGolden + "models/" + gc.model + ".gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  const auto cj = read_json(kGolden + "cases/" + gc.model + "/case.json");
+  const int64_t n_vocab = (*model)->hparams().n_vocab;
+  ASSERT_EQ(n_vocab, 512);
+  for (const char* p : {"p1", "p2", "p3"}) {
+    const std::vector<int32_t> ids = cj["prompts"][p]["ids"].get<std::vector<int32_t>>();
+    auto ctx = Context::create(**model, {512, n_batch, n_threads});
+    ASSERT_TRUE(ctx.has_value()) << ctx.error().message;
+    Status s = (*ctx)->decode(ids, Logits::kAll);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    const auto ref = read_raw<float>(kGolden + "cases/" + gc.model + "/" + gc.ref_dir + "logits_" + p + ".f32");
+    ASSERT_EQ(ref.size(), ids.size() * static_cast<size_t>(n_vocab));
+    const Diff d = compare_logits((*ctx)->logits(0), ref.data(), static_cast<int64_t>(ids.size()), n_vocab);
+    SCOPED_TRACE(testing::Message() << gc.model << " " << p << " threads=" << n_threads << " batch=" << n_batch
+                                    << " max|d|=" << d.max_abs << " rms=" << d.rms << " top1=" << d.top1_agree
+                                    << "/" << d.rows);
+    EXPECT_LE(d.max_abs, gc.tol.max_abs);
+    EXPECT_LE(d.rms, gc.tol.rms);
+    EXPECT_GE(static_cast<double>(d.top1_agree), gc.tol.top1 * static_cast<double>(d.rows));
+  }
+}
+
+TEST_P(GoldenTest, PromptLogits) { check_prompts(GetParam(), 1, 512); }
+
+// Results must not depend on the prefill chunk size or the thread count.
+TEST_P(GoldenTest, PromptLogitsChunkedTwoThreads) { check_prompts(GetParam(), 2, 7); }
+
+TEST_P(GoldenTest, Greedy) {
+  const GoldenCase& gc = GetParam();
+  auto model = Model::load(kGolden + "models/" + gc.model + ".gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  const auto cj = read_json(kGolden + "cases/" + gc.model + "/case.json");
+  const std::vector<int32_t> prompt = cj["prompts"]["p1"]["ids"].get<std::vector<int32_t>>();
+  const auto& greedy = gc.ref_dir[0] ? cj["alt_references"][std::string(gc.ref_dir).substr(0, std::strlen(gc.ref_dir) - 1)]["greedy"]
+                                     : cj["greedy"];
+  const std::vector<int32_t> gold = greedy["ids"].get<std::vector<int32_t>>();
+  const std::vector<double> margin = greedy["top1_minus_top2"].get<std::vector<double>>();
+  const auto gen_logits = read_raw<float>(kGolden + "cases/" + gc.model + "/" + gc.ref_dir + "gen_logits.f32");
+  ASSERT_EQ(gen_logits.size(), gold.size() * 512);
+
+  auto ctx = Context::create(**model, {512, 512, 1});
+  ASSERT_TRUE(ctx.has_value());
+  ASSERT_TRUE((*ctx)->decode(prompt, Logits::kLast).is_ok());
+  // Free-running greedy until the first step whose golden top-2 margin is within our logit
+  // tolerance (there, either choice is correct); from then on teacher-forced.
+  bool free_running = gc.exact_greedy;
+  int64_t matched = 0, agree = 0;
+  double max_d = 0;
+  for (size_t k = 0; k < gold.size(); ++k) {
+    const float* lg = (*ctx)->logits(0);
+    int32_t best = 0;
+    for (int32_t j = 1; j < 512; ++j)
+      if (lg[j] > lg[best]) best = j;
+    const Diff d = compare_logits(lg, gen_logits.data() + k * 512, 1, 512);
+    max_d = std::max(max_d, d.max_abs);
+    agree += d.top1_agree;
+    if (free_running && margin[k] <= 2 * gc.tol.max_abs) free_running = false;
+    if (free_running) {
+      EXPECT_EQ(best, gold[k]) << gc.model << " greedy step " << k;
+      ++matched;
+    }
+    const int32_t next = gold[k];  // identical to `best` while free-running
+    ASSERT_TRUE((*ctx)->decode(std::span<const int32_t>(&next, 1), Logits::kLast).is_ok());
+  }
+  SCOPED_TRACE(testing::Message() << gc.model << " matched " << matched << " free-running steps, max|d|=" << max_d);
+  EXPECT_LE(max_d, gc.tol.max_abs);
+  EXPECT_GE(static_cast<double>(agree), gc.tol.top1 * static_cast<double>(gold.size()));
+  if (gc.exact_greedy) {
+    EXPECT_GT(matched, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(kCases),
+                         [](const testing::TestParamInfo<GoldenCase>& i) { return std::string(i.param.model); });
+
+// stories260K greedy text from "Once upon a time...Lily." matches llama.cpp's output exactly.
+TEST(GoldenStories, GreedyText) {
+  auto model = Model::load(kGolden + "models/stories260K.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/stories260K/case.json");
+  std::vector<int32_t> ids = (*model)->tokenizer().encode("Once upon a time, there was a little girl named Lily.", true, false);
+  EXPECT_EQ(ids, cj["prompts"]["p1"]["ids"].get<std::vector<int32_t>>());
+  auto ctx = Context::create(**model, {512, 512, 2});
+  ASSERT_TRUE(ctx.has_value());
+  ASSERT_TRUE((*ctx)->decode(ids, Logits::kLast).is_ok());
+  std::vector<int32_t> out;
+  for (int k = 0; k < 64; ++k) {
+    const float* lg = (*ctx)->logits(0);
+    int32_t best = 0;
+    for (int32_t j = 1; j < 512; ++j)
+      if (lg[j] > lg[best]) best = j;
+    out.push_back(best);
+    ASSERT_TRUE((*ctx)->decode(std::span<const int32_t>(&best, 1), Logits::kLast).is_ok());
+  }
+  EXPECT_EQ((*model)->tokenizer().decode(out), cj["greedy"]["text"].get<std::string>());
+}
+
+}  // namespace
+}  // namespace lc
