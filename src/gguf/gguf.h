@@ -61,6 +61,8 @@ class File {
   size_t file_size() const { return size_; }
 
   const std::map<std::string, Value>& metadata() const { return kv_; }
+  // Metadata keys in file order (metadata() is sorted); lets a file be re-written as it was.
+  const std::vector<std::string>& keys() const { return key_order_; }
   const Value* find(std::string_view key) const;
   bool has(std::string_view key) const { return find(key) != nullptr; }
 
@@ -86,6 +88,10 @@ class File {
  private:
   File() = default;
   Status parse_all();
+  Expected<const Value*> lookup(std::string_view key) const;
+  Expected<int64_t> get_i64_impl(std::string_view key, const char* expected, bool for_u32) const;
+  Error type_error(std::string_view key, const Value& v, const char* expected) const;
+  Error range_error(std::string_view key, const std::string& value, const char* target) const;
 
   MappedFile map_;
   const uint8_t* data_ = nullptr;
@@ -94,11 +100,15 @@ class File {
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   std::map<std::string, Value> kv_;
+  std::vector<std::string> key_order_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
-// Builds a GGUF v3 file. Tensors are written in the order added, each aligned.
+// Builds a GGUF v3 file. Keys are written in the order first set (setting a key again replaces
+// its value); tensors in the order added, each aligned to general.alignment (default 32).
+// Invalid input (bad shape, data size, duplicate tensor, bad alignment) is recorded: status()
+// and write() return the first such error, to_bytes() must not be called then.
 class Writer {
  public:
   void set_u32(const std::string& key, uint32_t v);
@@ -110,9 +120,13 @@ class Writer {
   void set_string_array(const std::string& key, const std::vector<std::string>& v);
   void set_f32_array(const std::string& key, const std::vector<float>& v);
   void set_i32_array(const std::string& key, const std::vector<int32_t>& v);
+  // Any value as read by File, with its exact type (copying metadata from another file).
+  void set_value(const std::string& key, const Value& v);
   // ne[0] is the row length; `data` holds row_bytes(type, ne[0]) * rows bytes.
   void add_tensor(const std::string& name, DType type, std::vector<int64_t> ne,
                   std::vector<uint8_t> data);
+  Status status() const;
+  // Writes to a temporary file next to `path`, then renames it into place.
   Status write(const std::string& path) const;
   std::vector<uint8_t> to_bytes() const;
 
@@ -128,8 +142,11 @@ class Writer {
     std::vector<uint8_t> data;
   };
   void put(const std::string& key, std::vector<uint8_t> encoded);
+  void fail(std::string message);
   std::vector<Kv> kv_;
   std::vector<Tensor> tensors_;
+  size_t alignment_ = 32;
+  std::string error_;
 };
 
 }  // namespace lc::gguf

@@ -3,15 +3,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
 #include "gguf/gguf.h"
 
 namespace lc {
+
+namespace tok {
+class SpecialMatcher;
+}
 
 enum class TokenAttr : int32_t {  // tokenizer.ggml.token_type values
   kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5,
@@ -30,6 +36,10 @@ class Tokenizer {
   // Bytes of one token (SentencePiece spaces and byte tokens resolved). Control tokens give ""
   // unless `special` is set.
   virtual std::string token_to_piece(int32_t id, bool special = false) const = 0;
+  // Text of `ids` as llama_detokenize(remove_special = false, unparse_special = special) gives
+  // it: the pieces joined, one leading space dropped from the first on SentencePiece vocabs,
+  // and for the BPE families llama.cpp cleans up (gpt-2, llama3, falcon, starcoder, ...)
+  // " ," " ." " ?" " !" " 's" " 'm" " 're" " 've" lose their space.
   std::string decode(const std::vector<int32_t>& ids, bool special = false) const;
 
   int32_t n_vocab() const { return static_cast<int32_t>(vocab_.size()); }
@@ -43,8 +53,31 @@ class Tokenizer {
   int32_t find_token(std::string_view text) const;  // -1 if absent
   const std::string& model_name() const { return model_; }  // "llama" / "gpt2"
   const std::string& pre_name() const { return pre_; }
+  int32_t unk() const { return unk_; }
+  int32_t pad() const { return pad_; }
+  bool add_space_prefix() const { return add_space_prefix_; }
+  const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
+  TokenAttr token_attr(int32_t id) const;
 
  protected:
+  // A piece of the input: raw text [begin, end) or, when token >= 0, one special token.
+  struct Segment {
+    size_t begin = 0, end = 0;
+    int32_t token = -1;
+  };
+  // Splits out special tokens as llama.cpp's tokenizer_st_partition does: user-defined tokens
+  // always, control tokens only when parse_special.
+  std::vector<Segment> partition(std::string_view text, bool parse_special) const;
+  // The precomputed piece of a token (as token_to_piece with special = true), or "" for
+  // control/unknown tokens unless `special`.
+  const std::string& piece(int32_t id, bool special) const;
+  int32_t lookup(std::string_view text) const;  // -1 if absent
+
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
   std::vector<std::string> vocab_;
   std::vector<float> scores_;
   std::vector<int32_t> attrs_;  // TokenAttr per id
@@ -52,19 +85,36 @@ class Tokenizer {
   int32_t bos_ = -1, eos_ = -1, unk_ = -1, pad_ = -1;
   bool add_bos_ = false, add_eos_ = false;
   std::string model_, pre_;
+  // Loader state beyond the public accessors.
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id_;
+  std::vector<uint32_t> attr_bits_;  // llama.cpp attribute bits per id (see tokenizer.cpp)
+  std::vector<std::string> pieces_;  // token_to_piece(id, special = true)
+  bool add_space_prefix_ = false;
+  bool clean_spaces_ = false;  // decode() tidies " ," and " 's" like llama_detokenize
+  std::shared_ptr<const tok::SpecialMatcher> specials_;  // user-defined only / all special
+
+  friend class TokenizerLoader;
 };
 
 // Turns a stream of token ids into text that never splits a UTF-8 character: push() returns
 // only complete characters; bytes of an incomplete one wait for the next token.
+//
+// The output is the raw concatenation of token_to_piece(), as llama.cpp streams generated text
+// (a continuation keeps its leading space). With strip_first_space, the first piece loses one
+// leading space on vocabularies that prefix one (SentencePiece), so that the concatenation
+// equals decode(ids) for vocabularies without decode()'s space clean-up (SentencePiece,
+// qwen2, deepseek, ...).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  explicit StreamDecoder(const Tokenizer& tok, bool strip_first_space = false)
+      : tok_(tok), first_(strip_first_space) {}
   std::string push(int32_t id);
   std::string flush();  // whatever is left (invalid trailing bytes as U+FFFD)
 
  private:
   const Tokenizer& tok_;
   std::string pending_;
+  bool first_;  // the next piece loses its leading space (strip_first_space, first piece)
 };
 
 // Chat templates of the supported families.

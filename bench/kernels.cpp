@@ -1,0 +1,128 @@
+// Kernel throughput on the SmolLM2-135M shapes (n_embd 576, n_ff 1536, kv 192, vocab 49152):
+// matmul for each weight type at n_tokens = 1 (decode gemv) and 512 (prefill GEMM) with 1 and
+// 2 threads, plus the row kernels. Counters: GFLOP/s (2 * n_in * n_out * n_tokens per call)
+// and weight bytes streamed per second (bytes/s = weight bytes * calls / s).
+//
+//   bench_kernels --benchmark_filter=Matmul            # all matmul shapes
+//   bench_kernels --benchmark_filter='Matmul/q4_0/576x1536/t1'
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul_config.h"
+
+namespace lc::kernels {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n_in, n_out;
+};
+// n_in x n_out as the model multiplies: W is [n_out rows of n_in].
+constexpr Shape kShapes[] = {
+    {"576x576", 576, 576},     // attn_q, attn_output
+    {"576x192", 576, 192},     // attn_k, attn_v
+    {"576x1536", 576, 1536},   // ffn_gate, ffn_up
+    {"1536x576", 1536, 576},   // ffn_down
+    {"576x49152", 576, 49152}, // output head
+};
+
+ThreadPool& pool_of(int n) {
+  static std::unique_ptr<ThreadPool> pools[3];
+  if (!pools[n]) pools[n] = std::make_unique<ThreadPool>(n);
+  return *pools[n];
+}
+
+std::vector<uint8_t> make_weights(DType t, int64_t n_in, int64_t n_out) {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> g(0.f, 0.05f);
+  std::vector<float> row(static_cast<size_t>(n_in));
+  std::vector<uint8_t> w(row_bytes(t, n_in) * static_cast<size_t>(n_out));
+  for (int64_t o = 0; o < n_out; ++o) {
+    for (auto& v : row) v = g(rng);
+    quantize_row(t, row.data(), w.data() + static_cast<size_t>(o) * row_bytes(t, n_in), n_in);
+  }
+  return w;
+}
+
+void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int threads, FloatGemm fg) {
+  set_float_gemm(fg);
+  const auto w = make_weights(t, s.n_in, s.n_out);
+  TensorView v;
+  v.data = w.data();
+  v.type = t;
+  v.ne[0] = s.n_in;
+  v.ne[1] = s.n_out;
+  std::vector<float> x(static_cast<size_t>(s.n_in * n_tokens)), y(static_cast<size_t>(s.n_out * n_tokens));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (auto& e : x) e = g(rng);
+  ThreadPool& pool = pool_of(threads);
+  for (auto _ : st) {
+    matmul(v, x.data(), n_tokens, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(s.n_in * s.n_out * n_tokens);
+  st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["tok/s"] = benchmark::Counter(static_cast<double>(n_tokens), benchmark::Counter::kIsIterationInvariantRate);
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(w.size()));
+  set_float_gemm(FloatGemm::kAuto);
+}
+
+void bm_row(benchmark::State& st, int which) {
+  const int64_t n = 1536;
+  std::vector<float> a(n, 0.5f), b(n, 0.25f), c(n);
+  for (auto _ : st) {
+    switch (which) {
+      case 0: rmsnorm(a.data(), b.data(), c.data(), 576, 1e-5f); break;
+      case 1: swiglu(a.data(), b.data(), c.data(), n); break;
+      case 2: c = a; softmax_inplace(c.data(), 512); break;
+      default: benchmark::DoNotOptimize(dot_f32(a.data(), b.data(), 64)); break;
+    }
+    benchmark::ClobberMemory();
+  }
+}
+
+const char* float_gemm_name(FloatGemm g) {
+  return g == FloatGemm::kOwn ? "/own" : g == FloatGemm::kBlas ? "/blas" : "";
+}
+
+int register_all() {
+  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
+  for (DType t : types)
+    for (const Shape& s : kShapes) {
+      // k-quants need rows of whole 256-blocks: the 576-wide matrices cannot be Q4_K/Q6_K
+      // (llama.cpp falls back to legacy types for them), so only 1536x576 runs for those.
+      if (s.n_in % traits(t).block_size != 0) continue;
+      for (int64_t nt : {1, 512})
+        for (int th : {1, 2}) {
+          const bool flt = !traits(t).quantized;
+          for (FloatGemm fg : {FloatGemm::kOwn, FloatGemm::kBlas}) {
+            if ((!flt || nt == 1) && fg == FloatGemm::kBlas) continue;  // one variant suffices
+            std::string name = std::string("Matmul/") + dtype_name(t) + "/" + s.name + "/n" + std::to_string(nt) +
+                               "/t" + std::to_string(th) + ((flt && nt > 1) ? float_gemm_name(fg) : "");
+            auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, nt, th, fg);
+            b->Unit(benchmark::kMicrosecond)->UseRealTime();
+            if (nt > 1 && s.n_out == 49152) b->Iterations(2);
+            else if (nt > 1) b->MinTime(0.2);
+          }
+        }
+    }
+  benchmark::RegisterBenchmark("Row/rmsnorm576", bm_row, 0);
+  benchmark::RegisterBenchmark("Row/swiglu1536", bm_row, 1);
+  benchmark::RegisterBenchmark("Row/softmax512", bm_row, 2);
+  benchmark::RegisterBenchmark("Row/dot64", bm_row, 3);
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
+}  // namespace lc::kernels
+
+BENCHMARK_MAIN();

@@ -1,0 +1,607 @@
+// matmul: y[t, o] = sum_i W[o, i] * x[t, i] for every weight type the engine reads.
+//
+// Quantised weights: the activations of all tokens are quantised once per call (Q8_0 blocks
+// for Q4_0/Q5_0/Q8_0, Q8_1-style for Q4_1/Q5_1 -- Q8_0 plus the block's sum, which multiplies
+// the weight block's min -- and Q8_K for the k-quants), into a structure-of-arrays scratch
+// (int8 values contiguous per token, scales and sums apart). Each block then contributes
+// d_w * d_x * (integer dot product) to an 8-lane float accumulator; integer products use
+// vpdpbusd when the build has AVX512-VNNI, else maddubs/madd. Unsigned-times-signed is all
+// either instruction does, so unsigned weight codes (q) multiply directly and the offset of
+// symmetric types (q - 8, q - 16, q - 32) comes back as offset * sum(activation block).
+//
+// Work split: output rows over the pool's threads (contiguous ranges, so each thread streams
+// its own part of W once); inside a thread, tiles of RM rows x CM tokens so that each unpacked
+// weight block serves CM tokens and each activation block RM rows. Tokens go in panels of
+// kTokPanel so a panel's activations stay in L2 while all row tiles of the thread pass over
+// them. Every (row, token) pair does the same operations in the same order whatever the tile
+// shape, so results do not depend on n_tokens or the thread count.
+//
+// F32/F16/BF16 weights: f32 FMA after widening (F16C / AVX-512). For n_tokens > 1 the default
+// is OpenBLAS sgemm on f32 panels of rows when that measured faster (see kFloatGemmDefault).
+#include <cblas.h>
+
+// GCC 12 reports its own AVX-512 reduction intrinsics (_mm512_reduce_add_ps) as reading an
+// uninitialised value; the false positive drowns real warnings.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "core/fp16.h"
+#include "core/status.h"
+#include "kernels/kernels.h"
+#include "kernels/matmul_config.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_internal.h"
+#include "kernels/simd.h"
+
+namespace lc::kernels {
+
+namespace {
+
+// Measured with bench_kernels (AMD EPYC Zen, AVX-512, one thread, n_tokens = 512): OpenBLAS
+// sgemm on f32 panels runs at 88-100 GFLOP/s against 37-47 (f32) and 65-73 (f16) for our
+// 4x4 register tile, e.g. f16 576x1536: 9.7 ms vs 13.0 ms; f32 1536x576: 9.3 ms vs 20.3 ms.
+// Decode (n_tokens = 1) always uses our kernels: sgemm has nothing to reuse there.
+constexpr FloatGemm kFloatGemmDefault = FloatGemm::kBlas;
+std::atomic<FloatGemm> g_float_gemm{FloatGemm::kAuto};
+
+constexpr int64_t kTokPanel = 64;   // tokens whose activations stay cache-resident together
+constexpr int64_t kBlasPanel = 128; // weight rows converted to f32 per sgemm call
+constexpr int64_t kBlasMinTokens = 8;
+
+#if defined(LC_AVX512)
+constexpr int kRM = 4, kCM = 4;  // 32 vector registers: 16 accumulators fit
+#else
+constexpr int kRM = 4, kCM = 2;  // 16 registers
+#endif
+
+template <class T>
+void grow(Buffer<T>& b, size_t n) {
+  if (b.size() < n) b.resize(n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantised activations of the tokens of one call.
+struct Acts {
+  int64_t n = 0;               // n_in
+  const int8_t* qs = nullptr;  // [n_tokens, n]
+  const float* d = nullptr;    // [n_tokens, n/32] or [n_tokens, n/256]
+  const int32_t* s = nullptr;  // [n_tokens, n/32]: sum of the block's q (32-blocks)
+  const float* ds = nullptr;   // [n_tokens, n/32]: d * s (Q8_1 style)
+  const int16_t* bs16 = nullptr;  // [n_tokens, n/16]: Q8_K sums of 16
+  const int32_t* bs32 = nullptr;  // [n_tokens, n/32]: Q8_K sums of 32
+  const float* f = nullptr;       // [n_tokens, n]: dequantised (fallback kernels)
+};
+
+struct ActScratch {
+  Buffer<int8_t> qs;
+  Buffer<float> d, ds, f;
+  Buffer<int32_t> s, bs32;
+  Buffer<int16_t> bs16;
+};
+// Scratch of the thread that calls matmul (the pool's workers only read it during the call).
+thread_local ActScratch tl_acts;
+
+enum class ActKind { kQ8_32, kQ8_K, kQ8_KFloat };
+
+Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
+  ActScratch& sc = tl_acts;
+  const size_t nn = static_cast<size_t>(nt * n);
+  grow(sc.qs, nn);
+  Acts a;
+  a.n = n;
+  if (kind == ActKind::kQ8_32) {
+    const int64_t nb = n / 32;
+    grow(sc.d, static_cast<size_t>(nt * nb));
+    grow(sc.s, static_cast<size_t>(nt * nb));
+    grow(sc.ds, static_cast<size_t>(nt * nb));
+    pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        float* d = sc.d.data() + t * nb;
+        int32_t* s = sc.s.data() + t * nb;
+        detail::quantize_q8_32(x + t * n, sc.qs.data() + t * n, d, s, n);
+        for (int64_t i = 0; i < nb; ++i) sc.ds[t * nb + i] = d[i] * static_cast<float>(s[i]);
+      }
+    });
+    a.s = sc.s.data();
+    a.ds = sc.ds.data();
+  } else {
+    const int64_t nb = n / 256;
+    grow(sc.d, static_cast<size_t>(nt * nb));
+    grow(sc.bs16, static_cast<size_t>(nt * n / 16));
+    grow(sc.bs32, static_cast<size_t>(nt * n / 32));
+    if (kind == ActKind::kQ8_KFloat) grow(sc.f, nn);
+    pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        int8_t* q = sc.qs.data() + t * n;
+        float* d = sc.d.data() + t * nb;
+        int16_t* b16 = sc.bs16.data() + t * n / 16;
+        detail::quantize_q8_k(x + t * n, q, d, b16, n);
+        for (int64_t i = 0; i < n / 32; ++i) sc.bs32[t * n / 32 + i] = b16[2 * i] + b16[2 * i + 1];
+        if (kind == ActKind::kQ8_KFloat)
+          for (int64_t i = 0; i < n; ++i) sc.f[t * n + i] = static_cast<float>(q[i]) * d[i / 256];
+      }
+    });
+    a.bs16 = sc.bs16.data();
+    a.bs32 = sc.bs32.data();
+    if (kind == ActKind::kQ8_KFloat) a.f = sc.f.data();
+  }
+  a.qs = sc.qs.data();
+  a.d = sc.d.data();
+  return a;
+}
+
+// Calls f.template operator()<R, C>(row, token) over [o0, o1) x [0, nt) in tiles.
+template <class F>
+void for_tiles(int64_t o0, int64_t o1, int64_t nt, F&& f) {
+  for (int64_t p0 = 0; p0 < nt; p0 += kTokPanel) {
+    const int64_t p1 = std::min(nt, p0 + kTokPanel);
+    int64_t o = o0;
+    for (; o + kRM <= o1; o += kRM) {
+      int64_t t = p0;
+      for (; t + kCM <= p1; t += kCM) f.template operator()<kRM, kCM>(o, t);
+      for (; t < p1; ++t) f.template operator()<kRM, 1>(o, t);
+    }
+    for (; o < o1; ++o) {
+      int64_t t = p0;
+      for (; t + kCM <= p1; t += kCM) f.template operator()<1, kCM>(o, t);
+      for (; t < p1; ++t) f.template operator()<1, 1>(o, t);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 32-element block types.
+
+inline __m256i nibbles16(const uint8_t* qs) {  // 16 bytes -> 32 codes, low nibbles first
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+
+inline __m256i fifth_bits(const uint8_t* qh) {  // bit j of qh -> 16 in byte j
+  uint32_t v;
+  std::memcpy(&v, qh, 4);
+#if defined(LC_AVX512)
+  return _mm256_maskz_mov_epi8(static_cast<__mmask32>(v), _mm256_set1_epi8(16));
+#else
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(v)),
+      _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+#endif
+}
+
+// Weight traits: unpack() gives 32 codes that multiply as unsigned bytes (signed for kSigned),
+// kCorr * sum(activation block) per lane restores the symmetric offset, kMin adds m * d_x * s.
+struct KQ4_0 {
+  using Block = BlockQ4_0;
+  static constexpr bool kMin = false, kSigned = false;
+  static constexpr int kCorr = -1;  // -8 * s over 8 lanes
+  static __m256i unpack(const Block& b) { return nibbles16(b.qs); }
+};
+struct KQ4_1 {
+  using Block = BlockQ4_1;
+  static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kCorr = 0;
+  static __m256i unpack(const Block& b) { return nibbles16(b.qs); }
+};
+struct KQ5_0 {
+  using Block = BlockQ5_0;
+  static constexpr bool kMin = false, kSigned = false;
+  static constexpr int kCorr = -2;  // -16 * s
+  static __m256i unpack(const Block& b) { return _mm256_or_si256(nibbles16(b.qs), fifth_bits(b.qh)); }
+};
+struct KQ5_1 {
+  using Block = BlockQ5_1;
+  static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kCorr = 0;
+  static __m256i unpack(const Block& b) { return _mm256_or_si256(nibbles16(b.qs), fifth_bits(b.qh)); }
+};
+struct KQ8_0 {
+  using Block = BlockQ8_0;
+  static constexpr bool kMin = false;
+#if defined(LC_VNNI)
+  // vpdpbusd wants unsigned weights: w + 128, then -128 * s (-16 * s per lane).
+  static constexpr bool kSigned = false;
+  static constexpr int kCorr = -16;
+  static __m256i unpack(const Block& b) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)), _mm256_set1_epi8(-128));
+  }
+#else
+  static constexpr bool kSigned = true;
+  static constexpr int kCorr = 0;
+  static __m256i unpack(const Block& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
+#endif
+};
+
+template <bool Signed>
+inline __m256i dot32(__m256i q, __m256i y, __m256i corr) {
+#if defined(LC_VNNI)
+  return _mm256_dpbusd_epi32(corr, q, y);
+#else
+  __m256i p;
+  if constexpr (Signed)  // |q| * (y with q's sign); y is never -128
+    p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+  else
+    p = _mm256_maddubs_epi16(q, y);
+  return _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), corr);
+#endif
+}
+
+// y: points at y[t0, o0] of a [n_tokens, ldy] output.
+template <class K, int R, int C>
+void tile32(const uint8_t* w, size_t ws, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+  using B = typename K::Block;
+  const int64_t nb = a.n / 32;
+  __m256 acc[R][C];
+  const B* wr[R];
+  for (int r = 0; r < R; ++r) {
+    wr[r] = reinterpret_cast<const B*>(w + r * ws);
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  const int8_t* aq[C];
+  const float* ad[C];
+  const int32_t* as[C];
+  const float* ads[C];
+  for (int c = 0; c < C; ++c) {
+    aq[c] = a.qs + (t0 + c) * a.n;
+    ad[c] = a.d + (t0 + c) * nb;
+    as[c] = a.s + (t0 + c) * nb;
+    ads[c] = a.ds + (t0 + c) * nb;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i q[R];
+    __m256 dw[R];
+    [[maybe_unused]] __m256 mw[R];
+    for (int r = 0; r < R; ++r) {
+      q[r] = K::unpack(wr[r][b]);
+      dw[r] = simd::bcast_f16(wr[r][b].d);
+      if constexpr (K::kMin) mw[r] = simd::bcast_f16(wr[r][b].m);
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq[c] + 32 * b));
+      const __m256 dx = _mm256_set1_ps(ad[c][b]);
+      const __m256i corr = K::kCorr ? _mm256_set1_epi32(K::kCorr * as[c][b]) : _mm256_setzero_si256();
+      // The min term m * d_x * s is spread over the 8 lanes (/8 is exact) so it goes through
+      // the same vector operations whatever the tile shape: a scalar accumulation would be
+      // contracted into FMAs differently per instantiation.
+      [[maybe_unused]] const __m256 ds8 = _mm256_set1_ps(K::kMin ? ads[c][b] * 0.125f : 0.0f);
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = dot32<K::kSigned>(q[r], yv, corr);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], dx), acc[r][c]);
+        if constexpr (K::kMin) acc[r][c] = _mm256_fmadd_ps(mw[r], ds8, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = simd::hsum(acc[r][c]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// k-quants against Q8_K activations.
+
+// vpshufb controls broadcasting 16-bit word g (0..7) of each 128-bit lane.
+alignas(32) constexpr uint8_t kWordBcast[8][32] = {
+#define LC_W(g) {2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, \
+                 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1, 2*g, 2*g+1}
+    LC_W(0), LC_W(1), LC_W(2), LC_W(3), LC_W(4), LC_W(5), LC_W(6), LC_W(7)
+#undef LC_W
+};
+// Low lane word 2k, high lane word 2k+1 (the two groups of 16 one 32-byte vector spans).
+alignas(32) constexpr uint8_t kPairBcast[4][32] = {
+#define LC_P(k) {4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, 4*k, 4*k+1, \
+                 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3, 4*k+2, 4*k+3}
+    LC_P(0), LC_P(1), LC_P(2), LC_P(3)
+#undef LC_P
+};
+
+inline __m256i ctl(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Q4_K / Q5_K (Five = true): 8 groups of 32, 6-bit scales and mins.
+template <bool Five, int R, int C>
+void tile_q45k(const uint8_t* w, size_t ws, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+  using B = std::conditional_t<Five, BlockQ5_K, BlockQ4_K>;
+  const int64_t nb = a.n / 256;
+  const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const B& blk = reinterpret_cast<const B*>(w + r * ws)[b];
+      uint32_t u[3];
+      std::memcpy(u, blk.scales, 12);
+      const uint32_t sc_lo = u[0] & 0x3f3f3f3f, mn_lo = u[1] & 0x3f3f3f3f;
+      const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | ((u[0] >> 6) & 0x03030303) << 4;
+      const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 6) & 0x03030303) << 4;
+      const __m256i scw = _mm256_broadcastsi128_si256(
+          _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0)));
+      const __m256i mn32 =
+          _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(mn_lo), static_cast<int>(mn_hi), 0, 0));
+      __m256i isum[C];
+      for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      [[maybe_unused]] __m256i hb;
+      if constexpr (Five) hb = ld(blk.qh);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i raw = ld(blk.qs + 32 * k);
+        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if constexpr (Five) {
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+          hb = _mm256_srli_epi16(hb, 2);
+        }
+        const __m256i s0 = _mm256_shuffle_epi8(scw, ctl(kWordBcast[2 * k]));
+        const __m256i s1 = _mm256_shuffle_epi8(scw, ctl(kWordBcast[2 * k + 1]));
+        for (int c = 0; c < C; ++c) {
+          const int8_t* yq = a.qs + (t0 + c) * a.n + 256 * b + 64 * k;
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld(yq)), s0);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld(yq + 32)), s1);
+          isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(p0, p1));
+        }
+      }
+      const __m256 dw = simd::bcast_f16(blk.d), mw = simd::bcast_f16(blk.dmin);
+      for (int c = 0; c < C; ++c) {
+        const __m256 dx = _mm256_set1_ps(a.d[(t0 + c) * nb + b]);
+        const __m256i mp = _mm256_mullo_epi32(mn32, ld(a.bs32 + (t0 + c) * (a.n / 32) + 8 * b));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dw, dx), acc[r][c]);
+        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mp), _mm256_mul_ps(mw, dx), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = simd::hsum(acc[r][c]);
+}
+
+template <int R, int C>
+void tile_q6k(const uint8_t* w, size_t ws, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+  const int64_t nb = a.n / 256;
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(w + r * ws)[b];
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      __m256i isum[C];
+      for (int c = 0; c < C; ++c) isum[c] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = ld(blk.ql + 64 * h), l1 = ld(blk.ql + 64 * h + 32), hb = ld(blk.qh + 32 * h);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        const __m256i base = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1)
+                                                           : _mm256_castsi256_si128(sc16));
+        __m256i s[4];
+        for (int k = 0; k < 4; ++k) s[k] = _mm256_shuffle_epi8(base, ctl(kPairBcast[k]));
+        for (int c = 0; c < C; ++c) {
+          const int8_t* yq = a.qs + (t0 + c) * a.n + 256 * b + 128 * h;
+          for (int k = 0; k < 4; ++k)
+            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], ld(yq + 32 * k)), s[k]));
+        }
+      }
+      const __m256 dw = simd::bcast_f16(blk.d);
+      for (int c = 0; c < C; ++c) {
+        // q - 32: subtract 32 * sum_g scale_g * bsum_g.
+        const __m256i corr = _mm256_madd_epi16(sc16, ld(a.bs16 + (t0 + c) * (a.n / 16) + 16 * b));
+        const __m256i tot = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(corr, 5));
+        const __m256 dx = _mm256_set1_ps(a.d[(t0 + c) * nb + b]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dw, dx), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = simd::hsum(acc[r][c]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float weights.
+
+#if defined(LC_AVX512)
+using VF = __m512;
+constexpr int kVL = 16;
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VF vload(const uint16_t* p, DType t) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (t == DType::F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(VF v) { return _mm512_reduce_add_ps(v); }
+#else
+using VF = __m256;
+constexpr int kVL = 8;
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VF vload(const uint16_t* p, DType t) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (t == DType::F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(VF v) { return simd::hsum(v); }
+#endif
+
+template <DType T>
+struct FW {
+  using E = std::conditional_t<T == DType::F32, float, uint16_t>;
+  static VF load(const E* p) {
+    if constexpr (T == DType::F32) return vload(p);
+    else return vload(p, T);
+  }
+  static float scalar(E v) {
+    if constexpr (T == DType::F32) return v;
+    else if constexpr (T == DType::F16) return fp16_to_fp32(v);
+    else return bf16_to_fp32(v);
+  }
+};
+
+template <DType T, int R, int C>
+void tile_f(const uint8_t* w, size_t ws, const float* x, int64_t n, int64_t t0, float* y, int64_t ldy) {
+  using W = FW<T>;
+  using E = typename W::E;
+  const E* wr[R];
+  const float* xr[C];
+  VF acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    wr[r] = reinterpret_cast<const E*>(w + r * ws);
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  }
+  for (int c = 0; c < C; ++c) xr[c] = x + (t0 + c) * n;
+  int64_t i = 0;
+  for (; i + kVL <= n; i += kVL) {
+    VF wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = W::load(wr[r] + i);
+    for (int c = 0; c < C; ++c) {
+      const VF xv = vload(xr[c] + i);
+      for (int r = 0; r < R; ++r) acc[r][c] = vfma(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = vsum(acc[r][c]);
+      for (int64_t j = i; j < n; ++j) s += W::scalar(wr[r][j]) * xr[c][j];
+      y[c * ldy + r] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+thread_local Buffer<float> tl_rows;  // per thread: weight rows widened to f32
+
+void blas_init() {
+  static std::once_flag once;
+  // We split rows over our own pool; OpenBLAS threads would fight it for the cores.
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+// Rows [o0, o1) of y = x W^T with sgemm on f32 panels.
+void blas_rows(const TensorView& w, int64_t o0, int64_t o1, const float* x, int64_t nt, float* y) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  if (w.type == DType::F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nt), static_cast<int>(o1 - o0),
+                static_cast<int>(n_in), 1.0f, x, static_cast<int>(n_in),
+                reinterpret_cast<const float*>(w.row(o0)), static_cast<int>(n_in), 0.0f, y + o0,
+                static_cast<int>(n_out));
+    return;
+  }
+  grow(tl_rows, static_cast<size_t>(kBlasPanel * n_in));
+  for (int64_t p = o0; p < o1; p += kBlasPanel) {
+    const int64_t pr = std::min(kBlasPanel, o1 - p);
+    for (int64_t r = 0; r < pr; ++r) dequantize_row(w.type, w.row(p + r), tl_rows.data() + r * n_in, n_in);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nt), static_cast<int>(pr),
+                static_cast<int>(n_in), 1.0f, x, static_cast<int>(n_in), tl_rows.data(),
+                static_cast<int>(n_in), 0.0f, y + p, static_cast<int>(n_out));
+  }
+}
+
+template <DType T>
+void matmul_float(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  const FloatGemm g = g_float_gemm.load(std::memory_order_relaxed);
+  const bool blas = nt >= kBlasMinTokens &&
+                    (g == FloatGemm::kBlas || (g == FloatGemm::kAuto && kFloatGemmDefault == FloatGemm::kBlas));
+  if (blas) {
+    blas_init();
+    pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) { blas_rows(w, b, e, x, nt, y); }, 16);
+    return;
+  }
+  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+  const size_t ws = w.row_size();
+  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
+    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
+      tile_f<T, R, C>(wb + o * ws, ws, x, n_in, t, y + t * n_out + o, n_out);
+    });
+  }, kRM);
+}
+
+template <class K>
+void matmul_q32(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  const Acts a = quantize_acts(ActKind::kQ8_32, x, nt, n_in, pool);
+  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+  const size_t ws = w.row_size();
+  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
+    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
+      tile32<K, R, C>(wb + o * ws, ws, a, t, y + t * n_out + o, n_out);
+    });
+  }, kRM);
+}
+
+void matmul_k(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  const Acts a = quantize_acts(ActKind::kQ8_K, x, nt, n_in, pool);
+  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+  const size_t ws = w.row_size();
+  const DType t = w.type;
+  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
+    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t tok) {
+      float* yo = y + tok * n_out + o;
+      if (t == DType::Q4_K) tile_q45k<false, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+      else if (t == DType::Q5_K) tile_q45k<true, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+      else tile_q6k<R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+    });
+  }, kRM);
+}
+
+// Types without an integer kernel (Q2_K, Q3_K): widen each weight row and take float dot
+// products with the dequantised Q8_K activations -- the same value the integer path would give,
+// up to float rounding, only slower.
+void matmul_fallback(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  const Acts a = quantize_acts(ActKind::kQ8_KFloat, x, nt, n_in, pool);
+  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
+    grow(tl_rows, static_cast<size_t>(n_in));
+    for (int64_t o = b; o < e; ++o) {
+      dequantize_row(w.type, w.row(o), tl_rows.data(), n_in);
+      for (int64_t t = 0; t < nt; ++t) y[t * n_out + o] = dot_f32(tl_rows.data(), a.f + t * n_in, n_in);
+    }
+  });
+}
+
+}  // namespace
+
+void set_float_gemm(FloatGemm g) { g_float_gemm.store(g, std::memory_order_relaxed); }
+FloatGemm float_gemm() { return g_float_gemm.load(std::memory_order_relaxed); }
+
+bool matmul_supports(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q4_1:
+    case DType::Q5_0: case DType::Q5_1: case DType::Q8_0: case DType::Q2_K: case DType::Q3_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+  LC_CHECK(matmul_supports(w.type));
+  LC_CHECK(w.ne[0] % traits(w.type).block_size == 0);  // whole blocks per row
+  if (n_tokens <= 0 || w.n_rows() == 0) return;
+  switch (w.type) {
+    case DType::F32: return matmul_float<DType::F32>(w, x, n_tokens, y, pool);
+    case DType::F16: return matmul_float<DType::F16>(w, x, n_tokens, y, pool);
+    case DType::BF16: return matmul_float<DType::BF16>(w, x, n_tokens, y, pool);
+    case DType::Q4_0: return matmul_q32<KQ4_0>(w, x, n_tokens, y, pool);
+    case DType::Q4_1: return matmul_q32<KQ4_1>(w, x, n_tokens, y, pool);
+    case DType::Q5_0: return matmul_q32<KQ5_0>(w, x, n_tokens, y, pool);
+    case DType::Q5_1: return matmul_q32<KQ5_1>(w, x, n_tokens, y, pool);
+    case DType::Q8_0: return matmul_q32<KQ8_0>(w, x, n_tokens, y, pool);
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return matmul_k(w, x, n_tokens, y, pool);
+    default: return matmul_fallback(w, x, n_tokens, y, pool);
+  }
+}
+
+}  // namespace lc::kernels

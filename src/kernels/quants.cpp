@@ -1,0 +1,459 @@
+// Row conversions between f32 and the storage types (dequantize_row / quantize_row), and the
+// activation quantisers of the integer dot products.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/fp16.h"
+#include "core/status.h"
+#include "kernels/kernels.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_internal.h"
+#include "kernels/simd.h"
+
+// GCC 12 reports _mm512_cvtph_ps as reading an uninitialised value (a false positive in its
+// own header).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace lc::kernels {
+
+namespace detail {
+
+void quantize_q8_32(const float* x, int8_t* qs, float* d, int32_t* sum, int64_t n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+    __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+    const __m256 m = _mm256_max_ps(
+        _mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask)),
+        _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask)));
+    const float amax = simd::hmax(m);
+    const float dd = amax / 127.0f;
+    const float id = dd != 0 ? 1.0f / dd : 0.0f;
+    d[b] = fp16_to_fp32(fp32_to_fp16(dd));
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i i0 = _mm256_cvtps_epi32(simd::round_away(_mm256_mul_ps(v0, vid)));
+    const __m256i i1 = _mm256_cvtps_epi32(simd::round_away(_mm256_mul_ps(v1, vid)));
+    const __m256i i2 = _mm256_cvtps_epi32(simd::round_away(_mm256_mul_ps(v2, vid)));
+    const __m256i i3 = _mm256_cvtps_epi32(simd::round_away(_mm256_mul_ps(v3, vid)));
+    sum[b] = simd::hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), simd::pack_i32_to_i8(i0, i1, i2, i3));
+  }
+}
+
+void quantize_q8_k(const float* x, int8_t* qs, float* d, int16_t* bsums, int64_t n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 256; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v + j), abs_mask));
+    const float amax = simd::hmax(m);
+    int8_t* q = qs + 256 * b;
+    int16_t* bs = bsums + 16 * b;
+    if (amax == 0) {
+      d[b] = 0;
+      std::memset(q, 0, 256);
+      std::memset(bs, 0, 32);
+      continue;
+    }
+    // The first value of largest magnitude keeps its sign: it maps to -127 exactly.
+    float mx = 0;
+    for (int j = 0; j < 256; ++j)
+      if (std::fabs(v[j]) == amax) {
+        mx = v[j];
+        break;
+      }
+    const float iscale = -127.0f / mx;
+    const __m256 vs = _mm256_set1_ps(iscale);
+    const __m256i lim = _mm256_set1_epi32(127);
+    for (int j = 0; j < 256; j += 32) {
+      __m256i i[4];
+      for (int k = 0; k < 4; ++k)  // cvtps rounds half to even, as ggml's nearest_int
+        i[k] = _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j + 8 * k), vs)));
+      const __m256i p = simd::pack_i32_to_i8(i[0], i[1], i[2], i[3]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), p);
+      // Sums of 16: widen to int16 and add pairs down to one value per 16.
+      const __m256i w = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);  // 16 pair sums
+      const __m256i s4 = _mm256_madd_epi16(w, _mm256_set1_epi16(1));   // 8 sums of 4
+      const __m128i s8 = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+      const __m128i s16 = _mm_hadd_epi32(s8, s8);
+      bs[j / 16] = static_cast<int16_t>(_mm_extract_epi32(s16, 0));
+      bs[j / 16 + 1] = static_cast<int16_t>(_mm_extract_epi32(s16, 1));
+    }
+    d[b] = 1.0f / iscale;
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+inline float h2f(uint16_t v) { return fp16_to_fp32(v); }
+
+void dequant_f16(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+#if defined(LC_AVX512)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+#endif
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = h2f(s[i]);
+}
+
+void dequant_bf16(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) d[i] = bf16_to_fp32(s[i]);
+}
+
+// Nibble j of a 16-byte Q4/Q5 nibble array: low nibbles first, then high.
+inline void nibbles(const uint8_t* qs, int* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = qs[j] & 15;
+    q[j + 16] = qs[j] >> 4;
+  }
+}
+
+void dequant_blocks(DType t, const void* src, float* y, int64_t n) {
+  int q[32];
+  switch (t) {
+    case DType::Q4_0:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ4_0*>(src)[b];
+        const float d = h2f(x.d);
+        nibbles(x.qs, q);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q[j] - 8) * d;
+      }
+      return;
+    case DType::Q4_1:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ4_1*>(src)[b];
+        const float d = h2f(x.d), m = h2f(x.m);
+        nibbles(x.qs, q);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q[j]) * d + m;
+      }
+      return;
+    case DType::Q5_0:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ5_0*>(src)[b];
+        uint32_t qh;
+        std::memcpy(&qh, x.qh, 4);
+        const float d = h2f(x.d);
+        nibbles(x.qs, q);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>((q[j] | static_cast<int>((qh >> j) & 1) << 4) - 16) * d;
+      }
+      return;
+    case DType::Q5_1:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ5_1*>(src)[b];
+        uint32_t qh;
+        std::memcpy(&qh, x.qh, 4);
+        const float d = h2f(x.d), m = h2f(x.m);
+        nibbles(x.qs, q);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q[j] | static_cast<int>((qh >> j) & 1) << 4) * d + m;
+      }
+      return;
+    case DType::Q8_0:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ8_0*>(src)[b];
+        const float d = h2f(x.d);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(x.qs[j]) * d;
+      }
+      return;
+    case DType::Q8_1:
+      for (int64_t b = 0; b < n / 32; ++b, y += 32) {
+        const auto& x = static_cast<const BlockQ8_1*>(src)[b];
+        const float d = h2f(x.d);
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(x.qs[j]) * d;
+      }
+      return;
+    case DType::Q8_K:
+      for (int64_t b = 0; b < n / 256; ++b, y += 256) {
+        const auto& x = static_cast<const BlockQ8_K*>(src)[b];
+        for (int j = 0; j < 256; ++j) y[j] = static_cast<float>(x.qs[j]) * x.d;
+      }
+      return;
+    case DType::Q2_K:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const auto& x = static_cast<const BlockQ2_K*>(src)[b];
+        const float d = h2f(x.d), dmin = h2f(x.dmin);
+        for (int half = 0; half < 2; ++half)
+          for (int k = 0; k < 4; ++k)
+            for (int s = 0; s < 2; ++s, y += 16) {
+              const uint8_t sc = x.scales[8 * half + 2 * k + s];
+              const float dl = d * static_cast<float>(sc & 15), ml = dmin * static_cast<float>(sc >> 4);
+              const uint8_t* qq = x.qs + 32 * half + 16 * s;
+              for (int l = 0; l < 16; ++l) y[l] = dl * static_cast<float>((qq[l] >> (2 * k)) & 3) - ml;
+            }
+      }
+      return;
+    case DType::Q3_K:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const auto& x = static_cast<const BlockQ3_K*>(src)[b];
+        const float d = h2f(x.d);
+        int8_t sc[16];
+        for (int g = 0; g < 16; ++g) {
+          const int lo = g < 8 ? (x.scales[g] & 15) : (x.scales[g - 8] >> 4);
+          const int hi = (x.scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+          sc[g] = static_cast<int8_t>((lo | hi << 4) - 32);
+        }
+        for (int half = 0; half < 2; ++half)
+          for (int k = 0; k < 4; ++k) {
+            const int bit = 4 * half + k;
+            for (int s = 0; s < 2; ++s, y += 16) {
+              const float dl = d * sc[8 * half + 2 * k + s];
+              const uint8_t* qq = x.qs + 32 * half + 16 * s;
+              const uint8_t* hm = x.hmask + 16 * s;
+              for (int l = 0; l < 16; ++l)
+                y[l] = dl * static_cast<float>(((qq[l] >> (2 * k)) & 3) - (((hm[l] >> bit) & 1) ? 0 : 4));
+            }
+          }
+      }
+      return;
+    case DType::Q4_K:
+    case DType::Q5_K:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const bool five = t == DType::Q5_K;
+        const uint8_t *scales, *qs, *qh = nullptr;
+        uint16_t dh, mh;
+        if (five) {
+          const auto& x = static_cast<const BlockQ5_K*>(src)[b];
+          scales = x.scales, qs = x.qs, qh = x.qh, dh = x.d, mh = x.dmin;
+        } else {
+          const auto& x = static_cast<const BlockQ4_K*>(src)[b];
+          scales = x.scales, qs = x.qs, dh = x.d, mh = x.dmin;
+        }
+        const float d = h2f(dh), dmin = h2f(mh);
+        for (int c = 0; c < 4; ++c) {
+          int sc0, mn0, sc1, mn1;
+          k4_scale_min(scales, 2 * c, sc0, mn0);
+          k4_scale_min(scales, 2 * c + 1, sc1, mn1);
+          const float d0 = d * sc0, m0 = dmin * mn0, d1 = d * sc1, m1 = dmin * mn1;
+          const uint8_t* qq = qs + 32 * c;
+          for (int l = 0; l < 32; ++l) {
+            int lo = qq[l] & 15, hi = qq[l] >> 4;
+            if (five) {
+              lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+              hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            y[l] = d0 * static_cast<float>(lo) - m0;
+            y[l + 32] = d1 * static_cast<float>(hi) - m1;
+          }
+          y += 64;
+        }
+      }
+      return;
+    case DType::Q6_K:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const auto& x = static_cast<const BlockQ6_K*>(src)[b];
+        const float d = h2f(x.d);
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* L = x.ql + 64 * half;
+          const uint8_t* H = x.qh + 32 * half;
+          const int8_t* sc = x.scales + 8 * half;
+          for (int l = 0; l < 32; ++l) {
+            const int g = l / 16;
+            y[l] = d * sc[g] * static_cast<float>(((L[l] & 15) | (H[l] & 3) << 4) - 32);
+            y[l + 32] = d * sc[g + 2] * static_cast<float>(((L[l + 32] & 15) | ((H[l] >> 2) & 3) << 4) - 32);
+            y[l + 64] = d * sc[g + 4] * static_cast<float>((L[l] >> 4 | ((H[l] >> 4) & 3) << 4) - 32);
+            y[l + 96] = d * sc[g + 6] * static_cast<float>((L[l + 32] >> 4 | ((H[l] >> 6) & 3) << 4) - 32);
+          }
+          y += 128;
+        }
+      }
+      return;
+    default:
+      LC_CHECK(false && "dequantize_row: unsupported type");
+  }
+}
+
+// ---- weight quantisers (used to write test models; simple, round-to-nearest) ----
+
+void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0, mx = 0;  // the signed value of largest magnitude maps to -8
+    for (int j = 0; j < 32; ++j)
+      if (std::fabs(v[j]) > amax) amax = std::fabs(v[j]), mx = v[j];
+    const float d = mx / -8.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = std::clamp(static_cast<int>(std::nearbyint(v[j] * id)) + 8, 0, 15);
+    for (int j = 0; j < 16; ++j) y[b].qs[j] = static_cast<uint8_t>(q[j] | q[j + 16] << 4);
+  }
+}
+
+void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
+  alignas(32) int8_t qs[32];
+  float d;
+  int32_t s;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    detail::quantize_q8_32(x + 32 * b, qs, &d, &s, 32);
+    y[b].d = fp32_to_fp16(d);  // d is already f16-exact
+    std::memcpy(y[b].qs, qs, 32);
+  }
+}
+
+void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b)
+    detail::quantize_q8_k(x + 256 * b, y[b].qs, &y[b].d, y[b].bsums, 256);
+}
+
+// Q4_K: per group of 32 an affine range [lo, hi] with lo <= 0 (value = d*sc*q - dmin*mn), the
+// group scales and mins then quantised to 6 bits against the super-block's largest.
+void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    float scale[8], minv[8];
+    float max_scale = 0, max_min = 0;
+    for (int g = 0; g < 8; ++g) {
+      float lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) lo = std::min(lo, v[32 * g + l]), hi = std::max(hi, v[32 * g + l]);
+      scale[g] = (hi - lo) / 15.0f;
+      minv[g] = -lo;
+      max_scale = std::max(max_scale, scale[g]);
+      max_min = std::max(max_min, minv[g]);
+    }
+    const float d = max_scale / 63.0f, dmin = max_min / 63.0f;
+    BlockQ4_K& o = y[b];
+    o.d = fp32_to_fp16(d);
+    o.dmin = fp32_to_fp16(dmin);
+    const float dq = fp16_to_fp32(o.d), mq = fp16_to_fp32(o.dmin);
+    int sc[8], mn[8];
+    for (int g = 0; g < 8; ++g) {
+      sc[g] = dq > 0 ? std::clamp(static_cast<int>(std::nearbyint(scale[g] / dq)), 0, 63) : 0;
+      mn[g] = mq > 0 ? std::clamp(static_cast<int>(std::nearbyint(minv[g] / mq)), 0, 63) : 0;
+    }
+    for (int g = 0; g < 4; ++g) {
+      o.scales[g] = static_cast<uint8_t>(sc[g] | (sc[g + 4] >> 4) << 6);
+      o.scales[g + 4] = static_cast<uint8_t>(mn[g] | (mn[g + 4] >> 4) << 6);
+      o.scales[g + 8] = static_cast<uint8_t>((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
+    }
+    for (int c = 0; c < 4; ++c) {
+      int q[2][32];
+      for (int s = 0; s < 2; ++s) {
+        const int g = 2 * c + s;
+        const float step = dq * sc[g], off = mq * mn[g];
+        for (int l = 0; l < 32; ++l) {
+          const float val = v[32 * g + l];
+          q[s][l] = step > 0 ? std::clamp(static_cast<int>(std::nearbyint((val + off) / step)), 0, 15) : 0;
+        }
+      }
+      for (int l = 0; l < 32; ++l) o.qs[32 * c + l] = static_cast<uint8_t>(q[0][l] | q[1][l] << 4);
+    }
+  }
+}
+
+// Q6_K: per group of 16 a symmetric scale (largest magnitude -> -32), the 16 scales then
+// quantised to int8 against the largest.
+void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    float scale[16], max_abs_scale = 0, max_scale = 0;
+    for (int g = 0; g < 16; ++g) {
+      float amax = 0, mx = 0;
+      for (int l = 0; l < 16; ++l)
+        if (std::fabs(v[16 * g + l]) > amax) amax = std::fabs(v[16 * g + l]), mx = v[16 * g + l];
+      scale[g] = mx / -32.0f;
+      if (std::fabs(scale[g]) > max_abs_scale) max_abs_scale = std::fabs(scale[g]), max_scale = scale[g];
+    }
+    BlockQ6_K& o = y[b];
+    const float d = max_scale / -128.0f;
+    o.d = fp32_to_fp16(d);
+    const float dq = fp16_to_fp32(o.d);
+    int q[256];
+    for (int g = 0; g < 16; ++g) {
+      const int s = dq != 0 ? std::clamp(static_cast<int>(std::nearbyint(scale[g] / dq)), -128, 127) : 0;
+      o.scales[g] = static_cast<int8_t>(s);
+      const float step = dq * s;
+      for (int l = 0; l < 16; ++l)
+        q[16 * g + l] = step != 0 ? std::clamp(static_cast<int>(std::nearbyint(v[16 * g + l] / step)) + 32, 0, 63) : 32;
+    }
+    for (int half = 0; half < 2; ++half) {
+      uint8_t* L = o.ql + 64 * half;
+      uint8_t* H = o.qh + 32 * half;
+      const int* qq = q + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        L[l] = static_cast<uint8_t>((qq[l] & 15) | (qq[l + 64] & 15) << 4);
+        L[l + 32] = static_cast<uint8_t>((qq[l + 32] & 15) | (qq[l + 96] & 15) << 4);
+        H[l] = static_cast<uint8_t>((qq[l] >> 4) | (qq[l + 32] >> 4) << 2 | (qq[l + 64] >> 4) << 4 |
+                                    (qq[l + 96] >> 4) << 6);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::F16:
+      dequant_f16(static_cast<const uint16_t*>(src), dst, n);
+      return;
+    case DType::BF16:
+      dequant_bf16(static_cast<const uint16_t*>(src), dst, n);
+      return;
+    default:
+      dequant_blocks(t, src, dst, n);
+  }
+}
+
+bool can_quantize(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q8_0:
+    case DType::Q8_K: case DType::Q4_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return true;
+    case DType::F16: {
+      auto* o = static_cast<uint16_t*>(dst);
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+      for (; i < n; ++i) o[i] = fp32_to_fp16(src[i]);
+      return true;
+    }
+    case DType::BF16: {
+      auto* o = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) o[i] = fp32_to_bf16(src[i]);
+      return true;
+    }
+    case DType::Q4_0:
+      quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return true;
+    case DType::Q8_0:
+      quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+      return true;
+    case DType::Q8_K:
+      quantize_q8_k(src, static_cast<BlockQ8_K*>(dst), n);
+      return true;
+    case DType::Q4_K:
+      quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), n);
+      return true;
+    case DType::Q6_K:
+      quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), n);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace lc::kernels

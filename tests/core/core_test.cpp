@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+
+namespace lc {
+namespace {
+
+TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000, 4097}) {
+      for (int64_t grain : {1, 3, 16, 5000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        pool.parallel_for(n, [&](int64_t b, int64_t e, int t) {
+          EXPECT_GE(t, 0);
+          EXPECT_LT(t, threads);
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        }, grain);
+        for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 1) << n << " " << grain;
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, RunCallsEveryThreadOnceManyTimes) {
+  ThreadPool pool(4);
+  for (int rep = 0; rep < 2000; ++rep) {
+    std::atomic<int> mask{0};
+    pool.run([&](int t) { mask.fetch_or(1 << t); });
+    ASSERT_EQ(mask.load(), 0xF);
+  }
+}
+
+Expected<int> half(int x) {
+  if (x % 2) return make_error(strprintf("%d is odd", x));
+  return x / 2;
+}
+
+Expected<int> quarter(int x) {
+  LC_ASSIGN_OR_RETURN(int h, half(x));
+  LC_ASSIGN_OR_RETURN(int q, half(h));
+  return q;
+}
+
+TEST(Status, ExpectedPropagatesErrors) {
+  EXPECT_EQ(*quarter(8), 2);
+  auto e = quarter(6);
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().message, "3 is odd");
+}
+
+TEST(DType, TraitsMatchGgufBlockLayouts) {
+  EXPECT_EQ(row_bytes(DType::Q4_0, 64), 36u);
+  EXPECT_EQ(row_bytes(DType::Q8_0, 32), 34u);
+  EXPECT_EQ(row_bytes(DType::Q4_K, 256), 144u);
+  EXPECT_EQ(row_bytes(DType::Q6_K, 512), 420u);
+  EXPECT_EQ(row_bytes(DType::BF16, 3), 6u);
+  EXPECT_FALSE(dtype_traits(4).has_value());   // removed Q4_2
+  EXPECT_FALSE(dtype_traits(99).has_value());
+  EXPECT_EQ(dtype_from_name("Q8_0"), DType::Q8_0);
+  EXPECT_FALSE(dtype_from_name("q9_9").has_value());
+}
+
+}  // namespace
+}  // namespace lc

@@ -1,0 +1,141 @@
+// matmul against the scalar reference: every weight type, odd shapes, several token counts
+// and thread counts; both float GEMM back ends.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+#include "kernels/matmul_config.h"
+#include "kernels/ref/ref.h"
+#include "test_util.h"
+
+namespace lc::kernels {
+namespace {
+
+struct Case {
+  int64_t n_in, n_out, n_tokens;
+};
+
+struct Weights {
+  std::vector<uint8_t> data;
+  TensorView view;
+};
+
+Weights make_weights(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
+  Weights w;
+  for (int64_t o = 0; o < n_out; ++o) {
+    auto row = test::random_row(rng, t, n_in);
+    w.data.insert(w.data.end(), row.begin(), row.end());
+  }
+  w.view.data = w.data.data();
+  w.view.type = t;
+  w.view.ne[0] = n_in;
+  w.view.ne[1] = n_out;
+  return w;
+}
+
+int64_t block_of(DType t) { return traits(t).block_size == 1 ? 1 : traits(t).block_size; }
+
+// Checks y against the reference: within 1e-5 of sum |w_i * xq_i| (the integer path is exact up
+// to float rounding of block partial sums), and against the unquantised product within the
+// Q8 rounding of the activations: sum |w_i| * (block amax / 254) (+ f16 rounding of d).
+void check(DType t, const Case& c, ThreadPool& pool, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto w = make_weights(rng, t, c.n_in, c.n_out);
+  auto x = test::random_floats(rng, c.n_in * c.n_tokens, -2, 2);
+  std::vector<float> y(static_cast<size_t>(c.n_out * c.n_tokens), NAN);
+  matmul(w.view, x.data(), c.n_tokens, y.data(), pool);
+
+  std::vector<float> wr(static_cast<size_t>(c.n_in)), xq(static_cast<size_t>(c.n_in));
+  const DType at = ref::activation_type(t);
+  const int64_t ab = at == DType::Q8_K ? 256 : 32;
+  for (int64_t tk = 0; tk < c.n_tokens; ++tk) {
+    const float* xt = x.data() + tk * c.n_in;
+    ref::quantized_activations(t, xt, xq.data(), c.n_in);
+    for (int64_t o = 0; o < c.n_out; ++o) {
+      ref::dequantize_row(t, w.view.row(o), wr.data(), c.n_in);
+      double want = 0, mag = 0, exact = 0, qerr = 0;
+      for (int64_t i = 0; i < c.n_in; ++i) {
+        want += static_cast<double>(wr[i]) * xq[i];
+        mag += std::fabs(static_cast<double>(wr[i]) * xq[i]);
+        exact += static_cast<double>(wr[i]) * xt[i];
+      }
+      if (at != DType::F32) {
+        for (int64_t b0 = 0; b0 < c.n_in; b0 += ab) {
+          float amax = 0;
+          for (int64_t i = b0; i < b0 + ab; ++i) amax = std::max(amax, std::fabs(xt[i]));
+          for (int64_t i = b0; i < b0 + ab; ++i) qerr += std::fabs(wr[i]) * (amax / 254.0 + amax * 1e-3);
+        }
+      }
+      const float got = y[static_cast<size_t>(tk * c.n_out + o)];
+      ASSERT_NEAR(got, want, 1e-5 * mag + 1e-30)
+          << dtype_name(t) << " n_in=" << c.n_in << " n_out=" << c.n_out << " tok=" << tk << "/" << c.n_tokens
+          << " row=" << o << " threads=" << pool.size();
+      ASSERT_NEAR(got, exact, qerr + 1e-5 * mag + 1e-30) << dtype_name(t) << " (vs unquantised x)";
+    }
+  }
+}
+
+const Case kCases[] = {
+    {32, 1, 1},   {64, 3, 2},    {96, 17, 3},  {256, 67, 5},  {512, 17, 16}, {768, 5, 33},
+    {4096 + 256, 3, 2}, {256, 9, 1}, {512, 67, 1}, {768, 4, 4},   {256, 8, 9},   {1536, 13, 7},
+};
+
+class MatmulTypes : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatmulTypes, MatchesReferenceOneThread) {
+  const DType t = GetParam();
+  ThreadPool pool(1);
+  uint32_t seed = 10;
+  for (const auto& c : kCases)
+    if (c.n_in % block_of(t) == 0) check(t, c, pool, seed++);
+}
+
+TEST_P(MatmulTypes, MatchesReferenceThreeThreads) {
+  const DType t = GetParam();
+  ThreadPool pool(3);
+  uint32_t seed = 100;
+  for (const auto& c : kCases)
+    if (c.n_in % block_of(t) == 0) check(t, c, pool, seed++);
+}
+
+// Quantised weights: a token's result does not depend on the batch it came in or on threads.
+TEST_P(MatmulTypes, BatchAndThreadInvariant) {
+  const DType t = GetParam();
+  if (!traits(t).quantized) GTEST_SKIP() << "float GEMM may use another summation order";
+  std::mt19937 rng(7);
+  const int64_t n_in = 512, n_out = 37, nt = 11;
+  const auto w = make_weights(rng, t, n_in, n_out);
+  auto x = test::random_floats(rng, n_in * nt);
+  ThreadPool p1(1), p2(2);
+  std::vector<float> batch(static_cast<size_t>(n_out * nt)), batch2(batch.size()), single(batch.size());
+  matmul(w.view, x.data(), nt, batch.data(), p1);
+  matmul(w.view, x.data(), nt, batch2.data(), p2);
+  for (int64_t tk = 0; tk < nt; ++tk) matmul(w.view, x.data() + tk * n_in, 1, single.data() + tk * n_out, p2);
+  EXPECT_EQ(batch, single);
+  EXPECT_EQ(batch, batch2);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTypes, ::testing::ValuesIn(test::kAllWeightTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(Matmul, FloatBackEndsAgree) {
+  for (FloatGemm g : {FloatGemm::kOwn, FloatGemm::kBlas}) {
+    set_float_gemm(g);
+    ThreadPool pool(2);
+    uint32_t seed = 500;
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+      for (const Case& c : {Case{576, 67, 16}, Case{100, 35, 33}, Case{33, 200, 9}, Case{1536, 130, 12}})
+        check(t, c, pool, seed++);
+  }
+  set_float_gemm(FloatGemm::kAuto);
+}
+
+TEST(Matmul, SupportsAndRejects) {
+  for (DType t : test::kAllWeightTypes) EXPECT_TRUE(matmul_supports(t)) << dtype_name(t);
+  EXPECT_FALSE(matmul_supports(DType::Q8_K));
+  EXPECT_FALSE(matmul_supports(DType::I32));
+}
+
+}  // namespace
+}  // namespace lc::kernels

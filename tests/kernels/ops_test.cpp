@@ -1,0 +1,120 @@
+// Element-wise kernels and RoPE against the scalar references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+#include "test_util.h"
+
+namespace lc::kernels {
+namespace {
+
+using test::random_floats;
+
+const int64_t kSizes[] = {1, 3, 8, 15, 16, 17, 31, 64, 100, 576, 1537};
+
+TEST(Ops, Rmsnorm) {
+  std::mt19937 rng(1);
+  for (int64_t n : kSizes) {
+    auto x = random_floats(rng, n, -3, 3), w = random_floats(rng, n, 0.5, 1.5);
+    std::vector<float> y(static_cast<size_t>(n)), r(static_cast<size_t>(n));
+    rmsnorm(x.data(), w.data(), y.data(), n, 1e-5f);
+    ref::rmsnorm(x.data(), w.data(), r.data(), n, 1e-5f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], r[i], 2e-6f * std::fabs(r[i]) + 1e-7f) << n;
+  }
+  std::vector<float> z(64, 0.0f), w(64, 1.0f), y(64);  // all zero: eps keeps it finite
+  rmsnorm(z.data(), w.data(), y.data(), 64, 1e-6f);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Ops, Softmax) {
+  std::mt19937 rng(2);
+  for (int64_t n : kSizes) {
+    auto x = random_floats(rng, n, -30, 30);
+    if (n > 4) x[1] = -INFINITY, x[3] = -INFINITY;  // masked entries
+    auto r = x;
+    softmax_inplace(x.data(), n);
+    ref::softmax_inplace(r.data(), n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(x[i], r[i], 2e-6f * r[i] + 1e-9f) << n << " " << i;
+      sum += x[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  std::vector<float> big = {1000.f, 999.f, -1000.f};
+  softmax_inplace(big.data(), 3);
+  EXPECT_NEAR(big[0], 1 / (1 + std::exp(-1.0)), 1e-6);
+  EXPECT_EQ(big[2], 0.0f);
+}
+
+TEST(Ops, Swiglu) {
+  std::mt19937 rng(3);
+  for (int64_t n : kSizes) {
+    auto g = random_floats(rng, n, -20, 20), u = random_floats(rng, n, -2, 2);
+    if (n > 3) g[0] = -100, g[1] = 100, g[2] = 0;
+    std::vector<float> y(static_cast<size_t>(n)), r(static_cast<size_t>(n));
+    swiglu(g.data(), u.data(), y.data(), n);
+    ref::swiglu(g.data(), u.data(), r.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], r[i], 2e-6f * std::fabs(r[i]) + 1e-30f) << g[i];
+  }
+}
+
+TEST(Ops, DotAxpyAddScale) {
+  std::mt19937 rng(4);
+  for (int64_t n : kSizes) {
+    auto a = random_floats(rng, n), b = random_floats(rng, n);
+    double mag = 0;
+    for (int64_t i = 0; i < n; ++i) mag += std::fabs(a[i] * b[i]);
+    EXPECT_NEAR(dot_f32(a.data(), b.data(), n), ref::dot_f32(a.data(), b.data(), n), 1e-6 * mag + 1e-30);
+    auto y1 = b, y2 = b;
+    axpy(0.37f, a.data(), y1.data(), n);
+    ref::axpy(0.37f, a.data(), y2.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y1[i], y2[i], 1e-6f);
+    y1 = b, y2 = b;
+    add_inplace(y1.data(), a.data(), n);
+    ref::add_inplace(y2.data(), a.data(), n);
+    EXPECT_EQ(y1, y2);
+    y1 = b, y2 = b;
+    scale_inplace(y1.data(), -1.7f, n);
+    ref::scale_inplace(y2.data(), -1.7f, n);
+    EXPECT_EQ(y1, y2);
+  }
+}
+
+TEST(Ops, Rope) {
+  std::mt19937 rng(5);
+  struct C {
+    int64_t n_tokens, n_head, head_dim, n_rot;
+    bool neox;
+    float mscale;
+  };
+  for (const C& c : {C{1, 1, 8, 8, false, 1.f}, C{3, 4, 64, 64, true, 1.f}, C{5, 9, 64, 32, false, 1.f},
+                     C{2, 3, 128, 64, true, 1.2f}, C{7, 2, 16, 16, true, 0.9f}}) {
+    auto x = random_floats(rng, c.n_tokens * c.n_head * c.head_dim);
+    auto r = x;
+    std::vector<int32_t> pos(static_cast<size_t>(c.n_tokens));
+    for (int64_t t = 0; t < c.n_tokens; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t * 977 + 3);
+    std::vector<float> inv(static_cast<size_t>(c.n_rot / 2));
+    for (int64_t i = 0; i < c.n_rot / 2; ++i)
+      inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(c.n_rot));
+    rope_apply(x.data(), c.n_tokens, c.n_head, c.head_dim, c.n_rot, pos.data(), inv.data(), c.mscale, c.neox);
+    ref::rope_apply(r.data(), c.n_tokens, c.n_head, c.head_dim, c.n_rot, pos.data(), inv.data(), c.mscale, c.neox);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], r[i], 2e-6f) << i;
+  }
+  // Position 0 is the identity (mscale 1); dims past n_rot are untouched.
+  auto x = random_floats(rng, 32);
+  auto x0 = x;
+  const int32_t p0 = 0;
+  std::vector<float> inv(8, 0.5f);
+  rope_apply(x.data(), 1, 1, 32, 16, &p0, inv.data(), 1.0f, false);
+  EXPECT_EQ(x, x0);
+  const int32_t p1 = 1;
+  rope_apply(x.data(), 1, 1, 32, 16, &p1, inv.data(), 1.0f, true);
+  for (int i = 16; i < 32; ++i) EXPECT_EQ(x[i], x0[i]);
+  EXPECT_NEAR(x[0], x0[0] * std::cos(0.5f) - x0[8] * std::sin(0.5f), 1e-6f);
+}
+
+}  // namespace
+}  // namespace lc::kernels
