@@ -24,6 +24,6 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DLONGCTX_FUZZ=ON -DLONGCTX_TESTS=OFF -DLONGCTX_BENCH=OFF >/dev/null
 cmake --build build-fuzz --target fuzz_gguf_fuzz -j"$jobs"
 mkdir -p build-fuzz/corpus && cp -n fuzz/corpus/gguf/* build-fuzz/corpus/ 2>/dev/null || true
-./build-fuzz/fuzz/fuzz_gguf_fuzz -max_total_time="${LONGCTX_FUZZ_SECONDS:-60}" -rss_limit_mb=2048 \
-  -max_len=65536 build-fuzz/corpus
+./build-fuzz/fuzz/fuzz_gguf_fuzz -max_total_time="${LONGCTX_FUZZ_SECONDS:-60}" -timeout=10 -malloc_limit_mb=512 -rss_limit_mb=2048 \
+  -max_len=8192 build-fuzz/corpus
 echo "all tests passed"

@@ -40,7 +40,11 @@ void ThreadPool::worker(int idx) {
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
     for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
-      LC_PAUSE();
+      if (spin < kSpinIterations / 16) {
+        LC_PAUSE();
+      } else {
+        std::this_thread::yield();
+      }
       g = generation_.load(std::memory_order_acquire);
     }
     while (g == seen) {
@@ -64,7 +68,15 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) LC_PAUSE();
+  // Spin briefly (the usual case: workers finish within microseconds), then yield so that an
+  // oversubscribed machine can run the worker we are waiting for.
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < kSpinIterations / 16) {
+      LC_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 

@@ -9,11 +9,27 @@
 
 namespace lc {
 
+namespace {
+LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<float>& freq_factors) {
+  LlamaCppRopeParams r;
+  r.n_rot = hp.n_rot;
+  r.neox = hp.rope_kind == RopeKind::kNeox;
+  r.base = hp.rope_base;
+  r.freq_scale = hp.rope_freq_scale;
+  r.ext_factor = hp.yarn_ext_factor;
+  r.attn_factor = hp.yarn_attn_factor;
+  r.beta_fast = hp.yarn_beta_fast;
+  r.beta_slow = hp.yarn_beta_slow;
+  r.orig_ctx = hp.rope_orig_ctx;
+  r.freq_factors = freq_factors;
+  return r;
+}
+}  // namespace
+
 Context::Context(const Model& model, const ContextParams& p)
     : model_(model), hp_(model.hparams()), params_(p),
       pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()),
-      kv_(hp_.n_layer, hp_.n_head_kv, hp_.head_dim, hp_.head_dim_v, p.n_ctx),
-      rope_(make_rope_table(hp_, model.rope_freq_factors())) {}
+      kv_(hp_.n_layer, hp_.n_head_kv, hp_.head_dim, hp_.head_dim_v, p.n_ctx) {}
 
 Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& in) {
   ContextParams p = in;
@@ -26,7 +42,14 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   p.n_batch = std::min(p.n_batch, p.n_ctx);
   if (p.n_threads < 0 || p.n_threads > 1024)
     return make_error(strprintf("thread count %d is out of range", p.n_threads));
+  RopeModelInfo ri;
+  ri.gguf = llama_cpp_rope_params(hp, model.rope_freq_factors());
+  ri.n_ctx_train = hp.n_ctx_train;
+  auto plan = make_rope_plan(p.rope, ri);
+  if (!plan) return make_error("--rope: " + plan.error().message);
   auto c = std::unique_ptr<Context>(new Context(model, p));
+  c->rope_plan_ = std::make_unique<RopePlan>(std::move(*plan));
+  c->rope_ = c->rope_plan_->table(p.n_ctx);
   const size_t nb = static_cast<size_t>(p.n_batch);
   const int64_t q_dim = hp.n_head * hp.head_dim;
   const int64_t o_dim = hp.n_head * hp.head_dim_v;
@@ -71,6 +94,9 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
   for (int64_t i = 0; i < n; i += params_.n_batch) {
     const int64_t m = std::min(params_.n_batch, n - i);
+    // Dynamic scalings (dynamic NTK) follow the current length. Keys already in this
+    // contiguous cache keep the rotation they were stored with.
+    if (rope_plan_->dynamic()) rope_ = rope_plan_->table(n_past_ + m);
     Logits w = Logits::kNone;
     if (which == Logits::kAll) w = Logits::kAll;
     if (which == Logits::kLast && i + m == n) w = Logits::kLast;
@@ -127,11 +153,9 @@ void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, floa
         for (int64_t h = 0; h < hp.n_head_kv; ++h)
           kernels::rmsnorm(kt + h * hp.head_dim, L.k_norm, kt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
       }
-      const bool neox = hp.rope_kind == RopeKind::kNeox;
-      kernels::rope_apply(qt, 1, hp.n_head, hp.head_dim, hp.n_rot, &pos_[static_cast<size_t>(t)],
-                          rope_.inv_freq.data(), rope_.mscale, neox);
-      kernels::rope_apply(kt, 1, hp.n_head_kv, hp.head_dim, hp.n_rot, &pos_[static_cast<size_t>(t)],
-                          rope_.inv_freq.data(), rope_.mscale, neox);
+      rope_.apply(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
+      rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
+      rope_.apply(kt, 1, hp.n_head_kv, hp.head_dim, &pos_[static_cast<size_t>(t)]);
       // Scatter into the cache: [n_head_kv, capacity, head_dim].
       const int64_t slot = n_past_ + t, cap = kv_.capacity();
       float* kc = kv_.k(il);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -13,7 +14,8 @@
 #include "core/thread_pool.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "model/rope_table.h"
+#include "rope/rope_scaling.h"
+#include "rope/rope_table.h"
 
 namespace lc {
 
@@ -21,6 +23,7 @@ struct ContextParams {
   int64_t n_ctx = 0;     // 0: the model's training context (at least 512)
   int64_t n_batch = 512; // tokens per forward chunk
   int n_threads = 0;     // 0: all cores
+  std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
 };
 
 enum class Logits { kLast, kAll, kNone };
@@ -47,6 +50,7 @@ class Context {
   }
 
   const Model& model() const { return model_; }
+  const RopePlan& rope_plan() const { return *rope_plan_; }
   const KvCache& kv() const { return kv_; }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
@@ -61,7 +65,8 @@ class Context {
   ContextParams params_;
   ThreadPool pool_;
   KvCache kv_;
-  RopeTable rope_;
+  std::unique_ptr<RopePlan> rope_plan_;
+  RopeTable rope_;        // the table in use (recomputed per chunk for dynamic scalings)
   int64_t n_past_ = 0;
   int64_t n_outputs_ = 0;
 

@@ -198,3 +198,51 @@ TEST(GoldenStories, GreedyText) {
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+// A --rope override that restates what the GGUF says must reproduce llama.cpp's logits:
+// the override path (rope module registry) computes the same tables as the metadata path.
+void check_rope_override(const char* model_name, const std::string& spec) {
+  auto model = Model::load(kGolden + "models/" + model_name + ".gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/" + model_name + "/case.json");
+  const std::vector<int32_t> ids = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  ContextParams cp{512, 64, 2};
+  cp.rope = spec;
+  auto ctx = Context::create(**model, cp);
+  ASSERT_TRUE(ctx.has_value()) << ctx.error().message;
+  ASSERT_TRUE((*ctx)->decode(ids, Logits::kAll).is_ok());
+  const auto ref = read_raw<float>(kGolden + "cases/" + model_name + "/logits_p3.f32");
+  const Diff d = compare_logits((*ctx)->logits(0), ref.data(), static_cast<int64_t>(ids.size()), 512);
+  EXPECT_LE(d.max_abs, 1e-3) << model_name << " --rope " << spec;
+}
+
+TEST(GoldenRope, YarnOverrideEqualsMetadata) {
+  // qwen2_yarn_f32: yarn, factor 4, original context 64, base 1e6 (golden README).
+  check_rope_override("qwen2_yarn_f32", "yarn:factor=4,orig=64");
+}
+
+TEST(GoldenRope, NoneOverrideEqualsUnscaledModel) {
+  check_rope_override("stories260K", "none");
+  check_rope_override("qwen2_bias_f32", "none");
+}
+
+TEST(GoldenRope, OverrideChangesScaledModel) {
+  // Dropping YaRN from the YaRN model must move the logits (README: by up to 12.3).
+  auto model = Model::load(kGolden + "models/qwen2_yarn_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/qwen2_yarn_f32/case.json");
+  const std::vector<int32_t> ids = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  ContextParams cp{512, 512, 1};
+  cp.rope = "none";
+  auto ctx = Context::create(**model, cp);
+  ASSERT_TRUE(ctx.has_value());
+  ASSERT_TRUE((*ctx)->decode(ids, Logits::kAll).is_ok());
+  const auto ref = read_raw<float>(kGolden + "cases/qwen2_yarn_f32/logits_p3.f32");
+  EXPECT_GT(compare_logits((*ctx)->logits(0), ref.data(), static_cast<int64_t>(ids.size()), 512).max_abs, 1.0);
+}
+
+}  // namespace
+}  // namespace lc

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "command.h"
 #include "embedded_model.h"
 #include "core/sys.h"
 #include "kernels/kernels.h"
@@ -47,6 +48,7 @@ struct CommonOpts {
   int64_t n_ctx = 0;
   int64_t n_batch = 512;
   int threads = 0;
+  std::string rope;
   bool verbose = false;
   void add(CLI::App* app) {
     app->add_option("-m,--model", model, "GGUF model file (default: the embedded stories260K)");
@@ -54,9 +56,11 @@ struct CommonOpts {
         ->capture_default_str();
     app->add_option("-b,--batch-size", n_batch, "tokens per prefill chunk")->capture_default_str();
     app->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
+    app->add_option("--rope", rope, "RoPE scaling NAME:key=value,...[+logn] overriding the GGUF's "
+                    "(none, linear, ntk, dynamic-ntk, yarn, llama3, mrrope-uni, mrrope-pro; see docs/rope.md)");
     app->add_flag("-v,--verbose", verbose, "log more");
   }
-  lc::ContextParams ctx_params() const { return {n_ctx, n_batch, threads}; }
+  lc::ContextParams ctx_params() const { return {n_ctx, n_batch, threads, rope}; }
 };
 
 struct SamplingOpts {
@@ -453,6 +457,8 @@ int main(int argc, char** argv) {
   bspeed->add_option("-r,--repetitions", bs_r, "repetitions")->capture_default_str();
   bspeed->add_option("-o,--output", bs_o, "md or json")->capture_default_str();
 
+  std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
+
   std::string mm_shape = "smollm2-135m", mm_type = "f16", mm_vocab, mm_out;
   uint64_t mm_seed = 42;
   auto* mm = app.add_subcommand("make-model", "write a random-weight model of a known shape (for benchmarks)");
@@ -475,6 +481,8 @@ int main(int argc, char** argv) {
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed);
+    for (const auto& c : extra)
+      if (*c.app) return c.run();
   } catch (const std::bad_alloc&) {
     return fail("out of memory");
   }

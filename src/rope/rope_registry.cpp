@@ -1,0 +1,291 @@
+// The `--rope` spec parser and the method registry: one line per method in registry().
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "rope/rope_method.h"
+#include "rope/rope_scaling.h"
+
+namespace lc {
+namespace {
+
+using rope_detail::KeyDef;
+using rope_detail::KeyKind;
+using rope_detail::RopeArgs;
+using rope_detail::RopeMethodDef;
+
+const std::vector<const RopeMethodDef*>& registry() {
+  static const std::vector<const RopeMethodDef*> r = {
+      &rope_detail::method_gguf(),       &rope_detail::method_none(),
+      &rope_detail::method_linear(),     &rope_detail::method_ntk(),
+      &rope_detail::method_dynamic_ntk(), &rope_detail::method_yarn(),
+      &rope_detail::method_llama3(),     &rope_detail::method_mrrope_uni(),
+      &rope_detail::method_mrrope_pro(),
+  };
+  return r;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t p = s.find(sep, start);
+    out.push_back(trim(s.substr(start, p == std::string_view::npos ? p : p - start)));
+    if (p == std::string_view::npos) return out;
+    start = p + 1;
+  }
+}
+
+std::string method_list() {
+  std::string s;
+  for (const RopeMethodDef* d : registry()) s += std::string(s.empty() ? "" : ", ") + d->name;
+  return s + "; and logn, composed with '+'";
+}
+
+std::string key_list(const RopeMethodDef& def) {
+  if (def.keys.empty()) return "none";
+  std::string s;
+  for (const KeyDef& k : def.keys) {
+    if (!s.empty()) s += ", ";
+    s += k.name;
+    if (k.default_value == nullptr) s += " (required)";
+  }
+  return s;
+}
+
+std::string format_real(double v) { return strprintf("%.9g", v); }
+
+// Parses and validates one value; on success returns the value and its canonical text.
+Expected<std::pair<double, std::string>> parse_value(const char* method, const KeyDef& k,
+                                                     std::string_view text) {
+  if (k.kind == KeyKind::kChoice) {
+    for (std::string_view c : split(k.choices, '|'))
+      if (c == text) return std::pair<double, std::string>{0.0, std::string(text)};
+    return make_error(strprintf("rope %s: %s must be one of %s, got '%.*s'", method, k.name,
+                                k.choices, static_cast<int>(text.size()), text.data()));
+  }
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || !std::isfinite(v))
+    return make_error(strprintf("rope %s: %s must be a number, got '%.*s'", method, k.name,
+                                static_cast<int>(text.size()), text.data()));
+  switch (k.kind) {
+    case KeyKind::kFactor:
+      if (!(v >= 1.0))
+        return make_error(strprintf(
+            "rope %s: %s must be >= 1 (the extension ratio L'/L0), got %s", method, k.name,
+            format_real(v).c_str()));
+      break;
+    case KeyKind::kPositive:
+      if (!(v > 0.0))
+        return make_error(strprintf("rope %s: %s must be > 0, got %s", method, k.name,
+                                    format_real(v).c_str()));
+      break;
+    case KeyKind::kPositiveInt:
+      if (!(v >= 1.0) || v != std::floor(v) || v > 1e15)
+        return make_error(strprintf("rope %s: %s must be a positive integer, got '%.*s'",
+                                    method, k.name, static_cast<int>(text.size()), text.data()));
+      return std::pair<double, std::string>{v, strprintf("%lld", static_cast<long long>(v))};
+    case KeyKind::kChoice:
+      break;
+  }
+  return std::pair<double, std::string>{v, format_real(v)};
+}
+
+// Resolves "key=value,..." against a method's keys, filling defaults.
+Expected<RopeArgs> resolve_args(const RopeMethodDef& def, std::string_view params, bool has_colon,
+                                const RopeModelInfo& info) {
+  std::vector<std::pair<std::string_view, std::string_view>> given;
+  if (has_colon) {
+    for (std::string_view item : split(params, ',')) {
+      const size_t eq = item.find('=');
+      if (item.empty() || eq == std::string_view::npos)
+        return make_error(strprintf(
+            "rope %s: expected key=value, got '%.*s' (keys: %s)", def.name,
+            static_cast<int>(item.size()), item.data(), key_list(def).c_str()));
+      const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
+      bool known = false;
+      for (const KeyDef& k : def.keys) known = known || key == k.name;
+      if (!known) {
+        std::string hint;
+        if (key == "logn") hint = "; for log-n scaling append '+logn'";
+        return make_error(strprintf("rope %s: unknown key '%.*s' (accepted: %s)%s", def.name,
+                                    static_cast<int>(key.size()), key.data(),
+                                    key_list(def).c_str(), hint.c_str()));
+      }
+      for (const auto& g : given)
+        if (g.first == key)
+          return make_error(strprintf("rope %s: key '%.*s' given twice", def.name,
+                                      static_cast<int>(key.size()), key.data()));
+      given.emplace_back(key, value);
+    }
+  }
+  RopeArgs args;
+  for (const KeyDef& k : def.keys) {
+    std::string text;
+    bool found = false;
+    for (const auto& g : given) {
+      if (g.first == k.name) {
+        text = std::string(g.second);
+        found = true;
+      }
+    }
+    if (!found) {
+      if (k.default_value == nullptr)
+        return make_error(strprintf("rope %s: missing required key '%s' (%s), e.g. %s:%s=8",
+                                    def.name, k.name, k.help, def.name, k.name));
+      if (std::strcmp(k.default_value, rope_detail::kDefaultCtxTrain) == 0) {
+        if (info.n_ctx_train <= 0)
+          return make_error(strprintf(
+              "rope %s: %s has no default (the model metadata has no training context); "
+              "give %s=N", def.name, k.name, k.name));
+        text = strprintf("%lld", static_cast<long long>(info.n_ctx_train));
+      } else if (std::strcmp(k.default_value, rope_detail::kDefaultBase) == 0) {
+        text = format_real(info.gguf.base);
+      } else {
+        text = k.default_value;
+      }
+    }
+    LC_ASSIGN_OR_RETURN(auto parsed, parse_value(def.name, k, text));
+    args.set(k.name, std::move(parsed.second), parsed.first);
+  }
+  return args;
+}
+
+Status check_info(const RopeModelInfo& info) {
+  if (info.gguf.n_rot <= 0 || info.gguf.n_rot % 2 != 0)
+    return make_error(strprintf("rope: n_rot must be positive and even, got %lld",
+                                static_cast<long long>(info.gguf.n_rot)));
+  if (!(info.gguf.base > 0.0f) || !std::isfinite(info.gguf.base))
+    return make_error(strprintf("rope: base must be positive, got %g", info.gguf.base));
+  return Status::ok();
+}
+
+struct Component {
+  std::string_view name, params;
+  bool has_colon = false;
+};
+
+Component split_component(std::string_view c) {
+  const size_t colon = c.find(':');
+  if (colon == std::string_view::npos) return {trim(c), {}, false};
+  return {trim(c.substr(0, colon)), trim(c.substr(colon + 1)), true};
+}
+
+const RopeMethodDef* find_method(std::string_view name) {
+  for (const RopeMethodDef* d : registry())
+    if (name == d->name) return d;
+  return nullptr;
+}
+
+Expected<std::unique_ptr<RopeScaling>> make_component(const Component& c,
+                                                      const RopeModelInfo& info) {
+  if (c.name == "logn")
+    return make_error(
+        "rope: logn scales attention logits, it is not a position method; compose it with "
+        "one: '<method>+logn' (or 'logn' alone for the GGUF rope)");
+  const RopeMethodDef* def = find_method(c.name);
+  if (def == nullptr)
+    return make_error(strprintf("rope: unknown method '%.*s' (accepted: %s)",
+                                static_cast<int>(c.name.size()), c.name.data(),
+                                method_list().c_str()));
+  LC_ASSIGN_OR_RETURN(RopeArgs args, resolve_args(*def, c.params, c.has_colon, info));
+  return def->make(args, info);
+}
+
+}  // namespace
+
+RopePlan::RopePlan(std::unique_ptr<RopeScaling> scaling, int64_t logn_l0)
+    : scaling_(std::move(scaling)), logn_l0_(logn_l0) {
+  LC_CHECK(scaling_ != nullptr);
+}
+
+std::string RopePlan::describe() const {
+  std::string s = scaling_->describe();
+  if (logn()) s += strprintf("+logn:orig=%lld", static_cast<long long>(logn_l0_));
+  return s;
+}
+
+Expected<std::unique_ptr<RopeScaling>> make_rope_scaling(std::string_view spec,
+                                                         const RopeModelInfo& info) {
+  LC_TRY(check_info(info));
+  spec = trim(spec);
+  if (spec.find('+') != std::string_view::npos)
+    return make_error(strprintf(
+        "rope: '%.*s' joins several components with '+'; make_rope_plan parses those",
+        static_cast<int>(spec.size()), spec.data()));
+  if (spec.empty()) spec = "gguf";
+  return make_component(split_component(spec), info);
+}
+
+Expected<RopePlan> make_rope_plan(std::string_view spec, const RopeModelInfo& info) {
+  LC_TRY(check_info(info));
+  spec = trim(spec);
+  std::unique_ptr<RopeScaling> scaling;
+  int64_t logn_l0 = 0;
+  if (!spec.empty()) {
+    for (std::string_view part : split(spec, '+')) {
+      if (part.empty())
+        return make_error(strprintf("rope: empty component in '%.*s' (components are joined "
+                                    "by '+', e.g. yarn:factor=8+logn)",
+                                    static_cast<int>(spec.size()), spec.data()));
+      const Component c = split_component(part);
+      if (c.name == "logn") {
+        if (logn_l0 != 0) return make_error("rope: logn given twice");
+        LC_ASSIGN_OR_RETURN(RopeArgs args,
+                            resolve_args(rope_detail::method_logn(), c.params, c.has_colon, info));
+        logn_l0 = args.integer("orig");
+        if (logn_l0 < 2)
+          return make_error(strprintf("rope logn: orig must be >= 2 (ln L0 divides), got %lld",
+                                      static_cast<long long>(logn_l0)));
+        continue;
+      }
+      if (scaling)
+        return make_error(strprintf(
+            "rope: two position methods ('%s' and '%.*s'); give one, plus optionally logn",
+            scaling->describe().c_str(), static_cast<int>(c.name.size()), c.name.data()));
+      LC_ASSIGN_OR_RETURN(scaling, make_component(c, info));
+    }
+  }
+  if (!scaling) {
+    LC_ASSIGN_OR_RETURN(scaling, make_component(Component{"gguf", {}, false}, info));
+  }
+  return RopePlan(std::move(scaling), logn_l0);
+}
+
+std::vector<std::string> rope_method_names() {
+  std::vector<std::string> names;
+  for (const RopeMethodDef* d : registry()) names.emplace_back(d->name);
+  names.emplace_back(rope_detail::method_logn().name);
+  return names;
+}
+
+std::string rope_spec_help() {
+  std::string s =
+      "--rope SPEC: SPEC = COMPONENT['+'COMPONENT], COMPONENT = NAME[:key=value,...];\n"
+      "one position method and/or logn; empty = gguf. Methods:\n";
+  std::vector<const RopeMethodDef*> all = registry();
+  all.push_back(&rope_detail::method_logn());
+  for (const RopeMethodDef* d : all) {
+    s += strprintf("  %-12s %s\n", d->name, d->summary);
+    for (const KeyDef& k : d->keys) {
+      std::string def = k.default_value == nullptr ? "required"
+                        : std::strcmp(k.default_value, rope_detail::kDefaultCtxTrain) == 0
+                            ? "default: model training context"
+                        : std::strcmp(k.default_value, rope_detail::kDefaultBase) == 0
+                            ? "default: model rope base"
+                            : std::string("default ") + k.default_value;
+      s += strprintf("      %-12s %s (%s)\n", k.name, k.help, def.c_str());
+    }
+  }
+  return s;
+}
+
+}  // namespace lc

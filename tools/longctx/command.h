@@ -1,0 +1,15 @@
+// Subcommands defined outside main.cpp register themselves under a parent CLI11 app and hand
+// back what to run when they are chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <vector>
+
+struct RegisteredCommand {
+  CLI::App* app;              // the subcommand, as added to its parent
+  std::function<int()> run;   // its exit code
+};
+
+// Benchmark-suite commands under `longctx bench` (tasks, run, ppl): cmd_bench_suite.cpp.
+std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench);
