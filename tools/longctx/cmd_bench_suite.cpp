@@ -1,4 +1,391 @@
-// Placeholder until the long-context benchmark suite lands: registers nothing.
-#include "command.h"
+// `longctx bench tasks | run | ppl`: the long-context benchmark suite (src/bench).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
-std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App*) { return {}; }
+#include "bench/haystack.h"
+#include "bench/method.h"
+#include "bench/plot.h"
+#include "bench/ppl.h"
+#include "bench/run.h"
+#include "bench/tasks.h"
+#include "bench/text.h"
+#include "command.h"
+#include "core/progress.h"
+#include "embedded_model.h"
+#include "model/model.h"
+
+namespace {
+
+namespace bench = lc::bench;
+using nlohmann::json;
+
+int fail(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "longctx: error: %s\n", msg.c_str());
+  return 1;
+}
+
+lc::Expected<std::vector<int64_t>> parse_lengths(const std::vector<std::string>& in) {
+  std::vector<int64_t> out;
+  for (const auto& s : in) {
+    const int64_t n = bench::parse_length(s);
+    if (n <= 0) return lc::make_error("bad length '" + s + "' (a number of tokens, or like 4K, 128K)");
+    out.push_back(n);
+  }
+  return out;
+}
+
+bench::ModelRef model_ref(const std::string& path) {
+  if (!path.empty()) return {"", path, nullptr, 0};
+  auto img = embedded_model();
+  return {"stories260K (embedded)", "", img.data(), img.size()};
+}
+
+lc::Expected<std::unique_ptr<lc::Model>> load(const bench::ModelRef& r) {
+  if (r.image) return lc::Model::load_memory(r.image, r.image_size, r.name);
+  return lc::Model::load(r.path);
+}
+
+lc::Expected<lc::ChatTemplate> pick_template(const std::string& name, const lc::Model& m) {
+  if (name == "auto") return lc::detect_chat_template(m.file(), m.tokenizer());
+  return lc::chat_template_from_name(name);
+}
+
+// Options shared by the three commands.
+struct MethodOpts {
+  std::vector<std::string> rope, attn, press, method;
+  void add(CLI::App* app) {
+    app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
+    app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
+    app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5");
+    app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;name=..' (repeatable)");
+  }
+  bool given() const { return !rope.empty() || !attn.empty() || !press.empty() || !method.empty(); }
+  // --method settings, else the cross product of --rope x --attn x --kv-press.
+  lc::Expected<std::vector<bench::MethodSetting>> settings() const {
+    std::vector<bench::MethodSetting> out;
+    if (!method.empty()) {
+      if (!rope.empty() || !attn.empty() || !press.empty())
+        return lc::make_error("give either --method or --rope/--attn/--kv-press, not both");
+      for (const auto& m : method) {
+        LC_ASSIGN_OR_RETURN(auto s, bench::parse_method(m));
+        out.push_back(s);
+      }
+      return out;
+    }
+    const std::vector<std::string> r = rope.empty() ? std::vector<std::string>{"gguf"} : rope;
+    const std::vector<std::string> a = attn.empty() ? std::vector<std::string>{"dense"} : attn;
+    const std::vector<std::string> p = press.empty() ? std::vector<std::string>{"none"} : press;
+    for (const auto& x : r)
+      for (const auto& y : a)
+        for (const auto& z : p) out.push_back({"", x, y, z});
+    return out;
+  }
+};
+
+int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::string>& task_names,
+              const std::vector<std::string>& length_s, const std::vector<int>& depths, int64_t samples,
+              uint64_t seed, int64_t max_new, int64_t obs, const std::string& tmpl_name, const std::string& out_path,
+              bool show) {
+  if (list) {
+    std::printf("%-16s %-9s %-18s %6s  %s\n", "task", "family", "metric", "budget", "what it measures");
+    for (const auto& t : bench::task_list())
+      std::printf("%-16s %-9s %-18s %6lld  %s\n", t.name.c_str(), t.family.c_str(), bench::metric_name(t.metric),
+                  (long long)t.new_tokens, t.description.c_str());
+    return 0;
+  }
+  auto tasks = bench::expand_task_names(task_names.empty() ? std::vector<std::string>{"all"} : task_names);
+  if (!tasks) return fail(tasks.error().message);
+  auto lengths = parse_lengths(length_s);
+  if (!lengths) return fail(lengths.error().message);
+  if (samples < 1) return fail("--samples must be at least 1");
+  const bench::ModelRef ref = model_ref(model_path);
+  auto model = load(ref);
+  if (!model) return fail(model.error().message);
+  auto tmpl = pick_template(tmpl_name, **model);
+  if (!tmpl) return fail(tmpl.error().message);
+  const bench::PromptRenderer r((*model)->tokenizer(), *tmpl);
+  std::ofstream file;
+  if (!out_path.empty()) {
+    file.open(out_path);
+    if (!file) return fail(out_path + ": cannot write");
+  }
+  std::ostream& out = out_path.empty() ? std::cout : file;
+  const std::vector<int> ds = depths.empty() ? std::vector<int>{-1} : depths;
+  for (int64_t len : *lengths)
+    for (const auto& t : *tasks)
+      for (int d : ds)
+        for (int64_t i = 0; i < samples; ++i) {
+          bench::SampleSpec spec{t, len, d, i, seed, {max_new, obs}};
+          auto s = bench::make_sample(r, spec);
+          if (!s) {
+            std::fprintf(stderr, "longctx: skipped: %s\n", s.error().message.c_str());
+            continue;
+          }
+          if (show) {
+            out << "=== " << t << " length " << len << " depth " << s->spec.depth << " sample " << i << ": "
+                << s->n_prompt << " prompt tokens + " << s->max_new_tokens << " to generate, answers:";
+            for (const auto& a : s->answers) out << " [" << a << "]";
+            out << "\n" << r.text(s->user, s->answer_prefix) << "\n\n";
+            continue;
+          }
+          json j;
+          j["task"] = t;
+          j["length"] = len;
+          j["depth"] = s->spec.depth;
+          j["index"] = i;
+          j["seed"] = s->seed;
+          j["input_hash"] = s->input_hash;
+          j["n_prompt"] = s->n_prompt;
+          j["max_new_tokens"] = s->max_new_tokens;
+          j["haystack_size"] = s->size_units;
+          j["haystack_unit"] = s->unit;
+          j["answers"] = s->answers;
+          j["needles"] = json::array();
+          for (const auto& n : s->needles) j["needles"].push_back({{"text", n.text}, {"depth", n.depth}});
+          json info = json::object();
+          for (const auto& [k, v] : s->info) info[k] = v;
+          j["info"] = info;
+          j["user"] = s->user;
+          j["answer_prefix"] = s->answer_prefix;
+          j["chat_template"] = lc::chat_template_name(*tmpl);
+          out << j.dump() << "\n";
+        }
+  return 0;
+}
+
+void print_report(const bench::RunReport& rep, const std::string& out_dir) {
+  std::printf("%-28s %-24s %8s %5s %7s %11s %10s %9s\n", "model", "method", "length", "n", "score", "prefill t/s",
+              "decode t/s", "RSS MiB");
+  for (const auto& c : rep.summary.cells) {
+    if (c.task != "average") continue;
+    std::printf("%-28s %-24s %8s %5lld %7.2f %11.1f %10.2f %9.1f\n", c.model.c_str(), c.method.c_str(),
+                bench::length_label(static_cast<double>(c.length)).c_str(), (long long)c.n, c.score, c.prefill_tps,
+                c.decode_tps, static_cast<double>(c.peak_rss) / (1024.0 * 1024.0));
+  }
+  for (const auto& e : rep.summary.effective)
+    if (e.task == "average")
+      std::printf("effective length (> %.1f): %s / %s: %s\n", rep.summary.threshold, e.model.c_str(), e.method.c_str(),
+                  e.length > 0 ? bench::length_label(static_cast<double>(e.length)).c_str() : "none");
+  std::printf("%lld sample(s) run, %lld resumed from %s/results.jsonl, %lld skipped (length too short)\n",
+              (long long)rep.run, (long long)rep.resumed, out_dir.c_str(), (long long)rep.too_short);
+  std::printf("reports: %s/summary.csv, summary.json, effective_length.csv, *.svg, *.png\n", out_dir.c_str());
+}
+
+}  // namespace
+
+std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
+  std::vector<RegisteredCommand> cmds;
+
+  // ---- bench tasks
+  {
+    struct O {
+      bool list = false, show = false;
+      std::string model, tmpl = "auto", out, data_dir;
+      std::vector<std::string> tasks, lengths = {"4K"};
+      std::vector<int> depths;
+      int64_t samples = 1, max_new = 0, obs = 0;
+      uint64_t seed = 42;
+    };
+    auto o = std::make_shared<O>();
+    CLI::App* app = bench_app->add_subcommand("tasks", "generate long-context task samples (JSON lines), or --list them");
+    app->add_flag("--list", o->list, "list the tasks and what they measure");
+    app->add_option("-m,--model", o->model, "GGUF model whose tokenizer sizes the samples (default: the embedded stories260K)");
+    app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
+    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K")->delimiter(',')->capture_default_str();
+    app->add_option("--depth", o->depths, "needle depths in percent (default: drawn from RULER's 40 depths)")->delimiter(',');
+    app->add_option("--samples", o->samples, "samples per cell")->capture_default_str();
+    app->add_option("--seed", o->seed, "seed")->capture_default_str();
+    app->add_option("--max-new-tokens", o->max_new, "cap on the answer budget (0: each task's own)")->capture_default_str();
+    app->add_option("--observations", o->obs, "dense tasks: a fixed number of observations in filler (0: fill the length)")->capture_default_str();
+    app->add_option("--chat-template", o->tmpl, "auto, none, llama3, chatml, llama2, zephyr")->capture_default_str();
+    app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt (default: found next to the binary or the sources)");
+    app->add_option("-o,--output", o->out, "write the JSON lines here (default: stdout)");
+    app->add_flag("--show", o->show, "print the rendered prompts as text instead of JSON");
+    cmds.push_back({app, [o]() -> int {
+                      try {
+                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
+                        return cmd_tasks(o->list, o->model, o->tasks, o->lengths, o->depths, o->samples, o->seed,
+                                         o->max_new, o->obs, o->tmpl, o->out, o->show);
+                      } catch (const std::exception& e) {
+                        return fail(e.what());
+                      }
+                    }});
+  }
+
+  // ---- bench run
+  {
+    struct O {
+      std::vector<std::string> models, tasks, lengths;
+      std::vector<int> depths;
+      std::string config, suite, out, tmpl, data_dir;
+      int64_t samples = 0, max_new = -1, obs = -1, batch = 0;
+      int threads = -1;
+      uint64_t seed = 0;
+      double threshold = 0;
+      bool no_plots = false;
+      MethodOpts mo;
+    };
+    auto o = std::make_shared<O>();
+    CLI::App* app = bench_app->add_subcommand("run", "run a benchmark matrix: models x methods x tasks x lengths x depths x samples");
+    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded stories260K)");
+    app->add_option("--config", o->config, "JSON run config (see docs/benchmarks.md); flags override it");
+    app->add_option("--suite", o->suite, "preset: tiny (every task at 512 and 1K, for plumbing) or standard (4K..128K)");
+    app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
+    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K,16K")->delimiter(',');
+    app->add_option("--depth", o->depths, "needle depths in percent (default: drawn from RULER's 40 depths)")->delimiter(',');
+    app->add_option("--samples", o->samples, "samples per cell (default 1)");
+    app->add_option("--seed", o->seed, "seed (default 42)");
+    app->add_option("--threshold", o->threshold, "score for the effective length (default 85.6)");
+    app->add_option("--max-new-tokens", o->max_new, "cap on the answer budget (0: each task's own)");
+    app->add_option("--observations", o->obs, "dense tasks: a fixed number of observations (0: fill the length)");
+    app->add_option("--chat-template", o->tmpl, "auto (default), none, llama3, chatml, llama2, zephyr");
+    app->add_option("-o,--out", o->out, "output folder (default bench-out); a re-run resumes from it");
+    app->add_option("-b,--batch-size", o->batch, "tokens per prefill chunk (default 512)");
+    app->add_option("-t,--threads", o->threads, "threads (0 = all cores)");
+    app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
+    app->add_flag("--no-plots", o->no_plots, "skip the SVG/PNG plots");
+    o->mo.add(app);
+    cmds.push_back({app, [o]() -> int {
+                      try {
+                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
+                        bench::RunConfig cfg;
+                        if (o->suite == "tiny") cfg = bench::tiny_suite();
+                        else if (o->suite == "standard") cfg = bench::standard_suite();
+                        else if (!o->suite.empty()) return fail("unknown suite '" + o->suite + "' (tiny, standard)");
+                        if (!o->config.empty()) {
+                          lc::Status st = bench::load_config_file(o->config, cfg);
+                          if (!st) return fail(st.message());
+                        }
+                        if (!o->models.empty()) {
+                          cfg.models.clear();
+                          for (const auto& m : o->models) cfg.models.push_back(model_ref(m));
+                        }
+                        if (cfg.models.empty()) cfg.models.push_back(model_ref(""));
+                        if (!o->tasks.empty()) cfg.tasks = o->tasks;
+                        if (!o->lengths.empty()) {
+                          auto l = parse_lengths(o->lengths);
+                          if (!l) return fail(l.error().message);
+                          cfg.lengths = *l;
+                        }
+                        if (!o->depths.empty()) cfg.depths = o->depths;
+                        if (o->samples > 0) cfg.samples = o->samples;
+                        if (o->seed > 0) cfg.seed = o->seed;
+                        if (o->threshold > 0) cfg.threshold = o->threshold;
+                        if (o->max_new >= 0) cfg.gen.max_new_tokens = o->max_new;
+                        if (o->obs >= 0) cfg.gen.observations = o->obs;
+                        if (!o->tmpl.empty()) cfg.chat_template = o->tmpl;
+                        if (!o->out.empty()) cfg.out_dir = o->out;
+                        if (o->batch > 0) cfg.n_batch = o->batch;
+                        if (o->threads >= 0) cfg.n_threads = o->threads;
+                        if (o->no_plots) cfg.plots = false;
+                        if (o->mo.given()) {
+                          auto ms = o->mo.settings();
+                          if (!ms) return fail(ms.error().message);
+                          cfg.methods = *ms;
+                        }
+                        auto rep = bench::run_matrix(cfg);
+                        if (!rep) return fail(rep.error().message);
+                        print_report(*rep, cfg.out_dir);
+                        return 0;
+                      } catch (const std::exception& e) {
+                        return fail(e.what());
+                      }
+                    }});
+  }
+
+  // ---- bench ppl
+  {
+    struct O {
+      std::vector<std::string> models;
+      std::string file, out = "bench-ppl", length = "4K", data_dir;
+      int64_t bucket = 0, batch = 512;
+      int threads = 0;
+      MethodOpts mo;
+    };
+    auto o = std::make_shared<O>();
+    CLI::App* app = bench_app->add_subcommand("ppl", "perplexity as a function of position over one long text");
+    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded stories260K)");
+    app->add_option("-f,--file", o->file, "text file (default: the shipped essay, data/haystack/opticks.txt)");
+    app->add_option("-L,--length", o->length, "tokens to evaluate in one sequence, e.g. 32K")->capture_default_str();
+    app->add_option("--bucket", o->bucket, "positions per bucket (default: length / 16)");
+    app->add_option("-o,--out", o->out, "output folder: ppl.csv, ppl_vs_position.svg/.png")->capture_default_str();
+    app->add_option("-b,--batch-size", o->batch, "tokens per prefill chunk")->capture_default_str();
+    app->add_option("-t,--threads", o->threads, "threads (0 = all cores)")->capture_default_str();
+    app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
+    o->mo.add(app);
+    cmds.push_back({app, [o]() -> int {
+                      try {
+                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
+                        const int64_t len = bench::parse_length(o->length);
+                        if (len < 16) return fail("bad --length '" + o->length + "'");
+                        const int64_t bucket = o->bucket > 0 ? o->bucket : std::max<int64_t>(1, len / 16);
+                        auto ms = o->mo.settings();
+                        if (!ms) return fail(ms.error().message);
+                        for (const auto& m : *ms) {
+                          lc::Status st = bench::check_method(m);
+                          if (!st) return fail(st.message());
+                        }
+                        std::string path = o->file;
+                        if (path.empty()) {
+                          auto p = bench::find_data_file("opticks.txt");
+                          if (!p) return fail(p.error().message);
+                          path = *p;
+                        }
+                        std::ifstream in(path, std::ios::binary);
+                        if (!in) return fail(path + ": cannot open");
+                        std::ostringstream ss;
+                        ss << in.rdbuf();
+                        const std::string text = ss.str();
+                        std::error_code ec;
+                        std::filesystem::create_directories(o->out, ec);
+                        if (ec) return fail(o->out + ": cannot create the output folder");
+                        std::vector<bench::PplCurve> curves;
+                        std::vector<std::string> models = o->models.empty() ? std::vector<std::string>{""} : o->models;
+                        for (const auto& mp : models) {
+                          const bench::ModelRef ref = model_ref(mp);
+                          auto model = load(ref);
+                          if (!model) return fail(model.error().message);
+                          std::vector<int32_t> toks = (*model)->tokenizer().encode(text, true, false);
+                          if (static_cast<int64_t>(toks.size()) < len)
+                            return fail(lc::strprintf("%s has %zu tokens, fewer than --length %lld (a repeated text would "
+                                                      "make later positions easier, so it is not repeated)",
+                                                      path.c_str(), toks.size(), (long long)len));
+                          toks.resize(static_cast<size_t>(len));
+                          const std::string name = ref.image ? ref.name : std::filesystem::path(mp).filename().string();
+                          for (const auto& m : *ms) {
+                            auto ctx = bench::make_context_for(**model, m, {len, o->batch, o->threads});
+                            if (!ctx) return fail(ctx.error().message);
+                            lc::Progress prog("ppl " + m.label(), len, "tok");
+                            auto c = bench::perplexity_by_position(**ctx, toks, bucket, [&](int64_t d) { prog.update(d); });
+                            prog.finish();
+                            if (!c) return fail(c.error().message);
+                            c->model = name;
+                            c->method = m.label();
+                            std::printf("%s / %s: %lld tokens, perplexity %.3f, %.1f tokens/s\n", name.c_str(),
+                                        c->method.c_str(), (long long)c->n_tokens, c->ppl,
+                                        c->seconds > 0 ? static_cast<double>(c->n_tokens) / c->seconds : 0.0);
+                            for (const auto& b : c->buckets)
+                              std::printf("  [%7lld, %7lld)  ppl %10.3f\n", (long long)b.begin, (long long)b.end, b.ppl);
+                            curves.push_back(std::move(*c));
+                          }
+                        }
+                        lc::Status st = bench::write_ppl_csv(curves, o->out + "/ppl.csv");
+                        if (!st) return fail(st.message());
+                        st = bench::write_ppl_plot(curves, o->out + "/ppl_vs_position");
+                        if (!st) return fail(st.message());
+                        std::printf("reports: %s/ppl.csv, %s/ppl_vs_position.svg, .png\n", o->out.c_str(), o->out.c_str());
+                        return 0;
+                      } catch (const std::exception& e) {
+                        return fail(e.what());
+                      }
+                    }});
+  }
+  return cmds;
+}

@@ -13,3 +13,6 @@ struct RegisteredCommand {
 
 // Benchmark-suite commands under `longctx bench` (tasks, run, ppl): cmd_bench_suite.cpp.
 std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench);
+
+// Training commands (`longctx train`, ...): cmd_train.cpp.
+std::vector<RegisteredCommand> add_train_commands(CLI::App* app);

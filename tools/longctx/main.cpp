@@ -458,6 +458,7 @@ int main(int argc, char** argv) {
   bspeed->add_option("-o,--output", bs_o, "md or json")->capture_default_str();
 
   std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
+  for (auto& c : add_train_commands(&app)) extra.push_back(std::move(c));
 
   std::string mm_shape = "smollm2-135m", mm_type = "f16", mm_vocab, mm_out;
   uint64_t mm_seed = 42;
