@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/attention.h"
 #include "kernels/kernels.h"
 
 namespace lc {
@@ -28,8 +27,7 @@ LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<fl
 
 Context::Context(const Model& model, const ContextParams& p)
     : model_(model), hp_(model.hparams()), params_(p),
-      pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()),
-      kv_(hp_.n_layer, hp_.n_head_kv, hp_.head_dim, hp_.head_dim_v, p.n_ctx) {}
+      pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()) {}
 
 Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& in) {
   ContextParams p = in;
@@ -50,6 +48,34 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   auto c = std::unique_ptr<Context>(new Context(model, p));
   c->rope_plan_ = std::make_unique<RopePlan>(std::move(*plan));
   c->rope_ = c->rope_plan_->table(p.n_ctx);
+
+  KvCacheConfig kc;
+  kc.n_layer = hp.n_layer;
+  kc.n_head_kv = hp.n_head_kv;
+  kc.head_dim = hp.head_dim;
+  kc.head_dim_v = hp.head_dim_v;
+  kc.block_tokens = p.kv_block;
+  kc.type_k = p.kv_type_k;
+  kc.type_v = p.kv_type_v;
+  kc.budget_bytes = p.kv_budget;
+  kc.spill_dir = p.kv_spill;
+  kc.policy = p.kv_spill.empty() ? KvBudgetPolicy::kEvict : KvBudgetPolicy::kSpill;
+  kc.rope = c->rope_;
+  if (c->rope_plan_->dynamic()) {
+    const RopePlan* plan = c->rope_plan_.get();
+    kc.rope_provider = [plan](int64_t n_ctx) { return plan->table(n_ctx); };
+  }
+  LC_ASSIGN_OR_RETURN(c->kv_, KvCache::create(kc));
+  AttnShape as;
+  as.n_layer = hp.n_layer;
+  as.n_head = hp.n_head;
+  as.n_head_kv = hp.n_head_kv;
+  as.head_dim = hp.head_dim;
+  as.head_dim_v = hp.head_dim_v;
+  auto attn = make_attention_backend(p.attn, as);
+  if (!attn) return make_error("--attn: " + attn.error().message);
+  c->backend_ = std::move(*attn);
+  LC_TRY(c->backend_->attach(*c->kv_));
   const size_t nb = static_cast<size_t>(p.n_batch);
   const int64_t q_dim = hp.n_head * hp.head_dim;
   const int64_t o_dim = hp.n_head * hp.head_dim_v;
@@ -89,23 +115,23 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
       return make_error(strprintf("token id %d at index %lld is outside the vocabulary [0, %lld)",
                                   tokens[static_cast<size_t>(i)], (long long)i, (long long)hp_.n_vocab));
   }
-  LC_TRY(kv_.reserve(n_past_ + n));
   n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
   for (int64_t i = 0; i < n; i += params_.n_batch) {
     const int64_t m = std::min(params_.n_batch, n - i);
-    // Dynamic scalings (dynamic NTK) follow the current length. Keys already in this
-    // contiguous cache keep the rotation they were stored with.
-    if (rope_plan_->dynamic()) rope_ = rope_plan_->table(n_past_ + m);
     Logits w = Logits::kNone;
     if (which == Logits::kAll) w = Logits::kAll;
     if (which == Logits::kLast && i + m == n) w = Logits::kLast;
-    forward_chunk(tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
+    Status st = forward_chunk(tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
+    if (!st.is_ok()) {
+      kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
+      return st;
+    }
   }
   return Status::ok();
 }
 
-void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
+Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
   const HParams& hp = hp_;
   const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
                 k_dim = hp.n_head_kv * hp.head_dim, v_dim = hp.n_head_kv * hp.head_dim_v;
@@ -117,16 +143,6 @@ void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, floa
     kernels::dequantize_row(te.type, te.row(tokens[t]), x + t * E, E);
     pos_[static_cast<size_t>(t)] = static_cast<int32_t>(n_past_ + t);
   }
-
-  kernels::AttnShape as;
-  as.n_tokens = n;
-  as.n_head = hp.n_head;
-  as.n_head_kv = hp.n_head_kv;
-  as.head_dim = hp.head_dim;
-  as.head_dim_v = hp.head_dim_v;
-  as.kv_stride = kv_.capacity();
-  as.n_past = n_past_;
-  as.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 
   auto rows = [&](int64_t count, auto&& fn) {
     pool_.parallel_for(count, [&](int64_t b, int64_t e, int) {
@@ -153,21 +169,12 @@ void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, floa
         for (int64_t h = 0; h < hp.n_head_kv; ++h)
           kernels::rmsnorm(kt + h * hp.head_dim, L.k_norm, kt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
       }
-      rope_.apply(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
+      // Queries and keys go to the attention backend and the cache before RoPE: the cache
+      // rotates keys with its table, the backend rotates queries at the positions it uses.
       rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
-      rope_.apply(kt, 1, hp.n_head_kv, hp.head_dim, &pos_[static_cast<size_t>(t)]);
-      // Scatter into the cache: [n_head_kv, capacity, head_dim].
-      const int64_t slot = n_past_ + t, cap = kv_.capacity();
-      float* kc = kv_.k(il);
-      float* vc = kv_.v(il);
-      for (int64_t h = 0; h < hp.n_head_kv; ++h) {
-        std::memcpy(kc + (h * cap + slot) * hp.head_dim, kt + h * hp.head_dim,
-                    static_cast<size_t>(hp.head_dim) * sizeof(float));
-        std::memcpy(vc + (h * cap + slot) * hp.head_dim_v, vt + h * hp.head_dim_v,
-                    static_cast<size_t>(hp.head_dim_v) * sizeof(float));
-      }
     });
-    kernels::attention_causal(as, q_.data(), kv_.k(il), kv_.v(il), attn_.data(), pool_);
+    LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
+    LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), pool_));
     kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
 
@@ -181,15 +188,15 @@ void Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, floa
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
   }
   n_past_ += n;
-  kv_.set_size(n_past_);
 
-  if (which == Logits::kNone) return;
+  if (which == Logits::kNone) return Status::ok();
   const int64_t first = which == Logits::kAll ? 0 : n - 1;
   const int64_t n_out = n - first;
   rows(n_out, [&](int64_t i) {
     kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
   });
   kernels::matmul(model_.output(), cur, n_out, logits, pool_);
+  return Status::ok();
 }
 
 }  // namespace lc

@@ -12,7 +12,8 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "model/kv_cache.h"
+#include "attention/backend.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
@@ -24,6 +25,11 @@ struct ContextParams {
   int64_t n_batch = 512; // tokens per forward chunk
   int n_threads = 0;     // 0: all cores
   std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
+  std::string attn = "dense";  // --attn spec (attention backend registry)
+  int64_t kv_block = 64;       // --kv-block: tokens per KV block
+  DType kv_type_k = DType::F32, kv_type_v = DType::F32;  // --kv-type-k / --kv-type-v
+  int64_t kv_budget = 0;       // --kv-budget in bytes; 0 = no cap
+  std::string kv_spill;        // --kv-spill DIR: cold blocks go to a file there
 };
 
 enum class Logits { kLast, kAll, kNone };
@@ -43,28 +49,31 @@ class Context {
   int64_t n_ctx() const { return params_.n_ctx; }
   int64_t n_batch() const { return params_.n_batch; }
   void clear() { truncate(0); }
-  // Forgets every token after the first n (their cache slots are overwritten later).
+  // Forgets every token after the first n.
   void truncate(int64_t n) {
     n_past_ = n < n_past_ ? n : n_past_;
-    kv_.set_size(n_past_);
+    kv_->truncate(n_past_);
   }
 
   const Model& model() const { return model_; }
   const RopePlan& rope_plan() const { return *rope_plan_; }
-  const KvCache& kv() const { return kv_; }
+  const KvCache& kv() const { return *kv_; }
+  KvCache& kv() { return *kv_; }
+  const AttentionBackend& attention() const { return *backend_; }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
 
  private:
   Context(const Model& model, const ContextParams& p);
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
-  void forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
+  Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
 
   const Model& model_;
   const HParams& hp_;
   ContextParams params_;
   ThreadPool pool_;
-  KvCache kv_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<RopePlan> rope_plan_;
   RopeTable rope_;        // the table in use (recomputed per chunk for dynamic scalings)
   int64_t n_past_ = 0;

@@ -246,3 +246,63 @@ TEST(GoldenRope, OverrideChangesScaledModel) {
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+struct BackendCase {
+  const char* model;
+  const char* attn;
+  int64_t kv_block;
+  DType kv_type;
+  double tol;
+};
+
+// Whole-model runs through every attention backend and KV layout, against llama.cpp's logits:
+// sparse backends whose budget covers the whole prompt (P3, 256 tokens) must be exact; K/V
+// rounded to f16 is within the README's F16-cache tolerance (5e-2).
+class GoldenBackendTest : public ::testing::TestWithParam<BackendCase> {};
+
+TEST_P(GoldenBackendTest, PromptLogits) {
+  const BackendCase& bc = GetParam();
+  auto model = Model::load(kGolden + "models/" + bc.model + ".gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/" + bc.model + "/case.json");
+  const std::vector<int32_t> ids = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  ContextParams cp{512, 48, 2};
+  cp.attn = bc.attn;
+  cp.kv_block = bc.kv_block;
+  cp.kv_type_k = cp.kv_type_v = bc.kv_type;
+  auto ctx = Context::create(**model, cp);
+  ASSERT_TRUE(ctx.has_value()) << ctx.error().message;
+  ASSERT_TRUE((*ctx)->decode(ids, Logits::kAll).is_ok());
+  const auto ref = read_raw<float>(kGolden + "cases/" + bc.model + "/logits_p3.f32");
+  const Diff d = compare_logits((*ctx)->logits(0), ref.data(), static_cast<int64_t>(ids.size()), 512);
+  EXPECT_LE(d.max_abs, bc.tol) << bc.model << " --attn " << bc.attn << " --kv-block " << bc.kv_block;
+}
+
+const BackendCase kBackendCases[] = {
+    {"llama_gqa_f32", "dense", 1, DType::F32, 1e-3},
+    {"llama_gqa_f32", "dense", 7, DType::F32, 1e-3},
+    {"llama_gqa_f32", "dense", 256, DType::F32, 1e-3},
+    {"llama_gqa_f32", "naive", 16, DType::F32, 1e-3},
+    {"qwen2_yarn_f32", "quest:budget=4096,page=16,dense_layers=0", 16, DType::F32, 1e-3},
+    {"llama_gqa_f32", "infllm:sinks=4,local=4096,block=16,reps=4,topk=64,chunk=32", 16, DType::F32, 1e-3},
+    {"qwen3_qknorm_f32", "dssa:switch=100000", 64, DType::F32, 1e-3},
+    {"llama_gqa_f32", "lychee:budget=4096,block=16,sinks=4,local=512", 16, DType::F32, 1e-3},
+    {"llama_gqa_f32", "streaming:sinks=4,window=1024", 16, DType::F32, 1e-3},
+    {"stories260K", "dense", 64, DType::F16, 5e-2},
+    {"llama_gqa_f32", "dense", 64, DType::BF16, 0.2},
+};
+
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenBackendTest, ::testing::ValuesIn(kBackendCases),
+                         [](const testing::TestParamInfo<BackendCase>& i) {
+                           std::string s = std::string(i.param.model) + "_" + i.param.attn + "_b" +
+                                           std::to_string(i.param.kv_block) + "_" + dtype_name(i.param.kv_type);
+                           for (auto& c : s)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace lc

@@ -14,6 +14,7 @@
 #include "embedded_model.h"
 #include "core/sys.h"
 #include "kernels/kernels.h"
+#include "kv/block_pool.h"
 #include "model/context.h"
 #include "model/model.h"
 #include "model/random_model.h"
@@ -49,6 +50,9 @@ struct CommonOpts {
   int64_t n_batch = 512;
   int threads = 0;
   std::string rope;
+  std::string attn = "dense";
+  int64_t kv_block = 64;
+  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill;
   bool verbose = false;
   void add(CLI::App* app) {
     app->add_option("-m,--model", model, "GGUF model file (default: the embedded stories260K)");
@@ -58,9 +62,31 @@ struct CommonOpts {
     app->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
     app->add_option("--rope", rope, "RoPE scaling NAME:key=value,...[+logn] overriding the GGUF's "
                     "(none, linear, ntk, dynamic-ntk, yarn, llama3, mrrope-uni, mrrope-pro; see docs/rope.md)");
+    app->add_option("--attn", attn, "attention backend NAME:key=value,... (dense, streaming, quest, infllm, "
+                    "dssa, lychee; see docs/attention.md)")->capture_default_str();
+    app->add_option("--kv-block", kv_block, "tokens per KV-cache block")->capture_default_str();
+    app->add_option("--kv-type-k", kv_type_k, "key storage type: f32, f16, bf16, q8_0")->capture_default_str();
+    app->add_option("--kv-type-v", kv_type_v, "value storage type: f32, f16, bf16, q8_0")->capture_default_str();
+    app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM, e.g. 512M, 2G (default: none)");
+    app->add_option("--kv-spill", kv_spill, "directory for a spill file that takes cold KV blocks past the budget");
     app->add_flag("-v,--verbose", verbose, "log more");
   }
-  lc::ContextParams ctx_params() const { return {n_ctx, n_batch, threads, rope}; }
+  Expected<lc::ContextParams> ctx_params() const {
+    lc::ContextParams p;
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_threads = threads;
+    p.rope = rope;
+    p.attn = attn;
+    p.kv_block = kv_block;
+    LC_ASSIGN_OR_RETURN(p.kv_type_k, lc::parse_kv_type(kv_type_k));
+    LC_ASSIGN_OR_RETURN(p.kv_type_v, lc::parse_kv_type(kv_type_v));
+    if (!kv_budget.empty()) {
+      LC_ASSIGN_OR_RETURN(p.kv_budget, lc::parse_byte_size(kv_budget));
+    }
+    p.kv_spill = kv_spill;
+    return p;
+  }
 };
 
 struct SamplingOpts {
@@ -93,15 +119,22 @@ Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
   return lc::Model::load(o.model);
 }
 
+Expected<std::unique_ptr<lc::Context>> make_context(const lc::Model& m, const Expected<lc::ContextParams>& p) {
+  if (!p) return p.error();
+  return lc::Context::create(m, *p);
+}
+
 void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
   std::fprintf(stderr,
                "\n\nprompt:     %6lld tokens in %8.3f s = %9.2f tokens/s\n"
                "generation: %6lld tokens in %8.3f s = %9.2f tokens/s\n"
-               "memory:     peak RSS %.1f MiB, KV cache %.2f MiB (%lld tokens), activations %.2f MiB\n",
+               "memory:     peak RSS %.1f MiB, KV cache %.2f MiB resident, %.2f MiB spilled (%lld tokens, "
+               "%zu bytes/token), activations %.2f MiB\n",
                (long long)st.n_prompt, st.t_prompt, st.t_prompt > 0 ? st.n_prompt / st.t_prompt : 0.0,
                (long long)st.n_gen, st.t_gen, st.t_gen > 0 ? st.n_gen / st.t_gen : 0.0,
-               mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().bytes())),
-               (long long)ctx.n_past(), mib(static_cast<int64_t>(ctx.activation_bytes())));
+               mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
+               mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), (long long)ctx.n_past(),
+               ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
 }
 
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
@@ -118,7 +151,7 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   if (!sp) return fail(sp.error().message);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
-  auto ctx = lc::Context::create(**model, co.ctx_params());
+  auto ctx = make_context(**model, co.ctx_params());
   if (!ctx) return fail(ctx.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
   std::vector<int32_t> ids = tok.encode(prompt, !no_special_bos, parse_special);
@@ -155,7 +188,7 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
     if (!t) return fail(t.error().message);
     tmpl = *t;
   }
-  auto ctx = lc::Context::create(**model, co.ctx_params());
+  auto ctx = make_context(**model, co.ctx_params());
   if (!ctx) return fail(ctx.error().message);
   std::fprintf(stderr, "chat template: %s. Type a message; an empty line or Ctrl-D ends.\n",
                lc::chat_template_name(tmpl));
@@ -273,7 +306,9 @@ int cmd_perplexity(const CommonOpts& co, const std::string& file, int64_t chunk)
   if (!text) return fail(text.error().message);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
-  lc::ContextParams cp = co.ctx_params();
+  auto cpe = co.ctx_params();
+  if (!cpe) return fail(cpe.error().message);
+  lc::ContextParams cp = *cpe;
   cp.n_ctx = std::max(chunk, cp.n_ctx);
   auto ctx = lc::Context::create(**model, cp);
   if (!ctx) return fail(ctx.error().message);
@@ -328,7 +363,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
     for (auto p : ps) need = std::max(need, d + p);
   for (auto d : ds)
     for (auto n : ns) need = std::max(need, d + n);
-  lc::ContextParams cp = co.ctx_params();
+  auto cpe = co.ctx_params();
+  if (!cpe) return fail(cpe.error().message);
+  lc::ContextParams cp = *cpe;
   cp.n_ctx = std::max(cp.n_ctx, need);
   auto ctx = lc::Context::create(**model, cp);
   if (!ctx) return fail(ctx.error().message);

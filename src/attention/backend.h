@@ -1,0 +1,100 @@
+// Attention backends: one layer's attention for a chunk of queries over the paged KV cache.
+//
+// INTEGRATION CONTRACT (per layer il, for a chunk of n tokens at positions pos[0..n)):
+//
+//   auto be = make_attention_backend("quest:budget=2048,page=16", shape);   // once
+//   LC_TRY((*be)->attach(kv));                                             // once, after the cache exists
+//   ...
+//   LC_TRY(kv.append(il, n, k, v, pos));          // k: [n, n_head_kv, head_dim] pre-RoPE
+//                                                 // v: [n, n_head_kv, head_dim_v]
+//   LC_TRY(be->forward(il, n, q, pos, kv, out, pool));
+//                                                 // q:   [n, n_head, head_dim] pre-RoPE
+//                                                 // out: [n, n_head, head_dim_v]
+//
+// * append() must come first: the chunk's queries are the last n tokens appended to layer il.
+//   Query t sees the tokens appended before it and itself (causal); tokens evicted from a
+//   head are not seen.
+// * forward() rotates q itself with kv.rope(il) (the table the layer's keys are rotated with;
+//   for dynamic NTK the cache has already re-rotated its keys if the table changed), and
+//   scales scores by shape.scale (default 1/sqrt(head_dim)).
+// * Query head h reads KV head h / (n_head / n_head_kv).
+// * A backend may mutate the cache only through the cache's API (streaming evicts tokens
+//   outside sinks + window; that is why kv is not const).
+// * forward() does not allocate per token: per-call scratch is sized by n and the context.
+// * Errors are values; a backend never throws.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kv/kv_cache.h"
+
+namespace lc {
+
+struct AttnShape {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t head_dim_v = 0;
+  float scale = 0.0f;  // on q.k; 0: 1/sqrt(head_dim)
+};
+
+// One key a query attended: the score was rope(q, q_pos) . rope(k, k_pos) * scale, where q
+// and k are the pre-RoPE vectors. Recorded only when record_selection(true) (tests): "naive
+// attention restricted to exactly the selected tokens" is the oracle of sparse backends.
+struct SelectedKey {
+  int32_t seq_index;  // the token's index in the sequence (KvCache::seq_index)
+  int32_t q_pos;
+  int32_t k_pos;
+};
+
+struct Selection {
+  int64_t il = -1, n = 0, n_head = 0;
+  std::vector<std::vector<SelectedKey>> keys;  // [n * n_head], row t * n_head + h, ascending seq_index
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2".
+  virtual std::string spec() const = 0;
+
+  // Checks the cache against the method (shapes, block sizes) and installs what the method
+  // needs from it (an evictor). Call once after the cache is created.
+  virtual Status attach(KvCache& kv);
+
+  // q: [n, n_head, head_dim] pre-RoPE; pos: [n]; out: [n, n_head, head_dim_v].
+  virtual Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv,
+                         float* out, ThreadPool& pool) = 0;
+
+  const AttnShape& shape() const { return shape_; }
+
+  // Tests: record which tokens every query head attended in the next forward() calls.
+  void record_selection(bool on) { record_ = on; }
+  const Selection& selection() const { return selection_; }
+
+ protected:
+  explicit AttentionBackend(const AttnShape& s);
+  Status check_call(int64_t il, int64_t n, const KvCache& kv) const;
+
+  AttnShape shape_;
+  bool record_ = false;
+  Selection selection_;
+};
+
+// The registry: "name" or "name:key=value,key=value". Methods: naive, dense (the default),
+// streaming, quest, infllm, dssa, lychee. Errors name the method or key and list what is
+// accepted.
+Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_view spec,
+                                                                   const AttnShape& shape);
+// Names the registry accepts, with one line of help each (for --help).
+std::vector<std::pair<std::string, std::string>> attention_methods();
+
+}  // namespace lc

@@ -1,0 +1,169 @@
+// DSSA, Dense-Sparse Switchable Attention (InfLLM-v2; seed 002): the model's own dense
+// attention for short inputs, block-sparse attention beyond `switch` tokens, with no new
+// parameters. Block relevance comes from overlapping "semantic kernels": mean keys c_i over
+// `kernel` tokens with stride `stride`; a block's score for a query is the best kernel that
+// overlaps it, summed over the query heads of the GQA group so the whole group shares one
+// selection:
+//     s(b) = sum_{h in group} max_{i : kernel i overlaps block b} q_h . c_i
+// A query attends the initial blocks (`sinks` tokens, rounded up to blocks), the top-k
+// blocks by s(b), and its local window (`local` tokens, extended down to a block boundary).
+// Queries that see no more than `switch` tokens attend densely.
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "attention/methods.h"
+#include "kernels/kernels.h"
+
+namespace lc {
+namespace {
+
+class DssaBackend final : public ExecBackend {
+ public:
+  DssaBackend(const AttnShape& s, int64_t sw, int64_t block, int64_t kernel, int64_t stride, int64_t topk,
+              int64_t sinks, int64_t local)
+      : ExecBackend(s), switch_(sw), block_(block), kernel_(kernel), stride_(stride), topk_(topk),
+        init_end_((sinks + block - 1) / block * block), sinks_(sinks), local_(local),
+        heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {}
+
+  std::string spec() const override {
+    return strprintf("dssa:switch=%lld,block=%lld,kernel=%lld,stride=%lld,topk=%lld,sinks=%lld,local=%lld",
+                     (long long)switch_, (long long)block_, (long long)kernel_, (long long)stride_,
+                     (long long)topk_, (long long)sinks_, (long long)local_);
+  }
+
+  Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
+                 ThreadPool& pool) override {
+    attn::ExecCtx ctx;
+    LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
+    if (kv.n_tokens(il, 0) <= switch_) {  // short: the dense path, nothing to maintain yet
+      bool all_short = true;
+      for (int64_t h = 0; h < shape_.n_head_kv; ++h) all_short = all_short && kv.n_tokens(il, h) <= switch_;
+      if (all_short) {
+        run_dense(ctx, pool);
+        return Status::ok();
+      }
+    }
+    pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
+      for (int64_t hk = b; hk < e; ++hk) update_kernels(kv, il, hk);
+    });
+    const std::vector<attn::Item> items = attn::make_items(ctx);
+    const int64_t d = shape_.head_dim;
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      thread_local std::vector<float> ks;        // [rows, n_kernels]
+      thread_local std::vector<float> bs;        // [n_blocks]
+      thread_local std::vector<int32_t> order;
+      thread_local std::vector<uint64_t> mask;   // [n_blocks]
+      int64_t lower[attn::kMaxRows];
+      for (int64_t i = b; i < e; ++i) {
+        const attn::Item& it = items[static_cast<size_t>(i)];
+        run.begin(ctx, it);
+        const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
+        const int64_t rows = run.rows(), g = it.g;
+        const int64_t max_vis = run.vis(rows - 1);
+        const int64_t n_blocks = (max_vis + block_ - 1) / block_;
+        const int64_t nk = hs.n_kernels;
+        ks.resize(static_cast<size_t>(rows * std::max<int64_t>(nk, 1)));
+        for (int64_t k = 0; k < nk; ++k) {  // kernels outer, rows inner
+          const float* c = hs.means.data() + k * d;
+          for (int64_t r = 0; r < rows; ++r)
+            ks[static_cast<size_t>(r * nk + k)] =
+                attn::dot(ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d, c, d);
+        }
+        mask.assign(static_cast<size_t>(n_blocks), 0);
+        bs.resize(static_cast<size_t>(n_blocks));
+        for (int64_t tt = 0; tt < it.nt; ++tt) {
+          const int64_t vis = run.vis(tt * g);
+          const int64_t lb = std::max(init_end_, (vis - local_) / block_ * block_);
+          lower[tt] = std::min(lb, vis);
+          const int64_t b0 = init_end_ / block_, b1 = lb / block_;  // candidates [b0, b1)
+          uint64_t token_rows = 0;
+          for (int64_t j = 0; j < g; ++j) token_rows |= uint64_t{1} << (tt * g + j);
+          if (b1 <= b0) continue;
+          if (vis <= switch_ || b1 - b0 <= topk_) {
+            for (int64_t bb = b0; bb < b1; ++bb) mask[static_cast<size_t>(bb)] |= token_rows;
+            continue;
+          }
+          for (int64_t bb = b0; bb < b1; ++bb) {
+            // Kernels overlapping [bb*block, (bb+1)*block).
+            const int64_t k0 = std::max<int64_t>(0, (bb * block_ - kernel_ + stride_) / stride_);
+            const int64_t k1 = std::min(nk, ((bb + 1) * block_ - 1) / stride_ + 1);
+            float s = 0.0f;
+            if (k1 <= k0) {
+              s = std::numeric_limits<float>::infinity();  // no complete kernel yet: keep it
+            } else {
+              for (int64_t j = 0; j < g; ++j) {
+                const float* row = ks.data() + (tt * g + j) * nk;
+                s += *std::max_element(row + k0, row + k1);
+              }
+            }
+            bs[static_cast<size_t>(bb)] = s;
+          }
+          order.resize(static_cast<size_t>(b1 - b0));
+          for (int64_t bb = b0; bb < b1; ++bb) order[static_cast<size_t>(bb - b0)] = static_cast<int32_t>(bb);
+          const float* sc = bs.data();
+          std::partial_sort(order.begin(), order.begin() + topk_, order.end(), [sc](int32_t a, int32_t c) {
+            return sc[a] > sc[c] || (sc[a] == sc[c] && a < c);
+          });
+          for (int64_t j = 0; j < topk_; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= token_rows;
+        }
+        run.run_range(0, std::min(init_end_, max_vis), 0, false, run.all_rows());
+        for (int64_t bb = 0; bb < n_blocks; ++bb)
+          if (mask[static_cast<size_t>(bb)])
+            run.run_range(bb * block_, block_, 0, false, mask[static_cast<size_t>(bb)]);
+        run.run_windows(lower, 0);
+        run.finish();
+      }
+    });
+    return Status::ok();
+  }
+
+ private:
+  struct HeadState {
+    uint64_t epoch = ~uint64_t{0};
+    int64_t n_kernels = 0;
+    std::vector<float> means;  // [n_kernels, head_dim] mean post-RoPE keys
+    std::vector<float> rows;   // [kernel, head_dim] scratch
+  };
+
+  void update_kernels(const KvCache& kv, int64_t il, int64_t hk) {
+    HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
+    if (hs.epoch != kv.epoch(il, hk)) {
+      hs.epoch = kv.epoch(il, hk);
+      hs.n_kernels = 0;
+    }
+    const int64_t d = shape_.head_dim, N = kv.n_tokens(il, hk);
+    const int64_t want = N >= kernel_ ? (N - kernel_) / stride_ + 1 : 0;
+    hs.means.resize(static_cast<size_t>(std::max(want, hs.n_kernels) * d));
+    hs.rows.resize(static_cast<size_t>(kernel_ * d));
+    for (int64_t k = hs.n_kernels; k < want; ++k) {
+      kv.read_keys(il, hk, k * stride_, kernel_, hs.rows.data());
+      float* m = hs.means.data() + k * d;
+      std::fill(m, m + d, 0.0f);
+      for (int64_t j = 0; j < kernel_; ++j) kernels::add_inplace(m, hs.rows.data() + j * d, d);
+      kernels::scale_inplace(m, 1.0f / static_cast<float>(kernel_), d);
+    }
+    hs.n_kernels = want;
+  }
+
+  int64_t switch_, block_, kernel_, stride_, topk_, init_end_, sinks_, local_;
+  std::vector<HeadState> heads_;  // [n_layer * n_head_kv]
+};
+
+}  // namespace
+
+Expected<BackendPtr> make_dssa(MethodSpec& spec, const AttnShape& s) {
+  int64_t sw = 8192, block = 64, kernel = 32, stride = 16, topk = 16, sinks = 64, local = 512;
+  LC_TRY(spec.get_int("switch", &sw, 0, int64_t{1} << 40));
+  LC_TRY(spec.get_int("block", &block, 1, 65536));
+  LC_TRY(spec.get_int("kernel", &kernel, 1, 65536));
+  LC_TRY(spec.get_int("stride", &stride, 1, 65536));
+  LC_TRY(spec.get_int("topk", &topk, 1, 1 << 20));
+  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30));
+  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30));
+  LC_TRY(spec.finish());
+  return BackendPtr(new DssaBackend(s, sw, block, kernel, stride, topk, sinks, local));
+}
+
+}  // namespace lc

@@ -1,0 +1,322 @@
+#include "attention/exec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LC_ATTN_AVX2 1
+#endif
+
+#include "kernels/kernels.h"
+
+namespace lc::attn {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#if LC_ATTN_AVX2
+// exp on 8 lanes, Cephes' expf polynomial after reduction by ln 2: about 1 ulp on the
+// range used here (x <= 0); below -87 the result flushes to 0.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// x[j] = exp(x[j] - m); returns the sum.
+float exp_shift_sum(float* x, int64_t n, float m) {
+  int64_t j = 0;
+  float sum = 0.0f;
+#if LC_ATTN_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
+    _mm256_storeu_ps(x + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, acc);
+  for (float t : tmp) sum += t;
+#endif
+  for (; j < n; ++j) sum += (x[j] = std::exp(x[j] - m));
+  return sum;
+}
+
+// o[c] += sum_j p[j] * v[j, c]; o: [dv], v: [nk, dv]. Accumulates in registers across keys.
+void accumulate_values(float* o, const float* p, const float* v, int64_t nk, int64_t dv) {
+  int64_t c = 0;
+#if LC_ATTN_AVX2
+  for (; c + 32 <= dv; c += 32) {
+    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
+    __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
+    const float* vc = v + c;
+    for (int64_t j = 0; j < nk; ++j, vc += dv) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc), a0);
+      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 24), a3);
+    }
+    _mm256_storeu_ps(o + c, a0);
+    _mm256_storeu_ps(o + c + 8, a1);
+    _mm256_storeu_ps(o + c + 16, a2);
+    _mm256_storeu_ps(o + c + 24, a3);
+  }
+  for (; c + 8 <= dv; c += 8) {
+    __m256 a0 = _mm256_loadu_ps(o + c);
+    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * dv + c), a0);
+    _mm256_storeu_ps(o + c, a0);
+  }
+#endif
+  for (; c < dv; ++c) {
+    float a = o[c];
+    for (int64_t j = 0; j < nk; ++j) a += p[j] * v[j * dv + c];
+    o[c] = a;
+  }
+}
+
+// sc[j] = q . k[j] for j < nk; four keys at a time so q is loaded once per four.
+void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
+  int64_t j = 0;
+#if LC_ATTN_AVX2
+  if (d % 8 == 0) {
+    for (; j + 4 <= nk; j += 4) {
+      const float* k0 = k + j * d;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+      for (int64_t c = 0; c < d; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(q + c);
+        s0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + c), s0);
+        s1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + d + c), s1);
+        s2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 2 * d + c), s2);
+        s3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 3 * d + c), s3);
+      }
+      // Horizontal sums of the four accumulators at once.
+      const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
+      const __m256 h = _mm256_hadd_ps(h01, h23);
+      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(sc + j, r);
+    }
+  }
+#endif
+  for (; j < nk; ++j) sc[j] = kernels::dot_f32(q, k + j * d, d);
+}
+
+}  // namespace
+
+float dot(const float* a, const float* b, int64_t n) { return kernels::dot_f32(a, b, n); }
+
+float page_bound(const float* q, const float* mn, const float* mx, int64_t n) {
+  int64_t i = 0;
+  float u = 0.0f;
+#if LC_ATTN_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    acc = _mm256_add_ps(acc, _mm256_max_ps(_mm256_mul_ps(qv, _mm256_loadu_ps(mn + i)),
+                                           _mm256_mul_ps(qv, _mm256_loadu_ps(mx + i))));
+  }
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, acc);
+  for (float t : tmp) u += t;
+#endif
+  for (; i < n; ++i) u += std::max(q[i] * mn[i], q[i] * mx[i]);
+  return u;
+}
+
+void unrotate_rows(float* x, int64_t count, int64_t head_dim, const int32_t* pos, const RopeTable& rt) {
+  const int64_t half = rt.n_rot / 2;
+  if (half == 0 || count == 0) return;
+  constexpr int64_t kMaxHalf = 512;
+  if (half > kMaxHalf) {
+    for (int64_t j = 0; j < count; ++j) {
+      const int32_t neg = -pos[j];
+      kernels::rope_apply(x + j * head_dim, 1, 1, head_dim, rt.n_rot, &neg, rt.inv_freq.data(), 1.0f, rt.neox);
+    }
+    return;
+  }
+  double c[kMaxHalf], s[kMaxHalf], c1[kMaxHalf], s1[kMaxHalf];
+  for (int64_t i = 0; i < half; ++i) {  // one step back: angle -theta_i
+    c1[i] = std::cos(static_cast<double>(rt.inv_freq[static_cast<size_t>(i)]));
+    s1[i] = -std::sin(static_cast<double>(rt.inv_freq[static_cast<size_t>(i)]));
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    if (j == 0 || pos[j] != pos[j - 1] + 1) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = -static_cast<double>(static_cast<float>(pos[j]) * rt.inv_freq[static_cast<size_t>(i)]);
+        c[i] = std::cos(a);
+        s[i] = std::sin(a);
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {  // angle(p+1) = angle(p) - theta, in double
+        const double cn = c[i] * c1[i] - s[i] * s1[i];
+        s[i] = s[i] * c1[i] + c[i] * s1[i];
+        c[i] = cn;
+      }
+    }
+    float* v = x + j * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t i0 = rt.neox ? i : 2 * i, i1 = rt.neox ? i + half : 2 * i + 1;
+      const float x0 = v[i0], x1 = v[i1];
+      const float cf = static_cast<float>(c[i]), sf = static_cast<float>(s[i]);
+      v[i0] = x0 * cf - x1 * sf;
+      v[i1] = x0 * sf + x1 * cf;
+    }
+  }
+}
+
+std::vector<Item> make_items(const ExecCtx& c, int64_t align, int64_t max_tokens) {
+  std::vector<Item> items;
+  const int64_t g = c.group;
+  const int64_t gs = std::min(g, kMaxRows);
+  int64_t tile = std::max<int64_t>(1, kMaxRows / gs);
+  if (max_tokens > 0) tile = std::min(tile, max_tokens);
+  for (int64_t hk = 0; hk < c.n_head_kv; ++hk) {
+    for (int64_t t0 = 0; t0 < c.n;) {
+      int64_t end = std::min(c.n, t0 + tile);
+      if (align > 0) end = std::min(end, (t0 / align + 1) * align);
+      for (int64_t h0 = hk * g; h0 < (hk + 1) * g; h0 += gs)
+        items.push_back(Item{hk, t0, end - t0, h0, std::min(gs, (hk + 1) * g - h0)});
+      t0 = end;
+    }
+  }
+  return items;
+}
+
+void prepare_queries(const float* q, int64_t n, int64_t n_head, int64_t head_dim, const RopeTable& rt,
+                     const int32_t* qpos, float scale, float* dst) {
+  const int64_t total = n * n_head * head_dim;
+  std::memcpy(dst, q, static_cast<size_t>(total) * sizeof(float));
+  if (rt.n_rot > 0) rt.apply(dst, n, n_head, head_dim, qpos);
+  kernels::scale_inplace(dst, scale, total);
+}
+
+Runner& thread_runner() {
+  thread_local Runner r;
+  return r;
+}
+
+void Runner::begin(const ExecCtx& c, const Item& it) {
+  c_ = &c;
+  item_ = it;
+  n_head_tokens_ = c.kv->n_tokens(c.il, it.hk);
+  const int64_t rows = it.rows();
+  const size_t need_o = static_cast<size_t>(kMaxRows * c.dv);
+  if (o_.size() < need_o) o_.resize(need_o);
+  const size_t B = static_cast<size_t>(c.kv->block_tokens());
+  if (kbuf_.size() < B * static_cast<size_t>(c.d)) kbuf_.resize(B * static_cast<size_t>(c.d));
+  if (vbuf_.size() < B * static_cast<size_t>(c.dv)) vbuf_.resize(B * static_cast<size_t>(c.dv));
+  if (sc_.size() < B) sc_.resize(B);
+  for (int64_t r = 0; r < rows; ++r) {
+    m_[r] = kNegInf;
+    l_[r] = 0.0f;
+  }
+  std::fill(o_.data(), o_.data() + rows * c.dv, 0.0f);
+}
+
+void Runner::run(const Span& s, float* lse) {
+  const ExecCtx& c = *c_;
+  const int64_t rows = item_.rows();
+  if (lse)
+    for (int64_t r = 0; r < rows; ++r) lse[r] = kNegInf;
+  uint64_t mask = s.rows & all_rows();
+  // Drop rows that see none of the span (causality) before touching storage.
+  for (int64_t r = 0; r < rows; ++r)
+    if ((mask >> r & 1) && vis(r) <= s.first) mask &= ~(uint64_t{1} << r);
+  if (!mask || s.count <= 0) return;
+  const KvCache& kv = *c.kv;
+  const float* K = kv.keys_f32(c.il, item_.hk, s.first, s.count, kbuf_.data());
+  if (s.unrotate) {
+    const RopeTable& rt = kv.rope(c.il);
+    if (K != kbuf_.data()) std::memcpy(kbuf_.data(), K, static_cast<size_t>(s.count * c.d) * sizeof(float));
+    // R(-p) on a stored key R(p) k * mscale gives k * mscale: the key "at position 0".
+    unrotate_rows(kbuf_.data(), s.count, c.d, kv.positions(c.il, item_.hk) + s.first, rt);
+    K = kbuf_.data();
+  }
+  const float* V = kv.values_f32(c.il, item_.hk, s.first, s.count, vbuf_.data());
+  const QueryVariant& qv = c.var[s.var];
+  float* sc = sc_.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!(mask >> r & 1)) continue;
+    const int64_t t = token_of(r), h = head_of(r);
+    const int64_t lim = std::min<int64_t>(s.count, vis(r) - s.first);
+    const float* q = qv.q + (t * c.n_head + h) * c.d;
+    scores(q, K, lim, c.d, sc);
+    float mx = kNegInf;
+    for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, sc[j]);
+    const float mnew = std::max(m_[r], mx);
+    const float corr = std::exp(m_[r] - mnew);  // 0 on the first span (exp(-inf))
+    const float sum = exp_shift_sum(sc, lim, mnew);
+    float* o = o_.data() + r * c.dv;
+    if (corr != 1.0f) kernels::scale_inplace(o, corr, c.dv);
+    accumulate_values(o, sc, V, lim, c.dv);
+    l_[r] = l_[r] * corr + sum;
+    m_[r] = mnew;
+    if (lse) lse[r] = mnew + std::log(sum);
+    if (c.sel) {
+      auto& rec = c.sel->keys[static_cast<size_t>(t * c.n_head + h)];
+      const int32_t* idx = kv.seq_index(c.il, item_.hk) + s.first;
+      const int32_t* kp = kv.positions(c.il, item_.hk) + s.first;
+      for (int64_t j = 0; j < lim; ++j)
+        rec.push_back(SelectedKey{idx[j], qv.qpos[t], s.unrotate ? 0 : kp[j]});
+    }
+  }
+}
+
+void Runner::run_range(int64_t first, int64_t count, int var, bool unrotate, uint64_t rows) {
+  const int64_t B = c_->kv->block_tokens();
+  while (count > 0) {
+    const int64_t in_block = std::min(count, B - first % B);
+    run(Span{first, in_block, var, unrotate, rows});
+    first += in_block;
+    count -= in_block;
+  }
+}
+
+void Runner::run_windows(const int64_t* lower, int var, uint64_t row_mask) {
+  int64_t cuts[kMaxRows + 1];
+  int64_t nc = 0;
+  for (int64_t t = 0; t < item_.nt; ++t) cuts[nc++] = lower[t];
+  const int64_t hi = vis(rows() - 1);
+  cuts[nc++] = hi;
+  std::sort(cuts, cuts + nc);
+  nc = std::unique(cuts, cuts + nc) - cuts;
+  for (int64_t c = 0; c + 1 < nc; ++c) {
+    const int64_t lo = cuts[c], up = cuts[c + 1];
+    if (up <= lo) continue;
+    uint64_t mask = 0;
+    for (int64_t r = 0; r < rows(); ++r)
+      if (lower[token_of(r) - item_.t0] <= lo) mask |= uint64_t{1} << r;
+    run_range(lo, up - lo, var, false, mask & row_mask);
+  }
+}
+
+void Runner::finish(uint64_t mask) {
+  const ExecCtx& c = *c_;
+  for (int64_t r = 0; r < item_.rows(); ++r) {
+    if (!(mask >> r & 1)) continue;
+    const int64_t t = token_of(r), h = head_of(r);
+    float* dst = c.out + (t * c.n_head + h) * c.dv;
+    const float inv = l_[r] > 0.0f ? 1.0f / l_[r] : 0.0f;
+    const float* o = o_.data() + r * c.dv;
+    for (int64_t i = 0; i < c.dv; ++i) dst[i] = o[i] * inv;
+  }
+}
+
+}  // namespace lc::attn

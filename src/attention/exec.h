@@ -1,0 +1,107 @@
+// The shared engine of every fast backend (internal to src/attention): a work item is a tile
+// of query rows (tokens x query heads of one GQA group, at most kMaxRows) against one KV head;
+// a backend feeds it spans of that head's tokens (each inside one KV block) with the mask of
+// rows that selected the span. Spans are the outer loop and rows the inner one, so every key
+// and value block is loaded (and dequantised) once for all the rows of the group that use it
+// (the loop order of Flash Sparse Attention). Softmax is online (Milakov & Gimelshein 2018;
+// FlashAttention, Dao et al. 2022): no score matrix beyond one span.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attention/backend.h"
+#include "core/tensor.h"
+#include "kv/kv_cache.h"
+#include "rope/rope_table.h"
+
+namespace lc::attn {
+
+constexpr int64_t kMaxRows = 64;
+constexpr int kMaxVariants = 3;
+
+// A copy of the queries rotated at qpos[t] and multiplied by the score scale.
+struct QueryVariant {
+  const float* q = nullptr;       // [n, n_head, head_dim]
+  const int32_t* qpos = nullptr;  // [n]
+};
+
+struct ExecCtx {
+  const KvCache* kv = nullptr;
+  int64_t il = 0, n = 0, n_head = 0, n_head_kv = 0, group = 1, d = 0, dv = 0;
+  QueryVariant var[kMaxVariants];
+  float* out = nullptr;       // [n, n_head, head_dim_v]
+  Selection* sel = nullptr;   // non-null: record attended keys
+};
+
+// Tokens [t0, t0 + nt) x query heads [h0, h0 + g) of KV head hk; row r = (t - t0) * g + (h - h0).
+struct Item {
+  int64_t hk = 0, t0 = 0, nt = 0, h0 = 0, g = 0;
+  int64_t rows() const { return nt * g; }
+};
+
+// Items covering all n tokens and heads; an item never crosses a multiple of `align` tokens
+// (retrieval chunks) and holds at most max_tokens tokens (0: as many as kMaxRows allows).
+std::vector<Item> make_items(const ExecCtx& c, int64_t align = 0, int64_t max_tokens = 0);
+
+// dst = rope(q at qpos) * scale. q, dst: [n, n_head, head_dim].
+void prepare_queries(const float* q, int64_t n, int64_t n_head, int64_t head_dim, const RopeTable& rt,
+                     const int32_t* qpos, float scale, float* dst);
+
+struct Span {
+  int64_t first = 0;     // head token index
+  int64_t count = 0;     // tokens; the span lies inside one KV block
+  int var = 0;           // query variant
+  bool unrotate = false; // use keys rotated back to position 0 (fixed-distance attention)
+  uint64_t rows = ~uint64_t{0};  // bit r: row r attends the span (causality applied on top)
+};
+
+// Online-softmax state of one item; one per thread (thread_runner()).
+class Runner {
+ public:
+  void begin(const ExecCtx& c, const Item& it);
+  // lse: [rows] or null; if given, receives log(sum(exp(score))) of the span for each row that
+  // attended it (-inf for the others).
+  void run(const Span& s, float* lse = nullptr);
+  // Splits [first, first + count) at block boundaries.
+  void run_range(int64_t first, int64_t count, int var, bool unrotate, uint64_t rows);
+  void finish(uint64_t rows = ~uint64_t{0});  // normalises and writes out the rows in the mask
+  // log(sum(exp(score))) over everything the row attended so far.
+  float row_lse(int64_t r) const { return m_[r] + std::log(l_[r]); }
+  // Runs [lower[t - t0], vis(r)) for every row (lower[]: per token of the item, var's queries),
+  // cut where the lower bounds change so a span's rows all see all of it.
+  void run_windows(const int64_t* lower, int var, uint64_t rows = ~uint64_t{0});
+
+  int64_t rows() const { return item_.rows(); }
+  uint64_t all_rows() const { return rows() == 64 ? ~uint64_t{0} : (uint64_t{1} << rows()) - 1; }
+  int64_t token_of(int64_t r) const { return item_.t0 + r / item_.g; }
+  int64_t head_of(int64_t r) const { return item_.h0 + r % item_.g; }
+  // Tokens of the KV head row r may see: [0, vis).
+  int64_t vis(int64_t r) const { return n_head_tokens_ - c_->n + token_of(r) + 1; }
+  int64_t n_head_tokens() const { return n_head_tokens_; }
+  const Item& item() const { return item_; }
+
+ private:
+  const ExecCtx* c_ = nullptr;
+  Item item_;
+  int64_t n_head_tokens_ = 0;
+  float m_[kMaxRows], l_[kMaxRows];
+  Buffer<float> o_;    // [kMaxRows, dv]
+  Buffer<float> kbuf_; // [block_tokens, d]
+  Buffer<float> vbuf_; // [block_tokens, dv]
+  Buffer<float> sc_;   // [block_tokens]
+};
+
+Runner& thread_runner();
+
+// Scores helpers shared with the selection logic of sparse backends.
+float dot(const float* a, const float* b, int64_t n);
+// Quest's page bound sum_i max(q_i mn_i, q_i mx_i).
+float page_bound(const float* q, const float* mn, const float* mx, int64_t n);
+// Rotates rows x: [count, head_dim] by -pos[j] (no mscale): stored keys back to position 0.
+// Runs of consecutive positions use the angle-addition recurrence (one sin/cos per pair per
+// run instead of per row).
+void unrotate_rows(float* x, int64_t count, int64_t head_dim, const int32_t* pos, const RopeTable& rt);
+
+}  // namespace lc::attn

@@ -1,0 +1,334 @@
+// LycheeDecode (seed 002, "LycheeDecode: fine-grained hybrid-head attention"): a few retrieval
+// heads attend fully and identify the crucial tokens; the other (sparse) heads reuse their
+// choice. Block top-k, training-free: the retrieval heads' attention mass per block of
+// `block` tokens,
+//     w(b) = sum_{r in retrieval heads} sum_{j in b} softmax_j(q_r . k_j / sqrt(d)),
+// picks the top budget/block blocks; a sparse head attends those blocks, the initial blocks
+// (`sinks`) and its local window (`local`). The paper learns head roles (HardKuma gates);
+// here they come from a calibration file (heads=FILE, see lychee.h) or default to the first
+// `retrieval` heads of each layer. Selection is shared by the whole layer (all KV groups).
+#include "attention/lychee.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <vector>
+
+#include "attention/methods.h"
+
+namespace lc {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+float logaddexp(float a, float b) {
+  if (a == kNegInf) return b;
+  if (b == kNegInf) return a;
+  const float m = std::max(a, b);
+  return m + std::log(std::exp(a - m) + std::exp(b - m));
+}
+
+class LycheeBackend final : public ExecBackend {
+ public:
+  LycheeBackend(const AttnShape& s, int64_t budget, int64_t block, int64_t sinks, int64_t local, int64_t n_ret,
+                std::string file, RetrievalHeads heads)
+      : ExecBackend(s), budget_(budget), block_(block), init_end_((sinks + block - 1) / block * block),
+        sinks_(sinks), local_(local), n_ret_(n_ret), file_(std::move(file)), heads_(std::move(heads)) {}
+
+  std::string spec() const override {
+    std::string s = strprintf("lychee:budget=%lld,block=%lld,sinks=%lld,local=%lld,retrieval=%lld",
+                              (long long)budget_, (long long)block_, (long long)sinks_, (long long)local_,
+                              (long long)n_ret_);
+    if (!file_.empty()) s += ",heads=" + file_;
+    return s;
+  }
+
+  Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
+                 ThreadPool& pool) override {
+    attn::ExecCtx ctx;
+    LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
+    const int64_t H = shape_.n_head, g = H / shape_.n_head_kv;
+    bool short_ctx = true;
+    for (int64_t h = 0; h < shape_.n_head_kv; ++h) short_ctx = short_ctx && kv.n_tokens(il, h) <= budget_;
+    const std::vector<int32_t>& ret = heads_.heads[static_cast<size_t>(il)];
+    if (short_ctx || ret.empty()) {
+      run_dense(ctx, pool);
+      return Status::ok();
+    }
+    const int64_t N = kv.n_tokens(il, 0);
+    for (int64_t h = 1; h < shape_.n_head_kv; ++h)
+      if (kv.n_tokens(il, h) != N)
+        return make_error("lychee: the KV heads of a layer must hold the same tokens (selection is shared)");
+    const int64_t nb = (N + block_ - 1) / block_;
+    const int64_t n_r = static_cast<int64_t>(ret.size());
+    lse_.assign(static_cast<size_t>(n_r * n * nb), kNegInf);
+    // Phase 1: retrieval heads, dense, with the log-mass of every block.
+    std::vector<attn::Item> items;
+    for (int64_t ri = 0; ri < n_r; ++ri)
+      for (int64_t t0 = 0; t0 < n; t0 += attn::kMaxRows)
+        items.push_back(attn::Item{ret[static_cast<size_t>(ri)] / g, t0, std::min(attn::kMaxRows, n - t0),
+                                   ret[static_cast<size_t>(ri)], 1});
+    const int64_t B = kv.block_tokens();
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      float span_lse[attn::kMaxRows];
+      for (int64_t i = b; i < e; ++i) {
+        const attn::Item& it = items[static_cast<size_t>(i)];
+        const int64_t ri = std::find(ret.begin(), ret.end(), static_cast<int32_t>(it.h0)) - ret.begin();
+        run.begin(ctx, it);
+        const int64_t max_vis = run.vis(run.rows() - 1);
+        for (int64_t first = 0; first < max_vis;) {
+          const int64_t end = std::min({max_vis, (first / B + 1) * B, (first / block_ + 1) * block_});
+          run.run(attn::Span{first, end - first, 0, false, run.all_rows()}, span_lse);
+          for (int64_t r = 0; r < run.rows(); ++r) {
+            float& dst = lse_[static_cast<size_t>((ri * n + run.token_of(r)) * nb + first / block_)];
+            dst = logaddexp(dst, span_lse[r]);
+          }
+          first = end;
+        }
+        for (int64_t r = 0; r < run.rows(); ++r) {
+          const float tot = run.row_lse(r);
+          float* row = lse_.data() + (ri * n + run.token_of(r)) * nb;
+          for (int64_t bb = 0; bb < nb; ++bb) row[bb] = row[bb] == kNegInf ? 0.0f : std::exp(row[bb] - tot);
+        }
+        run.finish();
+      }
+    });
+    // Selection per token, shared by every sparse head of the layer.
+    const int64_t k_blocks = std::max<int64_t>(1, budget_ / block_);
+    chosen_.assign(static_cast<size_t>(n), {});
+    lower_.assign(static_cast<size_t>(n), 0);
+    std::vector<float> w(static_cast<size_t>(nb));
+    std::vector<int32_t> order;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t vis = N - n + t + 1;
+      const int64_t lb = std::max(init_end_, (vis - local_) / block_ * block_);
+      lower_[static_cast<size_t>(t)] = std::min(lb, vis);
+      const int64_t b0 = init_end_ / block_, b1 = lb / block_;
+      auto& ch = chosen_[static_cast<size_t>(t)];
+      if (b1 <= b0) continue;
+      order.resize(static_cast<size_t>(b1 - b0));
+      std::iota(order.begin(), order.end(), static_cast<int32_t>(b0));
+      if (vis > budget_ && b1 - b0 > k_blocks) {
+        std::fill(w.begin(), w.end(), 0.0f);
+        for (int64_t ri = 0; ri < n_r; ++ri)
+          for (int64_t bb = b0; bb < b1; ++bb) w[static_cast<size_t>(bb)] += lse_[static_cast<size_t>((ri * n + t) * nb + bb)];
+        std::partial_sort(order.begin(), order.begin() + k_blocks, order.end(), [&](int32_t a, int32_t c) {
+          return w[static_cast<size_t>(a)] > w[static_cast<size_t>(c)] || (w[static_cast<size_t>(a)] == w[static_cast<size_t>(c)] && a < c);
+        });
+        order.resize(static_cast<size_t>(k_blocks));
+      }
+      ch = order;
+    }
+    // Phase 2: the sparse heads, blocks outer and the rows that chose them inner.
+    const std::vector<attn::Item> groups = attn::make_items(ctx);
+    pool.parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      thread_local std::vector<uint64_t> mask;
+      for (int64_t i = b; i < e; ++i) {
+        const attn::Item& it = groups[static_cast<size_t>(i)];
+        run.begin(ctx, it);
+        uint64_t sparse = 0;
+        for (int64_t r = 0; r < run.rows(); ++r)
+          if (std::find(ret.begin(), ret.end(), static_cast<int32_t>(run.head_of(r))) == ret.end())
+            sparse |= uint64_t{1} << r;
+        if (!sparse) continue;
+        mask.assign(static_cast<size_t>(nb), 0);
+        for (int64_t r = 0; r < run.rows(); ++r)
+          if (sparse >> r & 1)
+            for (int32_t bb : chosen_[static_cast<size_t>(run.token_of(r))]) mask[static_cast<size_t>(bb)] |= uint64_t{1} << r;
+        run.run_range(0, std::min(init_end_, run.vis(run.rows() - 1)), 0, false, sparse);
+        for (int64_t bb = 0; bb < nb; ++bb)
+          if (mask[static_cast<size_t>(bb)]) run.run_range(bb * block_, block_, 0, false, mask[static_cast<size_t>(bb)]);
+        int64_t lower[attn::kMaxRows];
+        for (int64_t tt = 0; tt < it.nt; ++tt) lower[tt] = lower_[static_cast<size_t>(it.t0 + tt)];
+        run.run_windows(lower, 0, sparse);
+        run.finish(sparse);
+      }
+    });
+    return Status::ok();
+  }
+
+ private:
+  int64_t budget_, block_, init_end_, sinks_, local_, n_ret_;
+  std::string file_;
+  RetrievalHeads heads_;
+  std::vector<float> lse_;                    // [n_ret, n, n_blocks] block masses
+  std::vector<std::vector<int32_t>> chosen_;  // [n] chosen blocks
+  std::vector<int64_t> lower_;                // [n] local window start
+};
+
+class Calibrator final : public LycheeCalibrator {
+ public:
+  Calibrator(const AttnShape& s, int64_t far) : LycheeCalibrator(s) {
+    stats_.n_layer = s.n_layer;
+    stats_.n_head = s.n_head;
+    stats_.far = far;
+    stats_.far_mass.assign(static_cast<size_t>(s.n_layer * s.n_head), 0.0);
+    stats_.n_rows.assign(static_cast<size_t>(s.n_layer * s.n_head), 0);
+  }
+  std::string spec() const override { return strprintf("lychee-calibrate:far=%lld", (long long)stats_.far); }
+  const LycheeHeadStats& stats() const override { return stats_; }
+
+  Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
+                 ThreadPool& pool) override {
+    LC_TRY(check_call(il, n, kv));
+    attn::ExecCtx ctx;
+    ctx.kv = &kv;
+    ctx.il = il;
+    ctx.n = n;
+    ctx.n_head = shape_.n_head;
+    ctx.n_head_kv = shape_.n_head_kv;
+    ctx.group = shape_.n_head / shape_.n_head_kv;
+    ctx.d = shape_.head_dim;
+    ctx.dv = shape_.head_dim_v;
+    ctx.out = out;
+    const size_t need = static_cast<size_t>(n * shape_.n_head * shape_.head_dim);
+    if (qbuf_.size() < need) qbuf_.resize(need);
+    qpos_.assign(pos, pos + n);
+    attn::prepare_queries(q, n, shape_.n_head, shape_.head_dim, kv.rope(il), qpos_.data(), shape_.scale, qbuf_.data());
+    ctx.var[0] = attn::QueryVariant{qbuf_.data(), qpos_.data()};
+    far_.assign(static_cast<size_t>(n * shape_.n_head), -1.0);
+    const std::vector<attn::Item> items = attn::make_items(ctx, 0, 1);  // one token: one far boundary
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      float span[attn::kMaxRows], acc[attn::kMaxRows];
+      for (int64_t i = b; i < e; ++i) {
+        run.begin(ctx, items[static_cast<size_t>(i)]);
+        const int64_t vis = run.vis(0), fe = std::max<int64_t>(0, vis - stats_.far);
+        const int64_t B = kv.block_tokens();
+        std::fill(acc, acc + run.rows(), kNegInf);
+        for (int64_t first = 0; first < fe;) {
+          const int64_t end = std::min(fe, (first / B + 1) * B);
+          run.run(attn::Span{first, end - first, 0, false, run.all_rows()}, span);
+          for (int64_t r = 0; r < run.rows(); ++r) acc[r] = logaddexp(acc[r], span[r]);
+          first = end;
+        }
+        run.run_range(fe, vis - fe, 0, false, run.all_rows());
+        for (int64_t r = 0; r < run.rows(); ++r)
+          if (fe > 0)
+            far_[static_cast<size_t>(run.token_of(r) * shape_.n_head + run.head_of(r))] = std::exp(acc[r] - run.row_lse(r));
+        run.finish();
+      }
+    });
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < shape_.n_head; ++h) {
+        const double f = far_[static_cast<size_t>(t * shape_.n_head + h)];
+        if (f < 0) continue;
+        stats_.far_mass[static_cast<size_t>(il * shape_.n_head + h)] += f;
+        ++stats_.n_rows[static_cast<size_t>(il * shape_.n_head + h)];
+      }
+    return Status::ok();
+  }
+
+ private:
+  LycheeHeadStats stats_;
+  Buffer<float> qbuf_;
+  std::vector<int32_t> qpos_;
+  std::vector<double> far_;  // [n, n_head]
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<LycheeCalibrator>> make_lychee_calibrator(const AttnShape& shape, int64_t far) {
+  if (far < 1) return make_error(strprintf("lychee calibration: far distance %lld must be >= 1", (long long)far));
+  return std::unique_ptr<LycheeCalibrator>(new Calibrator(shape, far));
+}
+
+RetrievalHeads pick_retrieval_heads(const LycheeHeadStats& s, int64_t per_layer) {
+  RetrievalHeads r;
+  r.n_layer = s.n_layer;
+  r.n_head = s.n_head;
+  r.heads.resize(static_cast<size_t>(s.n_layer));
+  const int64_t k = std::clamp<int64_t>(per_layer, 0, s.n_head);
+  for (int64_t il = 0; il < s.n_layer; ++il) {
+    std::vector<int32_t> order(static_cast<size_t>(s.n_head));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s.mean(il, a) > s.mean(il, b); });
+    order.resize(static_cast<size_t>(k));
+    std::sort(order.begin(), order.end());
+    r.heads[static_cast<size_t>(il)] = order;
+  }
+  return r;
+}
+
+Status save_retrieval_heads(const std::string& path, const RetrievalHeads& h) {
+  std::ofstream f(path);
+  if (!f) return make_error(strprintf("cannot write retrieval heads to '%s'", path.c_str()));
+  f << "longctx-retrieval-heads 1\n" << "n_layer " << h.n_layer << " n_head " << h.n_head << "\n";
+  for (int64_t il = 0; il < h.n_layer; ++il) {
+    f << "layer " << il << ":";
+    for (int32_t x : h.heads[static_cast<size_t>(il)]) f << " " << x;
+    f << "\n";
+  }
+  if (!f) return make_error(strprintf("error writing retrieval heads to '%s'", path.c_str()));
+  return Status::ok();
+}
+
+Expected<RetrievalHeads> load_retrieval_heads(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return make_error(strprintf("cannot read retrieval heads file '%s'", path.c_str()));
+  auto bad = [&](const std::string& why) {
+    return make_error(strprintf("retrieval heads file '%s': %s (expected 'longctx-retrieval-heads 1', "
+                                "'n_layer L n_head H', then 'layer i: h h ...' per layer)", path.c_str(), why.c_str()));
+  };
+  std::string magic, w1, w2;
+  int version = 0;
+  RetrievalHeads r;
+  if (!(f >> magic >> version) || magic != "longctx-retrieval-heads" || version != 1) return bad("bad header");
+  if (!(f >> w1 >> r.n_layer >> w2 >> r.n_head) || w1 != "n_layer" || w2 != "n_head" || r.n_layer < 1 ||
+      r.n_layer > 100000 || r.n_head < 1 || r.n_head > 100000)
+    return bad("bad shape line");
+  r.heads.resize(static_cast<size_t>(r.n_layer));
+  std::string line;
+  std::getline(f, line);
+  for (int64_t il = 0; il < r.n_layer; ++il) {
+    if (!std::getline(f, line)) return bad(strprintf("missing layer %lld", (long long)il));
+    std::istringstream ls(line);
+    std::string word, idx;
+    if (!(ls >> word >> idx) || word != "layer" || idx != std::to_string(il) + ":")
+      return bad(strprintf("line for layer %lld is '%s'", (long long)il, line.c_str()));
+    int64_t h;
+    while (ls >> h) {
+      if (h < 0 || h >= r.n_head) return bad(strprintf("head %lld of layer %lld out of range", (long long)h, (long long)il));
+      r.heads[static_cast<size_t>(il)].push_back(static_cast<int32_t>(h));
+    }
+    if (!ls.eof()) return bad(strprintf("line for layer %lld has a non-number", (long long)il));
+    auto& v = r.heads[static_cast<size_t>(il)];
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  }
+  return r;
+}
+
+Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
+  int64_t budget = 2048, block = 64, sinks = 64, local = 256, n_ret = 1;
+  std::string file;
+  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("block", &block, 1, 65536));
+  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30));
+  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("retrieval", &n_ret, 0, s.n_head));
+  LC_TRY(spec.get_string("heads", &file));
+  LC_TRY(spec.finish());
+  RetrievalHeads heads;
+  if (!file.empty()) {
+    LC_ASSIGN_OR_RETURN(heads, load_retrieval_heads(file));
+    if (heads.n_layer != s.n_layer || heads.n_head != s.n_head)
+      return make_error(strprintf("attention method 'lychee': heads file '%s' is for %lld layers x %lld heads, "
+                                  "the model has %lld x %lld", file.c_str(), (long long)heads.n_layer,
+                                  (long long)heads.n_head, (long long)s.n_layer, (long long)s.n_head));
+  } else {
+    heads.n_layer = s.n_layer;
+    heads.n_head = s.n_head;
+    heads.heads.resize(static_cast<size_t>(s.n_layer));
+    for (auto& v : heads.heads)
+      for (int32_t h = 0; h < n_ret; ++h) v.push_back(h);
+  }
+  return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads)));
+}
+
+}  // namespace lc

@@ -1,0 +1,42 @@
+// Factories of the attention methods and the common base of the fast backends (internal to
+// src/attention; the public entry point is make_attention_backend in backend.h).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "attention/backend.h"
+#include "attention/exec.h"
+#include "attention/spec.h"
+
+namespace lc {
+
+using BackendPtr = std::unique_ptr<AttentionBackend>;
+
+Expected<BackendPtr> make_naive(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_dense(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_streaming(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_infllm(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_dssa(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s);
+
+// Base of the backends built on attn::Runner: owns the rotated query copies.
+class ExecBackend : public AttentionBackend {
+ protected:
+  using AttentionBackend::AttentionBackend;
+
+  // Checks the call, fills ctx, makes variant 0 (q rotated at pos, scaled) and prepares the
+  // selection record.
+  Status begin_forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
+                       attn::ExecCtx& ctx);
+  // Variant v: q rotated at qpos[t] (copied, so the caller's array may be scratch).
+  void add_variant(int v, const float* q, const int32_t* qpos, const KvCache& kv, attn::ExecCtx& ctx);
+  // Dense attention of every row over every visible token of its KV head.
+  void run_dense(const attn::ExecCtx& ctx, ThreadPool& pool);
+
+  Buffer<float> qbuf_[attn::kMaxVariants];     // [n, n_head, head_dim] each
+  std::vector<int32_t> qpos_[attn::kMaxVariants];  // [n] each
+};
+
+}  // namespace lc

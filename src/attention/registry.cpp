@@ -1,0 +1,54 @@
+// The registry of attention methods: one line per method.
+#include <string>
+
+#include "attention/methods.h"
+
+namespace lc {
+namespace {
+
+struct Entry {
+  const char* name;
+  Expected<BackendPtr> (*make)(MethodSpec&, const AttnShape&);
+  const char* help;
+};
+
+const Entry kMethods[] = {
+    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default)"},
+    {"naive", make_naive, "exact attention with materialised double-precision scores (tests only)"},
+    {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned; sinks=4,window=1024"},
+    {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2"},
+    {"infllm", make_infllm,
+     "InfLLM: sinks + local + retrieved memory blocks at a fixed distance; "
+     "sinks=128,local=4096,block=128,reps=4,topk=16,chunk=512"},
+    {"dssa", make_dssa,
+     "DSSA / InfLLM-v2: dense below switch, block-sparse above; "
+     "switch=8192,block=64,kernel=32,stride=16,topk=16,sinks=64,local=512"},
+    {"lychee", make_lychee,
+     "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others; "
+     "budget=2048,block=64,sinks=64,local=256,retrieval=1,heads=FILE"},
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_view text, const AttnShape& s) {
+  if (s.n_layer < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.head_dim < 1 || s.head_dim_v < 1 ||
+      s.n_head % s.n_head_kv != 0)
+    return make_error(strprintf("attention: invalid shape (layers %lld, heads %lld, KV heads %lld, head_dim %lld/%lld); "
+                                "n_head must be a multiple of n_head_kv",
+                                (long long)s.n_layer, (long long)s.n_head, (long long)s.n_head_kv,
+                                (long long)s.head_dim, (long long)s.head_dim_v));
+  LC_ASSIGN_OR_RETURN(MethodSpec spec, MethodSpec::parse(text.empty() ? std::string_view("dense") : text));
+  for (const auto& e : kMethods)
+    if (spec.name() == e.name) return e.make(spec, s);
+  std::string list;
+  for (const auto& e : kMethods) list += (list.empty() ? "" : ", ") + std::string(e.name);
+  return make_error(strprintf("unknown attention method '%s' (accepted: %s)", spec.name().c_str(), list.c_str()));
+}
+
+std::vector<std::pair<std::string, std::string>> attention_methods() {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const auto& e : kMethods) v.emplace_back(e.name, e.help);
+  return v;
+}
+
+}  // namespace lc

@@ -1,0 +1,95 @@
+#include "attention/spec.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace lc {
+
+Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
+  MethodSpec s;
+  const size_t colon = text.find(':');
+  s.name_ = std::string(text.substr(0, colon));
+  if (s.name_.empty())
+    return make_error(strprintf("attention spec '%.*s' has no method name (expected name:key=value,...)",
+                                (int)text.size(), text.data()));
+  if (colon == std::string_view::npos) return s;
+  std::string_view rest = text.substr(colon + 1);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      return make_error(strprintf("attention method '%s': '%.*s' is not key=value", s.name_.c_str(),
+                                  (int)item.size(), item.data()));
+    std::string key(item.substr(0, eq));
+    if (s.kv_.count(key))
+      return make_error(strprintf("attention method '%s': key '%s' given twice", s.name_.c_str(), key.c_str()));
+    s.kv_[key] = std::string(item.substr(eq + 1));
+  }
+  return s;
+}
+
+Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t max) {
+  accepted_.emplace_back(key);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return Status::ok();
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || errno != 0 || v < min || v > max)
+    return make_error(strprintf("attention method '%s': key '%s' expects an integer in [%lld, %lld], got '%s'",
+                                name_.c_str(), key, (long long)min, (long long)max, it->second.c_str()));
+  *out = v;
+  return Status::ok();
+}
+
+Status MethodSpec::get_float(const char* key, double* out, double min, double max) {
+  accepted_.emplace_back(key);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return Status::ok();
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max)
+    return make_error(strprintf("attention method '%s': key '%s' expects a number in [%g, %g], got '%s'",
+                                name_.c_str(), key, min, max, it->second.c_str()));
+  *out = v;
+  return Status::ok();
+}
+
+Status MethodSpec::get_bool(const char* key, bool* out) {
+  accepted_.emplace_back(key);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return Status::ok();
+  const std::string& v = it->second;
+  if (v == "1" || v == "true" || v == "on") *out = true;
+  else if (v == "0" || v == "false" || v == "off") *out = false;
+  else
+    return make_error(strprintf("attention method '%s': key '%s' expects 0/1/true/false, got '%s'",
+                                name_.c_str(), key, v.c_str()));
+  return Status::ok();
+}
+
+Status MethodSpec::get_string(const char* key, std::string* out) {
+  accepted_.emplace_back(key);
+  auto it = kv_.find(key);
+  if (it != kv_.end()) *out = it->second;
+  return Status::ok();
+}
+
+Status MethodSpec::finish() const {
+  for (const auto& [k, v] : kv_) {
+    bool ok = false;
+    for (const auto& a : accepted_) ok = ok || a == k;
+    if (ok) continue;
+    std::string list;
+    for (const auto& a : accepted_) list += (list.empty() ? "" : ", ") + a;
+    return make_error(strprintf("attention method '%s': unknown key '%s' (accepted: %s)", name_.c_str(),
+                                k.c_str(), list.empty() ? "none" : list.c_str()));
+  }
+  return Status::ok();
+}
+
+}  // namespace lc

@@ -1,0 +1,35 @@
+// Parsing of method specs "name:key=value,key=value" (--attn). A factory reads its keys with
+// get_*(); finish() rejects keys no one read, listing the accepted ones, so a typo is an error
+// that names the method and the key instead of a silently ignored setting.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lc {
+
+class MethodSpec {
+ public:
+  static Expected<MethodSpec> parse(std::string_view text);
+  const std::string& name() const { return name_; }
+
+  // Each reads key if present (else keeps *out, the default) and records it as accepted.
+  Status get_int(const char* key, int64_t* out, int64_t min, int64_t max);
+  Status get_float(const char* key, double* out, double min, double max);
+  Status get_bool(const char* key, bool* out);
+  Status get_string(const char* key, std::string* out);
+  // Errors on keys that no get_*() asked for.
+  Status finish() const;
+
+ private:
+  std::string name_;
+  std::map<std::string, std::string> kv_;
+  std::vector<std::string> accepted_;
+};
+
+}  // namespace lc

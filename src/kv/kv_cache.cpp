@@ -1,0 +1,335 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/kernels.h"
+
+namespace lc {
+namespace {
+
+bool kv_type_ok(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+}
+
+bool same_table(const RopeTable& a, const RopeTable& b) {
+  return a.n_rot == b.n_rot && a.neox == b.neox && a.mscale == b.mscale && a.inv_freq == b.inv_freq;
+}
+
+}  // namespace
+
+Expected<DType> parse_kv_type(std::string_view name) {
+  auto t = dtype_from_name(name);
+  if (!t || !kv_type_ok(*t))
+    return make_error(strprintf("kv cache type '%.*s' is not supported (accepted: f32, f16, bf16, q8_0)",
+                                (int)name.size(), name.data()));
+  return *t;
+}
+
+Expected<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& in) {
+  KvCacheConfig cfg = in;
+  if (cfg.n_layer < 1 || cfg.n_head_kv < 1 || cfg.head_dim < 1 || cfg.head_dim_v < 1)
+    return make_error(strprintf("kv cache shape is invalid: n_layer=%lld n_head_kv=%lld head_dim=%lld "
+                                "head_dim_v=%lld (all must be >= 1)",
+                                (long long)cfg.n_layer, (long long)cfg.n_head_kv,
+                                (long long)cfg.head_dim, (long long)cfg.head_dim_v));
+  if (cfg.block_tokens < 1 || cfg.block_tokens > 65536)
+    return make_error(strprintf("--kv-block %lld is out of range [1, 65536]", (long long)cfg.block_tokens));
+  for (auto [t, dim, flag] : {std::tuple{cfg.type_k, cfg.head_dim, "--kv-type-k"},
+                              std::tuple{cfg.type_v, cfg.head_dim_v, "--kv-type-v"}}) {
+    if (!kv_type_ok(t))
+      return make_error(strprintf("%s %s is not supported (accepted: f32, f16, bf16, q8_0)", flag,
+                                  dtype_name(t)));
+    if (dim % traits(t).block_size != 0)
+      return make_error(strprintf("%s %s needs a head size that is a multiple of %lld, got %lld", flag,
+                                  dtype_name(t), (long long)traits(t).block_size, (long long)dim));
+  }
+  if (cfg.rope.n_rot < 0 || cfg.rope.n_rot > cfg.head_dim || cfg.rope.n_rot % 2 != 0 ||
+      static_cast<int64_t>(cfg.rope.inv_freq.size()) < cfg.rope.n_rot / 2)
+    return make_error(strprintf("kv cache: rope table with n_rot=%lld and %zu frequencies does not fit "
+                                "head_dim %lld", (long long)cfg.rope.n_rot, cfg.rope.inv_freq.size(),
+                                (long long)cfg.head_dim));
+  if (!cfg.spill_dir.empty()) cfg.policy = KvBudgetPolicy::kSpill;
+  if (cfg.policy == KvBudgetPolicy::kSpill && cfg.spill_dir.empty())
+    return make_error("kv budget policy 'spill' needs a directory (--kv-spill DIR)");
+  auto c = std::unique_ptr<KvCache>(new KvCache(cfg));
+  const int64_t B = cfg.block_tokens;
+  c->k_row_bytes_ = row_bytes(cfg.type_k, cfg.head_dim);
+  c->v_row_bytes_ = row_bytes(cfg.type_v, cfg.head_dim_v);
+  c->v_offset_ = (static_cast<size_t>(B) * c->k_row_bytes_ + 63) / 64 * 64;
+  const size_t block_bytes = c->v_offset_ + static_cast<size_t>(B) * c->v_row_bytes_;
+  LC_ASSIGN_OR_RETURN(c->pool_, BlockPool::create(block_bytes, cfg.budget_bytes,
+                                                  cfg.policy == KvBudgetPolicy::kSpill ? cfg.spill_dir : ""));
+  c->heads_.resize(static_cast<size_t>(cfg.n_layer * cfg.n_head_kv));
+  c->n_appended_.assign(static_cast<size_t>(cfg.n_layer), 0);
+  c->rope_.assign(static_cast<size_t>(cfg.n_layer), cfg.rope);
+  c->row_.resize(static_cast<size_t>(std::max(cfg.head_dim, cfg.head_dim_v)));
+  return c;
+}
+
+uint8_t* KvCache::k_row(const Head& hd, int64_t i) {
+  const int64_t B = cfg_.block_tokens;
+  return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + static_cast<size_t>(i % B) * k_row_bytes_;
+}
+uint8_t* KvCache::v_row(const Head& hd, int64_t i) {
+  const int64_t B = cfg_.block_tokens;
+  return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + v_offset_ +
+         static_cast<size_t>(i % B) * v_row_bytes_;
+}
+const uint8_t* KvCache::k_row(const Head& hd, int64_t i) const {
+  return const_cast<KvCache*>(this)->k_row(hd, i);
+}
+const uint8_t* KvCache::v_row(const Head& hd, int64_t i) const {
+  return const_cast<KvCache*>(this)->v_row(hd, i);
+}
+
+int64_t KvCache::tokens_that_fit() const {
+  if (cfg_.budget_bytes == 0 || cfg_.policy == KvBudgetPolicy::kSpill) return -1;
+  const int64_t blocks = cfg_.budget_bytes / static_cast<int64_t>(pool_->block_bytes());
+  return blocks / (cfg_.n_layer * cfg_.n_head_kv) * cfg_.block_tokens;
+}
+
+Status KvCache::ensure_room(int64_t il, int64_t needed) {
+  if (needed == 0 || cfg_.budget_bytes == 0 || cfg_.policy == KvBudgetPolicy::kSpill) return Status::ok();
+  if (pool_->ram_blocks_available() >= needed) return Status::ok();
+  if (cfg_.policy == KvBudgetPolicy::kEvict && evictor_) {
+    LC_TRY(evictor_(*this, il, needed - pool_->ram_blocks_available()));
+    if (pool_->ram_blocks_available() >= needed) return Status::ok();
+  }
+  int64_t held = 0;
+  for (const auto& hd : heads_) held = std::max(held, hd.n);
+  return make_error(strprintf(
+      "KV cache budget reached (--kv-budget %lld bytes): %lld tokens fit per KV head "
+      "(%lld blocks of %lld tokens, %zu bytes each, shared by %lld layers x %lld KV heads); "
+      "%lld tokens are cached. Raise --kv-budget, set --kv-spill DIR, or use an evicting "
+      "attention method (e.g. --attn streaming)",
+      (long long)cfg_.budget_bytes, (long long)tokens_that_fit(),
+      (long long)(cfg_.budget_bytes / static_cast<int64_t>(pool_->block_bytes())),
+      (long long)cfg_.block_tokens, pool_->block_bytes(), (long long)cfg_.n_layer,
+      (long long)cfg_.n_head_kv, (long long)held));
+}
+
+Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, const int32_t* pos,
+                       int32_t seq_id) {
+  if (il < 0 || il >= cfg_.n_layer)
+    return make_error(strprintf("kv append: layer %lld out of range [0, %lld)", (long long)il,
+                                (long long)cfg_.n_layer));
+  if (n <= 0) return Status::ok();
+  const int64_t H = cfg_.n_head_kv, d = cfg_.head_dim, dv = cfg_.head_dim_v, B = cfg_.block_tokens;
+  if (cfg_.rope_provider) {
+    int32_t max_pos = 0;
+    for (int64_t t = 0; t < n; ++t) max_pos = std::max(max_pos, pos[t]);
+    RopeTable t = cfg_.rope_provider(static_cast<int64_t>(max_pos) + 1);
+    if (!same_table(t, rope_[static_cast<size_t>(il)])) {
+      if (t.n_rot != rope_[static_cast<size_t>(il)].n_rot ||
+          static_cast<int64_t>(t.inv_freq.size()) < t.n_rot / 2)
+        return make_error("kv append: the rope provider changed the number of rotated dimensions");
+      set_rope(il, t);
+    }
+  }
+  int64_t needed = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    const Head& hd = head(il, h);
+    needed += (hd.n + n + B - 1) / B - static_cast<int64_t>(hd.blocks.size());
+  }
+  LC_TRY(ensure_room(il, needed));
+  // Allocate every block first so that a failure (disk full while spilling) leaves the
+  // cache as it was.
+  std::vector<int32_t> fresh;  // per append call, not per token
+  fresh.reserve(static_cast<size_t>(needed));
+  for (int64_t i = 0; i < needed; ++i) {
+    auto id = pool_->allocate();
+    if (!id) {
+      for (int32_t f : fresh) pool_->release(f);
+      return make_error(id.error().message + strprintf(" (appending %lld tokens to layer %lld)",
+                                                       (long long)n, (long long)il));
+    }
+    fresh.push_back(*id);
+  }
+  const size_t kn = static_cast<size_t>(n * H * d);
+  if (krot_.size() < kn) krot_.resize(kn);
+  std::memcpy(krot_.data(), k, kn * sizeof(float));
+  const RopeTable& rt = rope_[static_cast<size_t>(il)];
+  if (rt.n_rot > 0) rt.apply(krot_.data(), n, H, d, pos);
+  size_t next_fresh = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    Head& hd = head(il, h);
+    for (int64_t t = 0; t < n; ++t) {
+      if (hd.n % B == 0 && hd.n / B == static_cast<int64_t>(hd.blocks.size()))
+        hd.blocks.push_back(fresh[next_fresh++]);
+      kernels::quantize_row(cfg_.type_k, krot_.data() + (t * H + h) * d, k_row(hd, hd.n), d);
+      kernels::quantize_row(cfg_.type_v, v + (t * H + h) * dv, v_row(hd, hd.n), dv);
+      hd.pos.push_back(pos[t]);
+      hd.idx.push_back(static_cast<int32_t>(n_appended_[static_cast<size_t>(il)] + t));
+      hd.seq.push_back(seq_id);
+      ++hd.n;
+    }
+  }
+  LC_CHECK(next_fresh == fresh.size());
+  n_appended_[static_cast<size_t>(il)] += n;
+  return Status::ok();
+}
+
+void KvCache::free_tail_blocks(Head& hd) {
+  const int64_t keep = (hd.n + cfg_.block_tokens - 1) / cfg_.block_tokens;
+  while (static_cast<int64_t>(hd.blocks.size()) > keep) {
+    pool_->release(hd.blocks.back());
+    hd.blocks.pop_back();
+  }
+}
+
+Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
+  if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
+    return make_error(strprintf("kv retain: layer %lld head %lld out of range", (long long)il, (long long)h));
+  Head& hd = head(il, h);
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] < 0 || keep[i] >= hd.n || (i > 0 && keep[i] <= keep[i - 1]))
+      return make_error(strprintf("kv retain: keep indices of layer %lld head %lld must be ascending, "
+                                  "unique and in [0, %lld); index %zu is %d",
+                                  (long long)il, (long long)h, (long long)hd.n, i, keep[i]));
+  }
+  const int64_t m = static_cast<int64_t>(keep.size());
+  if (m == hd.n) return Status::ok();
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t src = keep[static_cast<size_t>(i)];
+    if (src == i) continue;
+    // src > i: the rows never overlap.
+    std::memcpy(k_row(hd, i), k_row(hd, src), k_row_bytes_);
+    std::memcpy(v_row(hd, i), v_row(hd, src), v_row_bytes_);
+    hd.pos[static_cast<size_t>(i)] = hd.pos[static_cast<size_t>(src)];
+    hd.idx[static_cast<size_t>(i)] = hd.idx[static_cast<size_t>(src)];
+    hd.seq[static_cast<size_t>(i)] = hd.seq[static_cast<size_t>(src)];
+  }
+  hd.n = m;
+  hd.pos.resize(static_cast<size_t>(m));
+  hd.idx.resize(static_cast<size_t>(m));
+  hd.seq.resize(static_cast<size_t>(m));
+  free_tail_blocks(hd);
+  ++hd.epoch;
+  return Status::ok();
+}
+
+void KvCache::truncate(int64_t n_seq) {
+  if (n_seq < 0) n_seq = 0;
+  for (auto& hd : heads_) {
+    const auto it = std::lower_bound(hd.idx.begin(), hd.idx.end(), static_cast<int32_t>(std::min<int64_t>(n_seq, INT32_MAX)));
+    const int64_t m = it - hd.idx.begin();
+    if (m == hd.n) continue;
+    hd.n = m;
+    hd.pos.resize(static_cast<size_t>(m));
+    hd.idx.resize(static_cast<size_t>(m));
+    hd.seq.resize(static_cast<size_t>(m));
+    free_tail_blocks(hd);
+    ++hd.epoch;
+  }
+  for (auto& a : n_appended_) a = std::min(a, n_seq);
+}
+
+template <class Fn>
+void KvCache::rewrite_keys(Head& hd, int64_t first, int64_t count, Fn&& fn) {
+  float* row = row_.data();
+  for (int64_t i = first; i < first + count; ++i) {
+    uint8_t* r = k_row(hd, i);
+    kernels::dequantize_row(cfg_.type_k, r, row, cfg_.head_dim);
+    fn(row, i);
+    kernels::quantize_row(cfg_.type_k, row, r, cfg_.head_dim);
+  }
+}
+
+Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta) {
+  if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
+    return make_error(strprintf("kv shift: layer %lld head %lld out of range", (long long)il, (long long)h));
+  Head& hd = head(il, h);
+  if (first < 0 || count < 0 || first + count > hd.n)
+    return make_error(strprintf("kv shift: tokens [%lld, %lld) are outside the %lld of layer %lld head %lld",
+                                (long long)first, (long long)(first + count), (long long)hd.n,
+                                (long long)il, (long long)h));
+  if (delta == 0 || count == 0) return Status::ok();
+  const RopeTable& rt = rope_[static_cast<size_t>(il)];
+  rewrite_keys(hd, first, count, [&](float* row, int64_t i) {
+    // R(p + delta) = R(delta) R(p); mscale 1: the stored key already carries it once.
+    if (rt.n_rot > 0)
+      kernels::rope_apply(row, 1, 1, cfg_.head_dim, rt.n_rot, &delta, rt.inv_freq.data(), 1.0f, rt.neox);
+    hd.pos[static_cast<size_t>(i)] += delta;
+  });
+  ++hd.epoch;
+  return Status::ok();
+}
+
+void KvCache::set_rope(int64_t il, const RopeTable& table) {
+  RopeTable& old = rope_[static_cast<size_t>(il)];
+  for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {
+    Head& hd = head(il, h);
+    if (hd.n == 0) continue;
+    rewrite_keys(hd, 0, hd.n, [&](float* row, int64_t i) {
+      const int32_t p = hd.pos[static_cast<size_t>(i)], neg = -p;
+      // Undo the old rotation (and its mscale), then rotate with the new table.
+      kernels::rope_apply(row, 1, 1, cfg_.head_dim, old.n_rot, &neg, old.inv_freq.data(),
+                          1.0f / old.mscale, old.neox);
+      kernels::rope_apply(row, 1, 1, cfg_.head_dim, table.n_rot, &p, table.inv_freq.data(),
+                          table.mscale, table.neox);
+    });
+    ++hd.epoch;
+  }
+  old = table;
+}
+
+const float* KvCache::keys_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const {
+  const Head& hd = head(il, h);
+  const uint8_t* r = k_row(hd, first);
+  if (cfg_.type_k == DType::F32) return reinterpret_cast<const float*>(r);
+  for (int64_t i = 0; i < count; ++i)
+    kernels::dequantize_row(cfg_.type_k, r + static_cast<size_t>(i) * k_row_bytes_, scratch + i * cfg_.head_dim,
+                            cfg_.head_dim);
+  return scratch;
+}
+
+const float* KvCache::values_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const {
+  const Head& hd = head(il, h);
+  const uint8_t* r = v_row(hd, first);
+  if (cfg_.type_v == DType::F32) return reinterpret_cast<const float*>(r);
+  for (int64_t i = 0; i < count; ++i)
+    kernels::dequantize_row(cfg_.type_v, r + static_cast<size_t>(i) * v_row_bytes_,
+                            scratch + i * cfg_.head_dim_v, cfg_.head_dim_v);
+  return scratch;
+}
+
+void KvCache::read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
+  const Head& hd = head(il, h);
+  for (int64_t i = 0; i < count; ++i)
+    kernels::dequantize_row(cfg_.type_k, k_row(hd, first + i), out + i * cfg_.head_dim, cfg_.head_dim);
+}
+
+void KvCache::read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
+  const Head& hd = head(il, h);
+  for (int64_t i = 0; i < count; ++i)
+    kernels::dequantize_row(cfg_.type_v, v_row(hd, first + i), out + i * cfg_.head_dim_v, cfg_.head_dim_v);
+}
+
+KvMemory KvCache::memory() const {
+  KvMemory m;
+  m.resident_bytes = pool_->ram_bytes();
+  m.in_use_bytes = static_cast<size_t>(pool_->n_used()) * pool_->block_bytes();
+  m.spilled_bytes = pool_->spilled_bytes();
+  for (const auto& hd : heads_)
+    m.metadata_bytes += (hd.pos.capacity() + hd.idx.capacity() + hd.seq.capacity() + hd.blocks.capacity()) *
+                        sizeof(int32_t);
+  m.bytes_per_token = static_cast<size_t>(cfg_.n_layer * cfg_.n_head_kv) * (k_row_bytes_ + v_row_bytes_);
+  m.blocks_in_use = pool_->n_used();
+  m.blocks_spilled = pool_->n_spilled();
+  m.blocks_free = pool_->ram_slots_free();
+  return m;
+}
+
+void KvCache::poison_unused() {
+  const int64_t B = cfg_.block_tokens;
+  for (auto& hd : heads_) {
+    for (int64_t i = hd.n; i < static_cast<int64_t>(hd.blocks.size()) * B; ++i) {
+      std::memset(k_row(hd, i), 0xFF, k_row_bytes_);
+      std::memset(v_row(hd, i), 0xFF, v_row_bytes_);
+    }
+  }
+  pool_->poison_free();
+}
+
+}  // namespace lc

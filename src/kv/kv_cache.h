@@ -1,0 +1,194 @@
+// Paged KV cache (as in vLLM's PagedAttention, Kwon et al. 2023): storage is a pool of
+// fixed-size blocks of `block_tokens` tokens; every (layer, KV head) has its own block table,
+// so heads hold different numbers of tokens for real (what per-head KV compression needs).
+// Metadata (the position a key is rotated at, the token's index in the sequence, its sequence
+// id) lives in per-head arrays apart from storage. Only this class mutates storage: presses and
+// attention methods call retain()/truncate()/shift_positions(), never write blocks.
+//
+// Memory grows a block at a time with the context actually used. --kv-budget caps the RAM the
+// blocks take; when the cap is reached the policy applies: spill cold blocks to a file
+// (--kv-spill DIR), let the attention method evict (an evictor callback), or fail with an
+// error that says how many tokens fit. Never an out-of-memory kill.
+//
+// KEY FORM: keys are stored POST-RoPE (rotated at the position recorded in positions()), with
+// exact re-rotation support. Why:
+//  * The hot loop of every backend is q.k over stored keys; pre-RoPE storage would rotate every
+//    cached key on every forward (sin/cos or table loads + 2 extra FMAs per element, O(L*d) per
+//    token per layer), which would make dense attention slower than the contiguous kernel.
+//  * Re-assigning positions is exact without touching keys: RoPE scores depend only on
+//    q_pos - k_pos, so a backend that relabels a contiguous run of keys (StreamingLLM) rotates
+//    the *query* at the relabelled position instead (one rotation per query, no rounding of
+//    stored keys). A press that really moves keys calls shift_positions(), which rotates the
+//    stored keys by the position delta (a K-shift, as llama.cpp does): R(p+Δ) = R(Δ)R(p).
+//  * Dynamic NTK (a table that depends on the current length): when the provider returns a
+//    different table for the new length, every stored key of the layer is re-rotated from the
+//    old table to the new one (angle p*(θ'_i - θ_i), scale m'/m), so no key drifts. The cost
+//    is O(tokens * head_dim) per table change: a provider should change its table in steps,
+//    not every token, especially with quantised K (each re-rotation rounds again).
+//  * Methods that want a key without its rotation (InfLLM's fixed distance) un-rotate the few
+//    keys they retrieve: R(-p) applied to a stored key gives mscale * k.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "kv/block_pool.h"
+#include "rope/rope_table.h"
+
+namespace lc {
+
+class KvCache;
+
+// Gives the rope table for a context of n_ctx tokens (dynamic NTK); nullptr: the fixed table.
+using RopeProvider = std::function<RopeTable(int64_t n_ctx)>;
+// Called when an append needs `blocks_needed` more blocks than the budget allows, for layer
+// il; it may free blocks through the cache's own API (retain/truncate). The append fails
+// with the budget error if not enough room results.
+using KvEvictor = std::function<Status(KvCache& kv, int64_t il, int64_t blocks_needed)>;
+
+enum class KvBudgetPolicy {
+  kError,  // fail with the number of tokens that fit
+  kSpill,  // cold blocks to the spill file (needs spill_dir)
+  kEvict,  // ask the evictor (the attention backend), then fail if still no room
+};
+
+struct KvCacheConfig {
+  int64_t n_layer = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;      // of keys
+  int64_t head_dim_v = 0;    // of values
+  int64_t block_tokens = 16; // --kv-block
+  DType type_k = DType::F32; // --kv-type-k: f32, f16, bf16, q8_0
+  DType type_v = DType::F32; // --kv-type-v
+  int64_t budget_bytes = 0;  // --kv-budget, RAM for blocks; 0: no cap
+  std::string spill_dir;     // --kv-spill; required by kSpill
+  KvBudgetPolicy policy = KvBudgetPolicy::kError;  // kSpill is chosen when spill_dir is set
+  RopeTable rope;            // the table keys are rotated with
+  RopeProvider rope_provider;  // optional: table per current length (dynamic NTK)
+};
+
+struct KvMemory {
+  size_t resident_bytes = 0;   // RAM committed to blocks (in use or free in the pool)
+  size_t in_use_bytes = 0;     // blocks holding tokens, RAM + spilled
+  size_t spilled_bytes = 0;    // blocks in the spill file
+  size_t metadata_bytes = 0;   // positions, indices, sequence ids, block tables
+  size_t bytes_per_token = 0;  // K + V storage of one token over all layers and KV heads
+  int64_t blocks_in_use = 0, blocks_free = 0, blocks_spilled = 0;
+};
+
+class KvCache {
+ public:
+  static Expected<std::unique_ptr<KvCache>> create(const KvCacheConfig& cfg);
+
+  // Appends n tokens to every KV head of layer il. Keys are rotated here at pos[t] (they
+  // arrive pre-RoPE) and stored in type_k; values in type_v.
+  // k: [n, n_head_kv, head_dim] pre-RoPE; v: [n, n_head_kv, head_dim_v]; pos: [n].
+  // On error (budget) the cache is unchanged.
+  Status append(int64_t il, int64_t n, const float* k, const float* v, const int32_t* pos,
+                int32_t seq_id = 0);
+
+  // Keeps the tokens keep[] (ascending, unique indices into head (il, h)'s tokens), in order,
+  // and returns the blocks no longer needed to the pool.
+  Status retain(int64_t il, int64_t h, std::span<const int32_t> keep);
+  // Drops every token whose sequence index is >= n_seq, in all layers and heads.
+  void truncate(int64_t n_seq);
+  void clear() { truncate(0); }
+  // Adds delta to the positions of tokens [first, first + count) of head (il, h), re-rotating
+  // their stored keys (a K-shift).
+  Status shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta);
+  // Re-rotates every stored key of layer il to `table` (a rope change, e.g. dynamic NTK).
+  void set_rope(int64_t il, const RopeTable& table);
+  void set_evictor(KvEvictor e) { evictor_ = std::move(e); }
+
+  // ---- read access (attention backends) ----
+  const KvCacheConfig& config() const { return cfg_; }
+  int64_t n_layer() const { return cfg_.n_layer; }
+  int64_t n_head_kv() const { return cfg_.n_head_kv; }
+  int64_t head_dim() const { return cfg_.head_dim; }
+  int64_t head_dim_v() const { return cfg_.head_dim_v; }
+  int64_t block_tokens() const { return cfg_.block_tokens; }
+  DType type_k() const { return cfg_.type_k; }
+  DType type_v() const { return cfg_.type_v; }
+  const RopeTable& rope(int64_t il) const { return rope_[static_cast<size_t>(il)]; }
+  // Tokens appended to layer il so far (its sequence length), evicted ones included.
+  int64_t n_appended(int64_t il) const { return n_appended_[static_cast<size_t>(il)]; }
+
+  // Tokens held by head (il, h), in sequence order.
+  int64_t n_tokens(int64_t il, int64_t h) const { return head(il, h).n; }
+  int64_t n_blocks(int64_t il, int64_t h) const {
+    return static_cast<int64_t>(head(il, h).blocks.size());
+  }
+  // [n_tokens] the position each stored key is rotated at.
+  const int32_t* positions(int64_t il, int64_t h) const { return head(il, h).pos.data(); }
+  // [n_tokens] the token's index in the sequence (append order; strictly increasing).
+  const int32_t* seq_index(int64_t il, int64_t h) const { return head(il, h).idx.data(); }
+  // [n_tokens] sequence ids.
+  const int32_t* seq_ids(int64_t il, int64_t h) const { return head(il, h).seq.data(); }
+  // Changes whenever tokens already held by (il, h) change (retain, truncate, shift, rope
+  // change): backends that keep summaries of the keys (Quest bounds, kernel means) rebuild.
+  uint64_t epoch(int64_t il, int64_t h) const { return head(il, h).epoch; }
+
+  // Rows [first, first + count) of head (il, h) as f32; they must lie in one block.
+  // Returns a pointer into storage (f32, no copy) or into scratch, dequantised.
+  // keys: [count, head_dim], post-RoPE; values: [count, head_dim_v].
+  // scratch: [count * head_dim] (keys) / [count * head_dim_v] (values).
+  const float* keys_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const;
+  const float* values_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const;
+  // Any rows, any blocks, copied out as f32 (tests, summaries). out: [count, head_dim(_v)].
+  void read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
+  void read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
+
+  // ---- accounting ----
+  KvMemory memory() const;
+  const BlockPool& pool() const { return *pool_; }
+  // Tokens per head that fit in the budget (uniform over layers and heads); -1 if no cap.
+  int64_t tokens_that_fit() const;
+
+  // Tests: writes NaN bytes into every slot that holds no token (the unused tail of each
+  // head's last block and every free block).
+  void poison_unused();
+
+ private:
+  struct Head {
+    std::vector<int32_t> blocks;  // block ids in token order
+    int64_t n = 0;
+    std::vector<int32_t> pos, idx, seq;  // [n]
+    uint64_t epoch = 0;
+  };
+  explicit KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {}
+  Head& head(int64_t il, int64_t h) { return heads_[static_cast<size_t>(il * cfg_.n_head_kv + h)]; }
+  const Head& head(int64_t il, int64_t h) const {
+    return heads_[static_cast<size_t>(il * cfg_.n_head_kv + h)];
+  }
+  uint8_t* k_row(const Head& hd, int64_t i);
+  uint8_t* v_row(const Head& hd, int64_t i);
+  const uint8_t* k_row(const Head& hd, int64_t i) const;
+  const uint8_t* v_row(const Head& hd, int64_t i) const;
+  void free_tail_blocks(Head& hd);
+  Status ensure_room(int64_t il, int64_t blocks_needed);
+  // Rotates stored keys [first, first+count) of hd: dequantise, fn(row f32, i), quantise.
+  template <class Fn>
+  void rewrite_keys(Head& hd, int64_t first, int64_t count, Fn&& fn);
+
+  KvCacheConfig cfg_;
+  size_t k_row_bytes_ = 0, v_row_bytes_ = 0, v_offset_ = 0;
+  std::unique_ptr<BlockPool> pool_;
+  std::vector<Head> heads_;            // [n_layer * n_head_kv]
+  std::vector<int64_t> n_appended_;    // [n_layer]
+  std::vector<RopeTable> rope_;        // [n_layer] the table layer il's keys are rotated with
+  KvEvictor evictor_;
+  // Append scratch, grown to the largest chunk seen (never per token).
+  Buffer<float> krot_;                 // [n, n_head_kv, head_dim]
+  Buffer<float> row_;                  // [max(head_dim, head_dim_v)]
+};
+
+// Parses "f32", "f16", "bf16", "q8_0" for --kv-type-k/--kv-type-v.
+Expected<DType> parse_kv_type(std::string_view name);
+
+}  // namespace lc

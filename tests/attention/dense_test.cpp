@@ -1,0 +1,191 @@
+// Dense and naive attention over the paged cache against oracles that never use the cache:
+// kernels::ref::attention_causal on contiguous data, and the double-precision oracle on the
+// test's own pre-RoPE vectors.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/attention.h"
+#include "run_util.h"
+
+namespace lc::test {
+namespace {
+
+struct GridCase {
+  int64_t ratio, d, T, block;
+  bool neox;
+};
+
+TEST(AttentionDense, GridAgainstNaiveAndOracle) {
+  const GridCase cases[] = {
+      {1, 64, 1, 16, false},   {2, 64, 37, 16, true},   {4, 128, 100, 64, false}, {8, 64, 300, 32, true},
+      {1, 128, 520, 256, true}, {2, 128, 777, 16, false}, {4, 64, 1500, 128, true}, {8, 128, 130, 7, false},
+      {2, 64, 3000, 64, false},
+  };
+  uint32_t seed = 1;
+  for (const auto& c : cases) {
+    const int64_t Hkv = c.T > 1000 ? 1 : 2;
+    Seq s(c.T, Hkv * c.ratio, Hkv, c.d, c.d, seed++);
+    const RopeTable rt = test_rope(c.d, c.neox);
+    const auto cfg = kv_config(s, c.block, rt);
+    const auto dense = run_seq(s, "dense", cfg, {64, 7, 1});
+    const auto oracle = full_oracle(s, rt);
+    EXPECT_LT(max_abs_diff(dense.out, oracle), 2e-4) << "ratio " << c.ratio << " d " << c.d << " T " << c.T;
+    if (c.T <= 800) {
+      const auto naive = run_seq(s, "naive", cfg, {64});
+      EXPECT_LT(max_abs_diff(naive.out, oracle), 2e-4) << "naive T " << c.T;
+      EXPECT_LT(max_abs_diff(dense.out, naive.out), 2e-4) << "dense vs naive T " << c.T;
+    }
+  }
+}
+
+TEST(AttentionDense, PagedEqualsContiguousReference) {
+  for (int64_t block : {16, 48, 256}) {
+    Seq s(400, 8, 2, 64, 64, 11);
+    const RopeTable rt = test_rope(64, true);
+    const auto dense = run_seq(s, "dense", kv_config(s, block, rt), {400});
+    // The same data, contiguous, rotated by the test: kernels::ref::attention_causal.
+    std::vector<float> q = s.q, k(static_cast<size_t>(s.Hkv * s.T * s.d)), v(static_cast<size_t>(s.Hkv * s.T * s.dv));
+    rt.apply(q.data(), s.T, s.H, s.d, s.pos.data());
+    std::vector<float> kr = s.k;
+    rt.apply(kr.data(), s.T, s.Hkv, s.d, s.pos.data());
+    for (int64_t t = 0; t < s.T; ++t)
+      for (int64_t h = 0; h < s.Hkv; ++h) {
+        std::memcpy(&k[static_cast<size_t>((h * s.T + t) * s.d)], &kr[static_cast<size_t>((t * s.Hkv + h) * s.d)], s.d * 4);
+        std::memcpy(&v[static_cast<size_t>((h * s.T + t) * s.dv)], s.vt(t, h), s.dv * 4);
+      }
+    kernels::AttnShape as;
+    as.n_tokens = s.T;
+    as.n_head = s.H;
+    as.n_head_kv = s.Hkv;
+    as.head_dim = s.d;
+    as.head_dim_v = s.dv;
+    as.kv_stride = s.T;
+    as.n_past = 0;
+    as.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+    std::vector<float> ref(static_cast<size_t>(s.T * s.H * s.dv));
+    kernels::ref::attention_causal(as, q.data(), k.data(), v.data(), ref.data());
+    EXPECT_LT(max_abs_diff(dense.out, ref), 1e-4) << "block " << block;
+  }
+}
+
+TEST(AttentionDense, ChunkSizeDoesNotChangeResults) {
+  Seq s(333, 8, 2, 64, 64, 5);
+  const RopeTable rt = test_rope(64, false);
+  const auto cfg = kv_config(s, 32, rt);
+  const auto a = run_seq(s, "dense", cfg, {1});
+  const auto b = run_seq(s, "dense", cfg, {7});
+  const auto c = run_seq(s, "dense", cfg, {64});
+  // Rows are computed independently over the same spans: identical, not just close.
+  EXPECT_EQ(max_abs_diff(a.out, b.out), 0.0);
+  EXPECT_EQ(max_abs_diff(a.out, c.out), 0.0);
+}
+
+TEST(AttentionDense, NanInUnusedSlotsChangesNothing) {
+  Seq s(150, 4, 2, 64, 64, 6);
+  const RopeTable rt = test_rope(64, true);
+  for (const char* spec : {"dense", "naive", "quest:budget=64,page=16,dense_layers=0", "streaming:sinks=4,window=40"}) {
+    const auto cfg = kv_config(s, 32, rt);
+    const auto a = run_seq(s, spec, cfg, {13});
+    const auto b = run_seq(s, spec, cfg, {13}, false, /*poison=*/true);
+    EXPECT_EQ(max_abs_diff(a.out, b.out), 0.0) << spec;
+  }
+}
+
+TEST(AttentionDense, KvTypesWithinRoundingOfF32) {
+  Seq s(300, 8, 2, 64, 64, 8);
+  const RopeTable rt = test_rope(64, true);
+  const auto oracle = full_oracle(s, rt);
+  struct T {
+    DType k, v;
+    double tol;
+  } types[] = {{DType::F32, DType::F32, 2e-4}, {DType::F16, DType::F16, 3e-3}, {DType::BF16, DType::BF16, 3e-2},
+               {DType::Q8_0, DType::Q8_0, 4e-2}, {DType::F16, DType::Q8_0, 4e-2}, {DType::BF16, DType::F32, 3e-2}};
+  for (const auto& t : types) {
+    auto cfg = kv_config(s, 16, rt);
+    cfg.type_k = t.k;
+    cfg.type_v = t.v;
+    const auto r = run_seq(s, "dense", cfg, {50});
+    const double err = max_abs_diff(r.out, oracle);
+    EXPECT_LT(err, t.tol) << dtype_name(t.k) << "/" << dtype_name(t.v);
+    const auto nv = run_seq(s, "naive", cfg, {50});  // same rounded data, exact math
+    EXPECT_LT(max_abs_diff(r.out, nv.out), 2e-4) << dtype_name(t.k) << "/" << dtype_name(t.v);
+  }
+}
+
+TEST(AttentionDense, SpillGivesIdenticalResultsAndLeavesNoFile) {
+  Seq s(600, 4, 2, 64, 64, 9);
+  const RopeTable rt = test_rope(64, true);
+  auto cfg = kv_config(s, 16, rt, 2);
+  const auto base = run_seq(s, "dense", cfg, {100});
+  char tmpl[] = "/tmp/lc_spill_testXXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto scfg = cfg;
+  scfg.spill_dir = dir;
+  scfg.budget_bytes = 64 * 1024;  // far below the ~1.2 MB of data
+  {
+    auto sp = run_seq(s, "dense", scfg, {100});
+    EXPECT_EQ(max_abs_diff(base.out, sp.out), 0.0);
+    EXPECT_GT(sp.kv->memory().spilled_bytes, 0u);
+    EXPECT_LE(sp.kv->memory().resident_bytes, 64u * 1024);
+  }
+  // The spill file is gone (it was unlinked at creation; the descriptor is closed now).
+  int files = 0;
+  if (DIR* dp = opendir(dir.c_str())) {
+    while (dirent* e = readdir(dp)) files += e->d_name[0] != '.';
+    closedir(dp);
+  }
+  EXPECT_EQ(files, 0);
+  rmdir(dir.c_str());
+}
+
+TEST(AttentionDense, DynamicRopeReRotatesCachedKeys) {
+  // The table changes with the length (dynamic NTK style): the attention of the last chunk
+  // must equal attention with every key rotated by the final table.
+  Seq s(200, 4, 2, 64, 64, 12);
+  const RopeTable small = test_rope(64, true, 10000.0f), large = test_rope(64, true, 40000.0f, 1.1f);
+  auto cfg = kv_config(s, 16, small);
+  cfg.rope_provider = [&](int64_t n_ctx) { return n_ctx <= 120 ? small : large; };
+  const auto r = run_seq(s, "dense", cfg, {60}, /*record=*/true);
+  const auto& sel = r.sel.back();  // the chunk after the switch: keys at real positions
+  const float scale = 1.0f / std::sqrt(64.0f);
+  double worst = 0;
+  for (int64_t t = 0; t < sel.n; ++t)
+    for (int64_t h = 0; h < s.H; ++h) {
+      const int64_t tg = r.chunk_t0.back() + t;
+      const auto o = oracle_row(s, large, scale, tg, h, sel.keys[static_cast<size_t>(t * s.H + h)]);
+      EXPECT_EQ(static_cast<int64_t>(sel.keys[static_cast<size_t>(t * s.H + h)].size()), tg + 1);
+      for (int64_t i = 0; i < s.dv; ++i)
+        worst = std::max(worst, std::abs(o[static_cast<size_t>(i)] - r.out[static_cast<size_t>((tg * s.H + h) * s.dv + i)]));
+    }
+  EXPECT_LT(worst, 2e-4);
+}
+
+TEST(AttentionRegistry, SpecErrorsNameMethodAndKey) {
+  AttnShape sh{1, 4, 2, 64, 64, 0.0f};
+  auto bad = make_attention_backend("qest:budget=10", sh);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("unknown attention method 'qest'"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("quest"), std::string::npos);
+  auto key = make_attention_backend("quest:bugdet=10", sh);
+  ASSERT_FALSE(key.has_value());
+  EXPECT_NE(key.error().message.find("'bugdet'"), std::string::npos);
+  EXPECT_NE(key.error().message.find("budget"), std::string::npos);
+  auto val = make_attention_backend("streaming:window=abc", sh);
+  ASSERT_FALSE(val.has_value());
+  EXPECT_NE(val.error().message.find("window"), std::string::npos);
+  auto ok = make_attention_backend("quest:budget=512,page=16", sh);
+  ASSERT_TRUE(ok.has_value()) << ok.error().message;
+  EXPECT_EQ((*ok)->spec(), "quest:budget=512,page=16,dense_layers=2");
+  EXPECT_TRUE(make_attention_backend("", sh).has_value());  // the default: dense
+}
+
+}  // namespace
+}  // namespace lc::test

@@ -1,0 +1,125 @@
+// DSSA and LycheeDecode against the oracle restricted to their selection, their dense
+// limits, and the retrieval-head calibration round trip.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "attention/lychee.h"
+#include "run_util.h"
+
+namespace lc::test {
+namespace {
+
+struct Shape {
+  int64_t ratio, d, block;
+};
+const Shape kShapes[] = {{1, 64, 16}, {2, 128, 64}, {4, 64, 32}, {8, 64, 16}};
+
+TEST(AttentionDssa, AgainstNaiveOnItsSelection) {
+  uint32_t seed = 400;
+  for (const auto& sh : kShapes) {
+    Seq s(800, 2 * sh.ratio, 2, sh.d, sh.d, seed++);
+    const RopeTable rt = test_rope(sh.d, false);
+    const auto r = run_seq(s, "dssa:switch=300,block=32,kernel=16,stride=8,topk=4,sinks=32,local=64",
+                           kv_config(s, sh.block, rt), {64, 7, 1}, true);
+    EXPECT_LT(max_err_vs_selection(s, rt, r), 2e-4) << "ratio " << sh.ratio;
+    size_t most = 0;  // above the switch: sinks + top-k + local (+ alignment)
+    for (size_t c = 0; c < r.sel.size(); ++c)
+      for (int64_t t = 0; t < r.sel[c].n; ++t)
+        if (r.chunk_t0[c] + t + 1 > 300)
+          for (int64_t h = 0; h < s.H; ++h) most = std::max(most, r.sel[c].keys[static_cast<size_t>(t * s.H + h)].size());
+    EXPECT_LE(most, 32u + 4 * 32 + 64 + 32);
+    EXPECT_GT(most, 0u);
+    // Selection is shared by the GQA group: heads of a group attend the same tokens.
+    const auto& last = r.sel.back();
+    for (int64_t t = 0; t < last.n; ++t)
+      for (int64_t h = 0; h < s.H; ++h) {
+        const auto& a = last.keys[static_cast<size_t>(t * s.H + h)];
+        const auto& b = last.keys[static_cast<size_t>(t * s.H + (h / sh.ratio) * sh.ratio)];
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t j = 0; j < a.size(); ++j) EXPECT_EQ(a[j].seq_index, b[j].seq_index);
+      }
+  }
+}
+
+TEST(AttentionDssa, DenseBelowSwitchAndWithFullBudget) {
+  Seq s(400, 8, 2, 64, 64, 41);
+  const RopeTable rt = test_rope(64, true);
+  const auto oracle = full_oracle(s, rt);
+  const auto below = run_seq(s, "dssa:switch=1000", kv_config(s, 16, rt), {50});
+  EXPECT_LT(max_abs_diff(below.out, oracle), 2e-4);
+  const auto full = run_seq(s, "dssa:switch=10,block=32,topk=100,local=32,sinks=32", kv_config(s, 16, rt), {50});
+  EXPECT_LT(max_abs_diff(full.out, oracle), 2e-4);
+}
+
+TEST(AttentionLychee, AgainstNaiveOnItsSelection) {
+  uint32_t seed = 500;
+  for (const auto& sh : kShapes) {
+    Seq s(700, 2 * sh.ratio, 2, sh.d, sh.d, seed++);
+    const RopeTable rt = test_rope(sh.d, true);
+    const auto r = run_seq(s, "lychee:budget=128,block=32,sinks=32,local=64,retrieval=2",
+                           kv_config(s, sh.block, rt), {64, 7}, true);
+    EXPECT_LT(max_err_vs_selection(s, rt, r), 2e-4) << "ratio " << sh.ratio;
+    const auto& last = r.sel.back();
+    const int64_t t = last.n - 1, tg = r.chunk_t0.back() + t;
+    // Retrieval heads (0, 1) attend everything; the others a subset, the same one.
+    EXPECT_EQ(static_cast<int64_t>(last.keys[static_cast<size_t>(t * s.H)].size()), tg + 1);
+    if (s.H > 2) {
+      EXPECT_LE(last.keys[static_cast<size_t>(t * s.H + 2)].size(), 32u + 128 + 64 + 32);
+      EXPECT_EQ(last.keys[static_cast<size_t>(t * s.H + 2)].size(), last.keys[static_cast<size_t>(t * s.H + s.H - 1)].size());
+    }
+  }
+}
+
+TEST(AttentionLychee, FullBudgetEqualsDense) {
+  Seq s(300, 8, 2, 64, 64, 51);
+  const RopeTable rt = test_rope(64, false);
+  const auto r = run_seq(s, "lychee:budget=4096,block=32", kv_config(s, 16, rt), {40});
+  EXPECT_LT(max_abs_diff(r.out, full_oracle(s, rt)), 2e-4);
+}
+
+TEST(AttentionLychee, CalibrationPicksFarLookingHeadsAndRoundTrips) {
+  // Head 3's queries align with one early key: it puts its mass far away.
+  Seq s(300, 4, 1, 64, 64, 52, 0.2f);
+  RopeTable rt = test_rope(64, true);
+  for (auto& f : rt.inv_freq) f = 0.0f;  // position-free scores make the construction exact
+  for (int64_t c = 0; c < s.d; ++c) s.k[static_cast<size_t>(5 * s.d + c)] = c == 0 ? 20.0f : 0.0f;
+  for (int64_t t = 0; t < s.T; ++t) s.q[static_cast<size_t>((t * s.H + 3) * s.d)] = 20.0f;
+  auto kv = KvCache::create(kv_config(s, 16, rt));
+  ASSERT_TRUE(kv.has_value());
+  auto cal = make_lychee_calibrator(shape_of(s), 100);
+  ASSERT_TRUE(cal.has_value());
+  std::vector<float> out(static_cast<size_t>(s.T * s.H * s.dv));
+  ASSERT_TRUE((*kv)->append(0, s.T, s.k.data(), s.v.data(), s.pos.data()).is_ok());
+  ASSERT_TRUE((*cal)->forward(0, s.T, s.q.data(), s.pos.data(), **kv, out.data(), test_pool()).is_ok());
+  // The calibrator's attention is exact.
+  EXPECT_LT(max_abs_diff(out, full_oracle(s, rt)), 2e-4);
+  const auto& st = (*cal)->stats();
+  EXPECT_EQ(st.n_rows[3], s.T - 100);
+  EXPECT_GT(st.mean(0, 3), 0.9);
+  const RetrievalHeads rh = pick_retrieval_heads(st, 1);
+  ASSERT_EQ(rh.heads[0], std::vector<int32_t>{3});
+  const std::string path = "/tmp/lc_heads_" + std::to_string(getpid()) + ".txt";
+  ASSERT_TRUE(save_retrieval_heads(path, rh).is_ok());
+  auto back = load_retrieval_heads(path);
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(back->heads, rh.heads);
+  auto be = make_attention_backend("lychee:heads=" + path, shape_of(s));
+  ASSERT_TRUE(be.has_value()) << be.error().message;
+  EXPECT_NE((*be)->spec().find("heads=" + path), std::string::npos);
+  // A file for another model is rejected by name.
+  AttnShape other = shape_of(s, 2);
+  auto mismatch = make_attention_backend("lychee:heads=" + path, other);
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_NE(mismatch.error().message.find(path), std::string::npos);
+  std::ofstream(path) << "longctx-retrieval-heads 1\nn_layer 1 n_head 4\nlayer 0: 9\n";
+  auto bad = load_retrieval_heads(path);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("out of range"), std::string::npos);
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace lc::test
