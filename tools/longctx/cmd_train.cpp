@@ -1,4 +1,75 @@
-// Placeholder until the trainer lands: registers nothing.
-#include "command.h"
+// `longctx train`: trains a Llama-architecture model from scratch on a text or token file and
+// exports it as a GGUF that `longctx run` (and llama.cpp) load (src/train).
+#include <cstdio>
+#include <string>
 
-std::vector<RegisteredCommand> add_train_commands(CLI::App*) { return {}; }
+#include "command.h"
+#include "train/trainer.h"
+
+namespace {
+
+struct TrainArgs {
+  lc::train::TrainOptions o;
+  std::string data_format = "auto";
+  std::string output;  // --output-weights: tied or separate
+};
+
+}  // namespace
+
+std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
+  auto args = std::make_shared<TrainArgs>();
+  lc::train::TrainOptions& o = args->o;
+  args->output = o.model.tied ? "tied" : "separate";
+  auto* t = app->add_subcommand("train", "train a small Llama-architecture model and export it as GGUF");
+  t->add_option("--vocab", o.vocab_path, "GGUF whose tokenizer is used (and copied into the output)")->required();
+  t->add_option("--data", o.data_path, "training data: a text file, or little-endian int32 token ids (.bin/.tok/.tokens)")->required();
+  t->add_option("--data-format", args->data_format, "auto, text or tokens")->capture_default_str();
+  t->add_option("-o,--out", o.out_path, "output GGUF; the loss curve goes next to it (.loss.csv, .loss.svg)")->required();
+  t->add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoint.bin (saved at the end and every --checkpoint-every steps)");
+  t->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
+  t->add_flag("--resume", o.resume, "continue from --checkpoint-dir/checkpoint.bin");
+  t->add_option("--n-layer", o.model.n_layer, "transformer blocks")->capture_default_str();
+  t->add_option("--n-embd", o.model.n_embd, "embedding width")->capture_default_str();
+  t->add_option("--n-head", o.model.n_head, "attention heads")->capture_default_str();
+  t->add_option("--n-head-kv", o.model.n_head_kv, "key/value heads (0: --n-head; fewer: grouped-query attention)")->capture_default_str();
+  t->add_option("--n-ff", o.model.n_ff, "feed-forward width (0: 8/3 n_embd rounded up to 32)")->capture_default_str();
+  t->add_option("--n-ctx", o.model.n_ctx, "context length written to the GGUF (0: --seq-len)")->capture_default_str();
+  t->add_option("--rope-base", o.model.rope_base, "RoPE frequency base")->capture_default_str();
+  t->add_option("--output-weights", args->output, "tied (output = token embedding) or separate")->capture_default_str()
+      ->check(CLI::IsMember({"tied", "separate"}));
+  t->add_option("--seq-len", o.seq_len, "tokens per training window")->capture_default_str();
+  t->add_option("--batch", o.batch, "windows per optimizer step (gradients accumulated)")->capture_default_str();
+  t->add_option("--steps", o.optim.steps, "optimizer steps")->capture_default_str();
+  t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
+  t->add_option("--min-lr-ratio", o.optim.min_lr_ratio, "final learning rate of the cosine, as a fraction of --lr")->capture_default_str();
+  t->add_option("--warmup", o.optim.warmup, "steps of linear learning-rate warm-up")->capture_default_str();
+  t->add_option("--weight-decay", o.optim.weight_decay, "AdamW decoupled weight decay (matrices only)")->capture_default_str();
+  t->add_option("--grad-clip", o.optim.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  t->add_option("--seed", o.seed, "seed of initialisation and data order")->capture_default_str();
+  t->add_option("-t,--threads", o.n_threads, "threads (0: all cores)")->capture_default_str();
+
+  RegisteredCommand cmd;
+  cmd.app = t;
+  cmd.run = [args]() -> int {
+    lc::train::TrainOptions o = args->o;
+    auto fmt = lc::train::parse_data_format(args->data_format);
+    if (!fmt) {
+      std::fprintf(stderr, "longctx: error: --data-format: %s\n", fmt.error().message.c_str());
+      return 1;
+    }
+    o.data_format = *fmt;
+    o.model.tied = args->output == "tied";
+    auto tr = lc::train::Trainer::create(o);
+    if (!tr) {
+      std::fprintf(stderr, "longctx: error: %s\n", tr.error().message.c_str());
+      return 1;
+    }
+    lc::Status st = (*tr)->run();
+    if (!st) {
+      std::fprintf(stderr, "longctx: error: %s\n", st.message().c_str());
+      return 1;
+    }
+    return 0;
+  };
+  return {cmd};
+}

@@ -1,0 +1,45 @@
+#include "train/export.h"
+
+#include <cstring>
+
+namespace lc::train {
+
+Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, const std::string& path,
+                   const std::string& name) {
+  const ModelConfig& c = model.config();
+  LC_ASSIGN_OR_RETURN(auto tokens, vocab.get_string_array("tokenizer.ggml.tokens"));
+  if (static_cast<int64_t>(tokens.size()) != c.n_vocab)
+    return make_error(strprintf("export: vocabulary '%s' has %zu tokens but the model has %lld",
+                                vocab.path().c_str(), tokens.size(), (long long)c.n_vocab));
+  gguf::Writer w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name", name);
+  w.set_u32("general.file_type", 0);  // all f32
+  w.set_u32("llama.block_count", static_cast<uint32_t>(c.n_layer));
+  w.set_u32("llama.context_length", static_cast<uint32_t>(c.n_ctx));
+  w.set_u32("llama.embedding_length", static_cast<uint32_t>(c.n_embd));
+  w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(c.n_ff));
+  w.set_u32("llama.attention.head_count", static_cast<uint32_t>(c.n_head));
+  w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
+  // The trainer rotates adjacent pairs over the whole head, as llama.cpp does for `llama`, so
+  // no Q/K permutation is needed (unlike converted Hugging Face checkpoints).
+  w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  w.set_f32("llama.rope.freq_base", c.rope_base);
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps);
+  w.set_u32("llama.vocab_size", static_cast<uint32_t>(c.n_vocab));
+  for (const std::string& key : vocab.keys()) {
+    if (key.rfind("tokenizer.", 0) != 0) continue;
+    w.set_value(key, *vocab.find(key));
+  }
+  for (const ParamTensor& t : model.tensors()) {
+    std::vector<uint8_t> bytes(t.size * sizeof(float));
+    std::memcpy(bytes.data(), model.params() + t.offset, bytes.size());
+    w.add_tensor(t.name, DType::F32, t.ne, std::move(bytes));
+  }
+  LC_TRY(w.status());
+  Status st = w.write(path);
+  if (!st) return make_error(strprintf("export to '%s': %s", path.c_str(), st.message().c_str()));
+  return Status::ok();
+}
+
+}  // namespace lc::train

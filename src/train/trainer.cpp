@@ -1,0 +1,353 @@
+#include "train/trainer.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "core/sys.h"
+#include "train/export.h"
+
+namespace lc::train {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'C', 'T', 'R', 'A', 'I', 'N', '1'};
+constexpr uint32_t kVersion = 1;
+
+// Little-endian (host order on x86-64) field-by-field serialisation of the checkpoint.
+class Out {
+ public:
+  template <class V>
+  void put(const V& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof(V));
+  }
+  void put_floats(const float* p, size_t n) {
+    const auto* q = reinterpret_cast<const uint8_t*>(p);
+    b.insert(b.end(), q, q + n * sizeof(float));
+  }
+  std::vector<uint8_t> b;
+};
+
+class In {
+ public:
+  In(const std::string& s, const std::string& path) : s_(s), path_(path) {}
+  template <class V>
+  Status get(V* v) {
+    if (pos_ + sizeof(V) > s_.size()) return truncated();
+    std::memcpy(v, s_.data() + pos_, sizeof(V));
+    pos_ += sizeof(V);
+    return Status::ok();
+  }
+  Status get_floats(float* p, size_t n) {
+    if (n > (s_.size() - pos_) / sizeof(float)) return truncated();
+    std::memcpy(p, s_.data() + pos_, n * sizeof(float));
+    pos_ += n * sizeof(float);
+    return Status::ok();
+  }
+  bool at_end() const { return pos_ == s_.size(); }
+
+ private:
+  Status truncated() const {
+    return make_error(strprintf("checkpoint '%s' is truncated or corrupt", path_.c_str()));
+  }
+  const std::string& s_;
+  const std::string& path_;
+  size_t pos_ = 0;
+};
+
+std::string format_duration(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "?";
+  const long long t = static_cast<long long>(s + 0.5);
+  if (t >= 3600) return strprintf("%lldh%02lldm", t / 3600, (t / 60) % 60);
+  if (t >= 60) return strprintf("%lldm%02llds", t / 60, t % 60);
+  return strprintf("%llds", t);
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
+  TrainOptions o = in;
+  if (o.vocab_path.empty()) return make_error("no vocabulary GGUF given (--vocab)");
+  if (o.data_path.empty()) return make_error("no training data given (--data)");
+  if (o.seq_len < 1 || o.seq_len > (1 << 16))
+    return make_error(strprintf("sequence length %lld is out of range [1, 65536]", (long long)o.seq_len));
+  if (o.batch < 1 || o.batch > (1 << 16))
+    return make_error(strprintf("batch %lld is out of range [1, 65536]", (long long)o.batch));
+  if (o.checkpoint_every < 0) return make_error("checkpoint interval must be >= 0");
+  if (o.n_threads < 0 || o.n_threads > 1024)
+    return make_error(strprintf("thread count %d is out of range [0, 1024]", o.n_threads));
+  if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs a checkpoint directory");
+  LC_TRY(validate(o.optim));
+
+  std::unique_ptr<Trainer> tr(new Trainer());
+  auto vocab = gguf::File::open(o.vocab_path);
+  if (!vocab) return make_error("vocabulary: " + vocab.error().message);
+  tr->vocab_ = std::move(*vocab);
+  auto tok = Tokenizer::from_gguf(*tr->vocab_);
+  if (!tok) return make_error(strprintf("vocabulary '%s': %s", o.vocab_path.c_str(), tok.error().message.c_str()));
+  tr->tok_ = std::move(*tok);
+  o.model.n_vocab = tr->tok_->n_vocab();
+  if (o.model.n_ctx == 0) o.model.n_ctx = o.seq_len;
+  if (o.seq_len > o.model.n_ctx)
+    return make_error(strprintf("sequence length %lld exceeds the model context %lld", (long long)o.seq_len,
+                                (long long)o.model.n_ctx));
+  LC_ASSIGN_OR_RETURN(o.model, resolve_config(o.model));
+  LC_ASSIGN_OR_RETURN(tr->data_, TokenData::load(o.data_path, o.data_format, *tr->tok_));
+  if (tr->data_.size() < o.seq_len + 1)
+    return make_error(strprintf("data '%s' has %lld tokens; one training window needs seq_len + 1 = %lld",
+                                o.data_path.c_str(), (long long)tr->data_.size(), (long long)(o.seq_len + 1)));
+
+  tr->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
+  LC_ASSIGN_OR_RETURN(tr->model_, Transformer<float>::create(o.model, o.seq_len));
+  try {
+    tr->adam_ = std::make_unique<AdamW>(tr->model_->n_params());
+  } catch (const std::bad_alloc&) {
+    return make_error("out of memory allocating the optimizer state");
+  }
+  tr->inputs_.assign(static_cast<size_t>(o.seq_len), 0);
+  tr->targets_.assign(static_cast<size_t>(o.seq_len), 0);
+  tr->o_ = o;
+  tr->model_->init(o.seed);
+  tr->rng_ = Rng(o.seed ^ 0xDA7A5EEDull);  // data order: its own stream, saved in checkpoints
+  if (o.resume) LC_TRY(tr->load_checkpoint(tr->checkpoint_path()));
+  tr->t_start_ = now_seconds();
+  return tr;
+}
+
+StepRecord Trainer::step() {
+  const double t0 = now_seconds();
+  const int64_t T = o_.seq_len, B = o_.batch;
+  const float lr = learning_rate(o_.optim, step_);
+  Transformer<float>& m = *model_;
+  m.zero_grads();
+  double loss = 0;
+  const float scale = 1.0f / static_cast<float>(B * T);  // mean over every token of the batch
+  for (int64_t b = 0; b < B; ++b) {
+    data_.sample(rng_, T, inputs_.data(), targets_.data());
+    loss += m.forward(inputs_.data(), targets_.data(), T, *pool_);
+    m.backward(scale, *pool_);
+  }
+  loss /= static_cast<double>(B);
+  const double norm = global_norm(m.grads(), m.n_params(), *pool_);
+  if (o_.optim.grad_clip > 0 && norm > o_.optim.grad_clip) {
+    const float f = static_cast<float>(o_.optim.grad_clip / norm);
+    float* g = m.grads();
+    pool_->parallel_for(static_cast<int64_t>(m.n_params()), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) g[i] *= f;
+    }, 1024);
+  }
+  adam_->update(o_.optim, lr, m.params(), m.grads(), m.tensors(), *pool_);
+  ++step_;
+  const double t1 = now_seconds();
+  StepRecord r;
+  r.step = step_;
+  r.loss = loss;
+  r.lr = lr;
+  r.grad_norm = norm;
+  r.tokens_per_s = static_cast<double>(B * T) / std::max(t1 - t0, 1e-9);
+  r.elapsed_s = elapsed_before_ + (t1 - t_start_);
+  history_.push_back(r);
+  return r;
+}
+
+std::string Trainer::checkpoint_path() const {
+  return (std::filesystem::path(o_.checkpoint_dir) / "checkpoint.bin").string();
+}
+
+Status Trainer::save_checkpoint(const std::string& path) const {
+  const ModelConfig& c = model_->config();
+  Out w;
+  for (char ch : kMagic) w.put(ch);
+  w.put(kVersion);
+  for (int64_t v : {c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_ff, c.n_vocab, c.n_ctx}) w.put(v);
+  w.put(c.rope_base);
+  w.put(c.rms_eps);
+  w.put(static_cast<uint8_t>(c.tied));
+  w.put(o_.seq_len);
+  w.put(o_.batch);
+  w.put(o_.seed);
+  w.put(step_);
+  w.put(adam_->t());
+  const RngState& rs = rng_.state();
+  w.put(rs.s);
+  w.put(rs.spare);
+  w.put(rs.have_spare);
+  w.put(history_.empty() ? 0.0 : history_.back().elapsed_s);
+  const uint64_t n = model_->n_params();
+  w.put(n);
+  w.put_floats(model_->params(), n);
+  w.put_floats(adam_->m(), n);
+  w.put_floats(adam_->v(), n);
+  w.put(static_cast<uint64_t>(history_.size()));
+  for (const StepRecord& r : history_) {
+    w.put(r.step);
+    w.put(r.loss);
+    w.put(r.lr);
+    w.put(r.grad_norm);
+    w.put(r.tokens_per_s);
+    w.put(r.elapsed_s);
+  }
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return make_error(strprintf("cannot write checkpoint '%s': %s", tmp.c_str(), std::strerror(errno)));
+  const bool ok = std::fwrite(w.b.data(), 1, w.b.size(), f) == w.b.size();
+  if (std::fclose(f) != 0 || !ok) return make_error(strprintf("write error on checkpoint '%s'", tmp.c_str()));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return make_error(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(errno)));
+  return Status::ok();
+}
+
+Status Trainer::load_checkpoint(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return make_error(strprintf("checkpoint '%s' cannot be opened: %s", path.c_str(), std::strerror(errno)));
+  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  In r(s, path);
+  char magic[8];
+  for (char& ch : magic) LC_TRY(r.get(&ch));
+  uint32_t version = 0;
+  LC_TRY(r.get(&version));
+  if (std::memcmp(magic, kMagic, 8) != 0 || version != kVersion)
+    return make_error(strprintf("'%s' is not a longctx training checkpoint (version %u)", path.c_str(), kVersion));
+  const ModelConfig& c = model_->config();
+  const char* names[] = {"n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx"};
+  const int64_t have[] = {c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_ff, c.n_vocab, c.n_ctx};
+  for (int i = 0; i < 7; ++i) {
+    int64_t v = 0;
+    LC_TRY(r.get(&v));
+    if (v != have[i])
+      return make_error(strprintf("checkpoint '%s' has %s = %lld but this run asks for %lld", path.c_str(),
+                                  names[i], (long long)v, (long long)have[i]));
+  }
+  float base = 0, eps = 0;
+  uint8_t tied = 0;
+  LC_TRY(r.get(&base));
+  LC_TRY(r.get(&eps));
+  LC_TRY(r.get(&tied));
+  if (base != c.rope_base || eps != c.rms_eps || (tied != 0) != c.tied)
+    return make_error(strprintf("checkpoint '%s' differs from this run in rope base, rms eps or output tying",
+                                path.c_str()));
+  int64_t seq_len = 0, batch = 0;
+  uint64_t seed = 0;
+  LC_TRY(r.get(&seq_len));
+  LC_TRY(r.get(&batch));
+  LC_TRY(r.get(&seed));
+  if (seq_len != o_.seq_len || batch != o_.batch || seed != o_.seed)
+    return make_error(strprintf("checkpoint '%s' was made with seq_len %lld, batch %lld, seed %llu; this run "
+                                "asks for %lld, %lld, %llu", path.c_str(), (long long)seq_len, (long long)batch,
+                                (unsigned long long)seed, (long long)o_.seq_len, (long long)o_.batch,
+                                (unsigned long long)o_.seed));
+  int64_t step = 0, adam_t = 0;
+  LC_TRY(r.get(&step));
+  LC_TRY(r.get(&adam_t));
+  RngState rs;
+  LC_TRY(r.get(&rs.s));
+  LC_TRY(r.get(&rs.spare));
+  LC_TRY(r.get(&rs.have_spare));
+  double elapsed = 0;
+  LC_TRY(r.get(&elapsed));
+  uint64_t n = 0;
+  LC_TRY(r.get(&n));
+  if (n != model_->n_params())
+    return make_error(strprintf("checkpoint '%s' holds %llu parameters, the model %zu", path.c_str(),
+                                (unsigned long long)n, model_->n_params()));
+  LC_TRY(r.get_floats(model_->params(), n));
+  LC_TRY(r.get_floats(adam_->m(), n));
+  LC_TRY(r.get_floats(adam_->v(), n));
+  uint64_t nh = 0;
+  LC_TRY(r.get(&nh));
+  if (nh > static_cast<uint64_t>(step)) return make_error(strprintf("checkpoint '%s' is corrupt", path.c_str()));
+  std::vector<StepRecord> hist(nh);
+  for (StepRecord& h : hist) {
+    LC_TRY(r.get(&h.step));
+    LC_TRY(r.get(&h.loss));
+    LC_TRY(r.get(&h.lr));
+    LC_TRY(r.get(&h.grad_norm));
+    LC_TRY(r.get(&h.tokens_per_s));
+    LC_TRY(r.get(&h.elapsed_s));
+  }
+  if (!r.at_end()) return make_error(strprintf("checkpoint '%s' has trailing bytes", path.c_str()));
+  step_ = step;
+  adam_->set_t(adam_t);
+  rng_ = Rng(rs);
+  elapsed_before_ = elapsed;
+  history_ = std::move(hist);
+  t_start_ = now_seconds();
+  return Status::ok();
+}
+
+Status Trainer::export_model(const std::string& path) const { return export_gguf(*model_, *vocab_, path); }
+
+std::string Trainer::loss_file_stem(const std::string& out_path) {
+  std::string s = out_path;
+  if (s.size() > 5 && s.compare(s.size() - 5, 5, ".gguf") == 0) s.resize(s.size() - 5);
+  return s;
+}
+
+Status Trainer::write_loss_files(const std::string& out_path) const {
+  const std::string stem = loss_file_stem(out_path);
+  LC_TRY(write_text_file(stem + ".loss.csv", loss_csv(history_)));
+  const std::string title = strprintf("longctx train: %s, seq %lld x batch %lld", describe(model_->config()).c_str(),
+                                      (long long)o_.seq_len, (long long)o_.batch);
+  return write_text_file(stem + ".loss.svg", loss_svg(history_, title));
+}
+
+Status Trainer::run() {
+  if (!o_.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o_.checkpoint_dir, ec);
+    if (ec) return make_error(strprintf("checkpoint directory '%s': %s", o_.checkpoint_dir.c_str(), ec.message().c_str()));
+  }
+  const int64_t total = o_.optim.steps;
+  const bool tty = o_.verbose && stderr_is_terminal();
+  const int64_t log_every = std::max<int64_t>(1, total / 20);
+  if (o_.verbose) {
+    std::fprintf(stderr, "train: %s; %zu parameters; %lld tokens of data; seq %lld x batch %lld; %d threads%s\n",
+                 describe(model_->config()).c_str(), model_->n_params(), (long long)data_.size(),
+                 (long long)o_.seq_len, (long long)o_.batch, pool_->size(),
+                 step_ > 0 ? strprintf("; resuming at step %lld", (long long)step_).c_str() : "");
+  }
+  const int64_t first = step_;
+  const double t0 = now_seconds();
+  double last_print = 0;
+  while (step_ < total) {
+    const StepRecord r = step();
+    const double el = now_seconds() - t0;
+    const double tps = static_cast<double>((step_ - first) * o_.batch * o_.seq_len) / std::max(el, 1e-9);
+    const double eta = el / static_cast<double>(step_ - first) * static_cast<double>(total - step_);
+    if (!std::isfinite(r.loss))
+      return make_error(strprintf("the loss diverged (%g) at step %lld: lower --lr or raise --warmup", r.loss,
+                                  (long long)r.step));
+    const std::string line = strprintf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", (long long)r.step,
+                                       (long long)total, r.loss, static_cast<double>(r.lr), tps,
+                                       format_duration(eta).c_str());
+    if (tty && (el - last_print >= 0.2 || step_ == total)) {
+      std::fprintf(stderr, "\r\033[Ktrain: %s", line.c_str());
+      std::fflush(stderr);
+      last_print = el;
+    } else if (o_.verbose && !tty && (r.step % log_every == 0 || step_ == total)) {
+      std::fprintf(stderr, "train: %s\n", line.c_str());
+    }
+    if (!o_.checkpoint_dir.empty() && o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0 && step_ < total) {
+      LC_TRY(save_checkpoint(checkpoint_path()));
+      if (!o_.out_path.empty()) LC_TRY(write_loss_files(o_.out_path));
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (!o_.checkpoint_dir.empty()) LC_TRY(save_checkpoint(checkpoint_path()));
+  if (!o_.out_path.empty()) {
+    LC_TRY(export_model(o_.out_path));
+    LC_TRY(write_loss_files(o_.out_path));
+    if (o_.verbose) {
+      const std::string stem = loss_file_stem(o_.out_path);
+      std::fprintf(stderr, "train: wrote %s, %s.loss.csv, %s.loss.svg\n", o_.out_path.c_str(), stem.c_str(),
+                   stem.c_str());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace lc::train

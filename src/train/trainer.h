@@ -1,0 +1,87 @@
+// The training loop: data windows, forward/backward with batch accumulation, AdamW, checkpoints
+// that resume bit for bit, a progress line, the loss curve (CSV + SVG) and the GGUF export.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+#include "train/config.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+#include "train/plot.h"
+#include "train/rng.h"
+#include "train/transformer.h"
+
+namespace lc::train {
+
+struct TrainOptions {
+  std::string vocab_path;      // GGUF whose tokenizer gives n_vocab and is copied on export
+  std::string data_path;       // text or token file (see TokenData)
+  DataFormat data_format = DataFormat::kAuto;
+  std::string out_path;        // exported GGUF; the loss curve goes next to it. "" = no export
+  std::string checkpoint_dir;  // "" = no checkpoints
+  ModelConfig model;           // n_vocab is taken from the vocabulary; n_ctx 0 = seq_len
+  int64_t seq_len = 256;       // tokens per training window
+  int64_t batch = 8;           // windows per optimizer step (gradients accumulated)
+  OptimConfig optim;
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
+  uint64_t seed = 1337;        // initialisation and data order
+  int n_threads = 0;           // 0 = all cores
+  bool resume = false;         // continue from checkpoint_dir/checkpoint.bin
+  bool verbose = true;         // progress line on a terminal, log lines otherwise
+};
+
+class Trainer {
+ public:
+  // Loads the vocabulary and data, validates every option (errors name the option or file),
+  // initialises the model from the seed or, with resume, from the checkpoint.
+  static Expected<std::unique_ptr<Trainer>> create(const TrainOptions& o);
+
+  // One optimizer step over `batch` windows.
+  StepRecord step();
+  // Steps until optim.steps with progress and periodic checkpoints, then the final checkpoint,
+  // the export and the loss files.
+  Status run();
+
+  int64_t steps_done() const { return step_; }
+  const std::vector<StepRecord>& history() const { return history_; }
+  Transformer<float>& model() { return *model_; }
+  const Transformer<float>& model() const { return *model_; }
+  const TrainOptions& options() const { return o_; }
+  const ModelConfig& config() const { return model_->config(); }
+  ThreadPool& pool() { return *pool_; }
+  const TokenData& data() const { return data_; }
+
+  std::string checkpoint_path() const;  // checkpoint_dir/checkpoint.bin
+  Status save_checkpoint(const std::string& path) const;
+  Status load_checkpoint(const std::string& path);
+  Status export_model(const std::string& path) const;
+  // <out without .gguf>.loss.csv and .loss.svg.
+  Status write_loss_files(const std::string& out_path) const;
+  static std::string loss_file_stem(const std::string& out_path);
+
+ private:
+  Trainer() = default;
+
+  TrainOptions o_;
+  std::unique_ptr<gguf::File> vocab_;
+  std::unique_ptr<Tokenizer> tok_;
+  TokenData data_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<AdamW> adam_;
+  Rng rng_;
+  int64_t step_ = 0;
+  double elapsed_before_ = 0;  // seconds trained before this process (resume)
+  double t_start_ = 0;
+  std::vector<StepRecord> history_;
+  std::vector<int32_t> inputs_, targets_;  // [seq_len]
+};
+
+}  // namespace lc::train

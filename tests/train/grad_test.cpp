@@ -1,0 +1,324 @@
+// Every op's backward pass against central finite differences in double, the float ops (which
+// call the inference kernels) against the double ones, and the whole model's gradient with
+// respect to every parameter of a tiny model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "train/ops.h"
+#include "train/rng.h"
+#include "train/transformer.h"
+
+namespace lc::train {
+namespace {
+
+std::vector<double> randn(size_t n, uint64_t seed, double sd = 1.0) {
+  Rng r(seed);
+  std::vector<double> v(n);
+  for (auto& x : v) x = r.normal() * sd;
+  return v;
+}
+
+std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+// Central differences of loss() with respect to every element of x, against `analytic`.
+void expect_grad(std::vector<double>& x, const std::vector<double>& analytic, const std::function<double()>& loss,
+                 const char* what, double eps = 1e-6, double rtol = 1e-6, size_t stride = 1) {
+  ASSERT_EQ(x.size(), analytic.size());
+  double max_abs = 0;
+  for (double a : analytic) max_abs = std::max(max_abs, std::fabs(a));
+  for (size_t i = 0; i < x.size(); i += stride) {
+    const double x0 = x[i];
+    x[i] = x0 + eps;
+    const double lp = loss();
+    x[i] = x0 - eps;
+    const double lm = loss();
+    x[i] = x0;
+    const double num = (lp - lm) / (2 * eps);
+    EXPECT_NEAR(analytic[i], num, rtol * max_abs + 1e-9) << what << " element " << i;
+  }
+}
+
+double weighted_sum(const std::vector<double>& w, const std::vector<double>& y) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += w[i] * y[i];
+  return s;
+}
+
+class OpsGrad : public ::testing::Test {
+ protected:
+  ThreadPool pool{2};
+};
+
+TEST_F(OpsGrad, Linear) {
+  const int64_t n = 3, in = 5, out = 4;
+  auto x = randn(n * in, 1), w = randn(out * in, 2), dy = randn(n * out, 3);
+  std::vector<double> y(n * out);
+  auto loss = [&] {
+    linear_forward<double>(x.data(), w.data(), y.data(), n, in, out, pool);
+    return weighted_sum(dy, y);
+  };
+  std::vector<double> dx(n * in, 0.0), dw(out * in, 0.0);
+  linear_backward<double>(dy.data(), x.data(), w.data(), dx.data(), dw.data(), n, in, out, false, pool);
+  expect_grad(x, dx, loss, "linear dx");
+  expect_grad(w, dw, loss, "linear dw");
+  // accumulate_dx adds; dw always accumulates.
+  std::vector<double> dx2(dx), dw2(dw);
+  linear_backward<double>(dy.data(), x.data(), w.data(), dx2.data(), dw2.data(), n, in, out, true, pool);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx2[i], 2 * dx[i], 1e-12);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 2 * dw[i], 1e-12);
+}
+
+TEST_F(OpsGrad, RmsNorm) {
+  const int64_t n = 3, dim = 7;
+  auto x = randn(n * dim, 4), w = randn(dim, 5), dy = randn(n * dim, 6);
+  std::vector<double> y(n * dim), rstd(n);
+  auto loss = [&] {
+    rmsnorm_forward<double>(x.data(), w.data(), y.data(), rstd.data(), n, dim, 1e-5f, pool);
+    return weighted_sum(dy, y);
+  };
+  loss();
+  std::vector<double> dx(n * dim, 0.0), dw(dim, 0.0);
+  rmsnorm_backward<double>(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), n, dim, pool);
+  expect_grad(x, dx, loss, "rmsnorm dx");
+  expect_grad(w, dw, loss, "rmsnorm dw");
+}
+
+RopeTable test_rope(int64_t n_rot, bool neox) {
+  LlamaCppRopeParams p;
+  p.n_rot = n_rot;
+  p.neox = neox;
+  p.base = 100.0f;  // large angles at small positions
+  return make_llama_cpp_rope(p);
+}
+
+TEST_F(OpsGrad, Rope) {
+  const int64_t n = 4, H = 2, hd = 6;
+  const std::vector<int32_t> pos = {0, 1, 5, 9};
+  for (bool neox : {false, true}) {
+    const RopeTable tab = test_rope(hd, neox), inv = inverse_rope(tab);
+    auto x = randn(n * H * hd, 7), dy = randn(n * H * hd, 8);
+    std::vector<double> y(x.size());
+    auto loss = [&] {
+      y = x;
+      rope_rotate<double>(y.data(), n, H, hd, pos.data(), tab, pool);
+      return weighted_sum(dy, y);
+    };
+    std::vector<double> dx = dy;
+    rope_rotate<double>(dx.data(), n, H, hd, pos.data(), inv, pool);
+    expect_grad(x, dx, loss, neox ? "rope (neox) dx" : "rope dx");
+  }
+}
+
+TEST_F(OpsGrad, SwiGlu) {
+  const int64_t n = 13;
+  auto g = randn(n, 9, 2.0), u = randn(n, 10), dh = randn(n, 11);
+  std::vector<double> h(n);
+  auto loss = [&] {
+    swiglu_forward<double>(g.data(), u.data(), h.data(), n, pool);
+    return weighted_sum(dh, h);
+  };
+  std::vector<double> dg(n), du(n);
+  swiglu_backward<double>(dh.data(), g.data(), u.data(), dg.data(), du.data(), n, pool);
+  expect_grad(g, dg, loss, "swiglu dgate");
+  expect_grad(u, du, loss, "swiglu dup");
+}
+
+TEST_F(OpsGrad, CrossEntropy) {
+  const int64_t n = 3, V = 6;
+  auto logits = randn(n * V, 12, 2.0);
+  const std::vector<int32_t> tg = {2, 0, 5};
+  std::vector<double> lse(n), losses(n);
+  const double scale = 0.5;
+  auto loss = [&] { return scale * cross_entropy_forward<double>(logits.data(), tg.data(), lse.data(), losses.data(), n, V, pool); };
+  loss();
+  std::vector<double> d = logits;
+  cross_entropy_backward<double>(d.data(), tg.data(), lse.data(), n, V, scale, pool);
+  expect_grad(logits, d, loss, "cross-entropy dlogits");
+  // The loss itself: -log softmax, by hand for row 0.
+  double s = 0;
+  for (int64_t i = 0; i < V; ++i) s += std::exp(logits[i]);
+  EXPECT_NEAR(losses[0], std::log(s) - logits[2], 1e-12);
+}
+
+TEST_F(OpsGrad, AttentionGqa) {
+  AttnDims d{5, 4, 2, 4};  // 5 tokens, 4 query heads sharing 2 KV heads
+  const size_t qn = d.n_tokens * d.n_head * d.head_dim, kn = d.n_tokens * d.n_head_kv * d.head_dim;
+  auto q = randn(qn, 13), k = randn(kn, 14), v = randn(kn, 15), dout = randn(qn, 16);
+  std::vector<double> out(qn), probs(d.n_head * d.n_tokens * d.n_tokens), scratch(probs.size());
+  auto loss = [&] {
+    attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+    return weighted_sum(dout, out);
+  };
+  loss();
+  std::vector<double> dq(qn), dk(kn), dv(kn);
+  attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                             dv.data(), scratch.data(), pool);
+  expect_grad(q, dq, loss, "attention dq");
+  expect_grad(k, dk, loss, "attention dk");
+  expect_grad(v, dv, loss, "attention dv");
+  // Causality: the first token attends only to itself, so its output is v[0] of its KV head.
+  for (int64_t h = 0; h < d.n_head; ++h)
+    for (int64_t i = 0; i < d.head_dim; ++i)
+      EXPECT_NEAR(out[h * d.head_dim + i], v[(h / 2) * d.head_dim + i], 1e-12);
+}
+
+// Several query/key blocks (the op works in blocks of 32 rows), against a plain reference.
+TEST_F(OpsGrad, AttentionManyBlocks) {
+  AttnDims d{70, 3, 1, 6};
+  const size_t qn = d.n_tokens * d.n_head * d.head_dim, kn = d.n_tokens * d.n_head_kv * d.head_dim;
+  auto q = randn(qn, 20), k = randn(kn, 21), v = randn(kn, 22), dout = randn(qn, 23);
+  std::vector<double> out(qn), probs(d.n_head * d.n_tokens * d.n_tokens), scratch(probs.size());
+  attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+  const int64_t T = d.n_tokens, H = d.n_head, hd = d.head_dim;
+  for (int64_t t = 0; t < T; t += 7)
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> sc(t + 1);
+      double mx = -1e300, sum = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        double dd = 0;
+        for (int64_t i = 0; i < hd; ++i) dd += q[(t * H + h) * hd + i] * k[s * hd + i];
+        sc[s] = dd / std::sqrt(double(hd));
+        mx = std::max(mx, sc[s]);
+      }
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < hd; ++i) {
+        double o = 0;
+        for (int64_t s = 0; s <= t; ++s) o += sc[s] / sum * v[s * hd + i];
+        EXPECT_NEAR(out[(t * H + h) * hd + i], o, 1e-12);
+      }
+    }
+  auto loss = [&] {
+    attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+    return weighted_sum(dout, out);
+  };
+  std::vector<double> dq(qn), dk(kn), dv(kn);
+  attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                             dv.data(), scratch.data(), pool);
+  expect_grad(q, dq, loss, "attention dq", 1e-6, 1e-6, 5);
+  expect_grad(k, dk, loss, "attention dk", 1e-6, 1e-6, 3);
+  expect_grad(v, dv, loss, "attention dv", 1e-6, 1e-6, 3);
+}
+
+// The float instantiation (inference kernels for rmsnorm, rope, swiglu, dot, axpy) computes
+// the same functions as the double one.
+TEST_F(OpsGrad, FloatMatchesDouble) {
+  const int64_t n = 6, dim = 40, H = 4, hd = 10;
+  auto x = randn(n * dim, 17), w = randn(dim, 18);
+  auto xf = to_float(x), wf = to_float(w);
+  std::vector<double> y(n * dim), r(n);
+  std::vector<float> yf(n * dim), rf(n);
+  rmsnorm_forward<double>(x.data(), w.data(), y.data(), r.data(), n, dim, 1e-5f, pool);
+  rmsnorm_forward<float>(xf.data(), wf.data(), yf.data(), rf.data(), n, dim, 1e-5f, pool);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(yf[i], y[i], 1e-5 * (1 + std::fabs(y[i])));
+
+  const RopeTable tab = test_rope(hd, false);
+  const std::vector<int32_t> pos = {0, 3, 7, 100, 1000, 4000};
+  std::vector<double> rd = x;
+  std::vector<float> rfl = xf;
+  rope_rotate<double>(rd.data(), n, H, hd, pos.data(), tab, pool);
+  rope_rotate<float>(rfl.data(), n, H, hd, pos.data(), tab, pool);
+  for (size_t i = 0; i < rd.size(); ++i) EXPECT_NEAR(rfl[i], rd[i], 1e-5 * (1 + std::fabs(rd[i])));
+  // Rotating back with the inverse table restores the input.
+  rope_rotate<float>(rfl.data(), n, H, hd, pos.data(), inverse_rope(tab), pool);
+  for (size_t i = 0; i < rfl.size(); ++i) EXPECT_NEAR(rfl[i], xf[i], 1e-5f * (1 + std::fabs(xf[i])));
+
+  auto u = randn(n * dim, 19);
+  auto uf = to_float(u);
+  std::vector<double> h(n * dim);
+  std::vector<float> hf(n * dim);
+  swiglu_forward<double>(x.data(), u.data(), h.data(), n * dim, pool);
+  swiglu_forward<float>(xf.data(), uf.data(), hf.data(), n * dim, pool);
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(hf[i], h[i], 1e-5 * (1 + std::fabs(h[i])));
+}
+
+// The whole model: d(mean loss)/d(every parameter) against central differences, in double.
+void check_model(bool tied, int64_t n_head_kv) {
+  ThreadPool pool(1);  // ~1600 forward passes of a toy model: threads would only add overhead
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_embd = 8;
+  c.n_head = 2;
+  c.n_head_kv = n_head_kv;
+  c.n_ff = 12;
+  c.n_vocab = 11;
+  c.n_ctx = 6;
+  c.rope_base = 100.0f;
+  c.tied = tied;
+  auto m = Transformer<double>::create(c, 6);
+  ASSERT_TRUE(m) << m.error().message;
+  Transformer<double>& M = **m;
+  M.init(3);
+  // Larger than GPT-2 init so that every path carries signal, and norms away from 1.
+  Rng r(4);
+  for (size_t i = 0; i < M.n_params(); ++i) M.params()[i] = M.params()[i] * 15 + (M.params()[i] == 1.0 ? 0.3 * r.normal() : 0.0);
+  const std::vector<int32_t> tok = {1, 4, 4, 9, 0, 10}, tgt = {4, 4, 9, 0, 10, 2};
+  auto loss = [&] { return M.forward(tok.data(), tgt.data(), 6, pool); };
+  M.zero_grads();
+  loss();
+  M.backward(1.0 / 6, pool);
+  std::vector<double> analytic(M.grads(), M.grads() + M.n_params());
+  std::vector<double> p(M.params(), M.params() + M.n_params());
+  // expect_grad perturbs a copy; mirror it into the model.
+  double max_abs = 0;
+  for (double a : analytic) max_abs = std::max(max_abs, std::fabs(a));
+  ASSERT_GT(max_abs, 1e-3);
+  const double eps = 1e-6;
+  int bad = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    double* x = M.params() + i;
+    const double x0 = *x;
+    *x = x0 + eps;
+    const double lp = loss();
+    *x = x0 - eps;
+    const double lm = loss();
+    *x = x0;
+    const double num = (lp - lm) / (2 * eps);
+    if (std::fabs(num - analytic[i]) > 1e-6 * max_abs + 1e-9) {
+      if (++bad < 10) ADD_FAILURE() << "parameter " << i << ": analytic " << analytic[i] << " numeric " << num;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+
+  // The float model (inference kernels, sgemm) gives the same loss and gradients.
+  ThreadPool pool2(2);
+  auto mf = Transformer<float>::create(c, 6);
+  ASSERT_TRUE(mf);
+  for (size_t i = 0; i < M.n_params(); ++i) (*mf)->params()[i] = static_cast<float>(M.params()[i]);
+  (*mf)->zero_grads();
+  const double lf = (*mf)->forward(tok.data(), tgt.data(), 6, pool2);
+  const double ld = loss();
+  EXPECT_NEAR(lf, ld, 1e-4 * std::fabs(ld));
+  (*mf)->backward(1.0f / 6, pool2);
+  for (size_t i = 0; i < M.n_params(); ++i)
+    EXPECT_NEAR((*mf)->grads()[i], analytic[i], 1e-3 * max_abs) << "float gradient " << i;
+}
+
+TEST(ModelGrad, TiedGqa) { check_model(true, 1); }
+TEST(ModelGrad, SeparateOutputMha) { check_model(false, 2); }
+
+TEST(ModelGrad, ParameterLayoutMatchesGguf) {
+  ModelConfig c;
+  c.n_layer = 1;
+  c.n_embd = 16;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_vocab = 20;
+  c.n_ctx = 8;
+  c.tied = false;
+  auto m = Transformer<float>::create(c, 8);
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)->config().n_ff, 64);  // 8/3 * 16 rounded up to 32
+  const ParamTensor* k = (*m)->find("blk.0.attn_k.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->ne, (std::vector<int64_t>{16, 8}));
+  ASSERT_NE((*m)->find("output.weight"), nullptr);
+  size_t total = 0;
+  for (const auto& t : (*m)->tensors()) total += t.size;
+  EXPECT_EQ(total, (*m)->n_params());
+}
+
+}  // namespace
+}  // namespace lc::train
