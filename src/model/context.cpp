@@ -76,6 +76,17 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   if (!attn) return make_error("--attn: " + attn.error().message);
   c->backend_ = std::move(*attn);
   LC_TRY(c->backend_->attach(*c->kv_));
+  if (!p.kv_press.empty() && p.kv_press != "none") {
+    PressShape ps{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
+    auto press = make_kv_press(p.kv_press, ps);
+    if (!press) return make_error("--kv-press: " + press.error().message);
+    c->press_ = std::move(*press);
+    const int64_t w = c->press_->n_obs();
+    if (w > 0) {
+      c->obs_q_.resize(static_cast<size_t>(hp.n_layer * w * hp.n_head * hp.head_dim));
+      c->obs_pos_.resize(static_cast<size_t>(w));
+    }
+  }
   const size_t nb = static_cast<size_t>(p.n_batch);
   const int64_t q_dim = hp.n_head * hp.head_dim;
   const int64_t o_dim = hp.n_head * hp.head_dim_v;
@@ -117,6 +128,7 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
   }
   n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
+  const bool prompt = n > 1;
   for (int64_t i = 0; i < n; i += params_.n_batch) {
     const int64_t m = std::min(params_.n_batch, n - i);
     Logits w = Logits::kNone;
@@ -127,8 +139,49 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
       kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
       return st;
     }
+    if (press_ && prompt && i + m < n) LC_TRY(compress(PressPhase::kChunk));
+  }
+  if (press_) {
+    if (prompt) {
+      n_generated_ = 0;
+      LC_TRY(compress(PressPhase::kChunk));
+      LC_TRY(compress(PressPhase::kPrefill));
+    } else if (press_->schedule().decode_due(++n_generated_)) {
+      LC_TRY(compress(PressPhase::kDecode));
+    }
   }
   return Status::ok();
+}
+
+Status Context::compress(PressPhase phase) {
+  if (!press_->schedule().covers(phase)) return Status::ok();
+  const int64_t w = press_->n_obs(), row = hp_.n_head * hp_.head_dim;
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    PressContext pc;
+    pc.kv = kv_.get();
+    pc.pool = &pool_;
+    pc.phase = phase;
+    pc.queries = w > 0 ? obs_q_.data() + (il * w + (w - n_obs_)) * row : nullptr;
+    pc.query_pos = w > 0 ? obs_pos_.data() + (w - n_obs_) : nullptr;
+    pc.n_obs = n_obs_;
+    LC_TRY(press_->compress(pc, il));
+  }
+  return Status::ok();
+}
+
+// Keeps the last n_obs() queries of layer il right-aligned in its window: the press reads the
+// queries of the latest tokens whatever the chunking.
+void Context::observe(int64_t il, const float* q, int64_t n) {
+  const int64_t w = press_->n_obs(), row = hp_.n_head * hp_.head_dim;
+  const int64_t take = std::min(n, w);
+  float* buf = obs_q_.data() + il * w * row;
+  std::memmove(buf, buf + take * row, static_cast<size_t>((w - take) * row) * sizeof(float));
+  std::memcpy(buf + (w - take) * row, q + (n - take) * row, static_cast<size_t>(take * row) * sizeof(float));
+  if (il == 0) {
+    std::memmove(obs_pos_.data(), obs_pos_.data() + take, static_cast<size_t>(w - take) * sizeof(int32_t));
+    std::memcpy(obs_pos_.data() + (w - take), pos_.data() + (n - take), static_cast<size_t>(take) * sizeof(int32_t));
+    n_obs_ = std::min(w, n_obs_ + n);
+  }
 }
 
 Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
@@ -173,6 +226,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       // rotates keys with its table, the backend rotates queries at the positions it uses.
       rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
     });
+    if (press_ && press_->n_obs() > 0) observe(il, q_.data(), n);
     LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
     LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), pool_));
     kernels::matmul(L.wo, attn_.data(), n, cur, pool_);

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "attention/backend.h"
 #include "kv/kv_cache.h"
+#include "kv/press.h"
 #include "model/model.h"
 #include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
@@ -30,6 +31,7 @@ struct ContextParams {
   DType kv_type_k = DType::F32, kv_type_v = DType::F32;  // --kv-type-k / --kv-type-v
   int64_t kv_budget = 0;       // --kv-budget in bytes; 0 = no cap
   std::string kv_spill;        // --kv-spill DIR: cold blocks go to a file there
+  std::string kv_press;        // --kv-press spec ("" or "none": no compression)
 };
 
 enum class Logits { kLast, kAll, kNone };
@@ -53,6 +55,7 @@ class Context {
   void truncate(int64_t n) {
     n_past_ = n < n_past_ ? n : n_past_;
     kv_->truncate(n_past_);
+    n_obs_ = 0;  // the observation window restarts with the next tokens
   }
 
   const Model& model() const { return model_; }
@@ -60,6 +63,7 @@ class Context {
   const KvCache& kv() const { return *kv_; }
   KvCache& kv() { return *kv_; }
   const AttentionBackend& attention() const { return *backend_; }
+  const KvPress* press() const { return press_.get(); }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
 
@@ -74,6 +78,14 @@ class Context {
   ThreadPool pool_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<AttentionBackend> backend_;
+  std::unique_ptr<KvPress> press_;  // null: no compression
+  // The press's observation window: pre-RoPE queries of the last n_obs_ tokens per layer.
+  Buffer<float> obs_q_;             // [n_layer, press n_obs, n_head * head_dim]
+  std::vector<int32_t> obs_pos_;    // [press n_obs]
+  int64_t n_obs_ = 0;
+  int64_t n_generated_ = 0;         // single-token decodes since the last prompt
+  Status compress(PressPhase phase);
+  void observe(int64_t il, const float* q /*[n, n_head * head_dim]*/, int64_t n);
   std::unique_ptr<RopePlan> rope_plan_;
   RopeTable rope_;        // the table in use (recomputed per chunk for dynamic scalings)
   int64_t n_past_ = 0;

@@ -306,3 +306,50 @@ INSTANTIATE_TEST_SUITE_P(Golden, GoldenBackendTest, ::testing::ValuesIn(kBackend
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+// A press at ratio 0 keeps everything: the whole model still matches llama.cpp.
+TEST(GoldenPress, RatioZeroIsIdentity) {
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
+  const std::vector<int32_t> ids = cj["prompts"]["p2"]["ids"].get<std::vector<int32_t>>();
+  const auto ref = read_raw<float>(kGolden + "cases/llama_gqa_f32/logits_p2.f32");
+  for (const char* spec : {"snapkv:ratio=0", "knorm:ratio=0", "streaming_llm:ratio=0", "h2o:ratio=0",
+                           "tova:ratio=0", "expected_attention:ratio=0", "random:ratio=0"}) {
+    ContextParams cp{512, 64, 2};
+    cp.kv_press = spec;
+    auto ctx = Context::create(**model, cp);
+    ASSERT_TRUE(ctx.has_value()) << spec << ": " << ctx.error().message;
+    // The prompt in two calls: the press runs after the first, the second sees its result.
+    const size_t half = ids.size() / 2;
+    ASSERT_TRUE((*ctx)->decode(std::span<const int32_t>(ids.data(), half), Logits::kNone).is_ok());
+    ASSERT_TRUE((*ctx)->decode(std::span<const int32_t>(ids.data() + half, ids.size() - half), Logits::kAll).is_ok());
+    const Diff d = compare_logits((*ctx)->logits(0), ref.data() + half * 512, static_cast<int64_t>(ids.size() - half), 512);
+    EXPECT_LE(d.max_abs, 1e-3) << spec;
+  }
+}
+
+// A press that removes tokens really frees cache memory and changes the result.
+TEST(GoldenPress, CompressionFreesMemory) {
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
+  const std::vector<int32_t> ids = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  ContextParams base{512, 64, 1};
+  base.kv_block = 16;
+  ContextParams pressed = base;
+  pressed.kv_press = "snapkv:ratio=0.75,window=16,n_sink=4";
+  auto a = Context::create(**model, base);
+  auto b = Context::create(**model, pressed);
+  ASSERT_TRUE(a.has_value() && b.has_value()) << (b ? "" : b.error().message);
+  ASSERT_TRUE((*a)->decode(ids, Logits::kLast).is_ok());
+  ASSERT_TRUE((*b)->decode(ids, Logits::kLast).is_ok());
+  EXPECT_LT((*b)->kv().memory().in_use_bytes * 2, (*a)->kv().memory().in_use_bytes);
+  for (int64_t h = 0; h < 2; ++h) EXPECT_EQ((*b)->kv().n_tokens(0, h), 64);  // 25% of 256 kept
+}
+
+}  // namespace
+}  // namespace lc

@@ -18,6 +18,7 @@
 #include "command.h"
 #include "core/progress.h"
 #include "embedded_model.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 
 namespace {
@@ -50,11 +51,6 @@ bench::ModelRef model_ref(const std::string& path) {
 lc::Expected<std::unique_ptr<lc::Model>> load(const bench::ModelRef& r) {
   if (r.image) return lc::Model::load_memory(r.image, r.image_size, r.name);
   return lc::Model::load(r.path);
-}
-
-lc::Expected<lc::ChatTemplate> pick_template(const std::string& name, const lc::Model& m) {
-  if (name == "auto") return lc::detect_chat_template(m.file(), m.tokenizer());
-  return lc::chat_template_from_name(name);
 }
 
 // Options shared by the three commands.
@@ -105,12 +101,17 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
   auto lengths = parse_lengths(length_s);
   if (!lengths) return fail(lengths.error().message);
   if (samples < 1) return fail("--samples must be at least 1");
+  // Only the tokenizer is needed, so a tokenizer-only GGUF (a vocab file) will do.
   const bench::ModelRef ref = model_ref(model_path);
-  auto model = load(ref);
-  if (!model) return fail(model.error().message);
-  auto tmpl = pick_template(tmpl_name, **model);
+  auto gf = ref.image ? lc::gguf::File::parse(ref.image, ref.image_size, ref.name) : lc::gguf::File::open(ref.path);
+  if (!gf) return fail(gf.error().message);
+  auto tok = lc::Tokenizer::from_gguf(**gf);
+  if (!tok) return fail(tok.error().message);
+  lc::Expected<lc::ChatTemplate> tmpl = lc::ChatTemplate::kNone;
+  if (tmpl_name == "auto") tmpl = lc::detect_chat_template(**gf, **tok);
+  else tmpl = lc::chat_template_from_name(tmpl_name);
   if (!tmpl) return fail(tmpl.error().message);
-  const bench::PromptRenderer r((*model)->tokenizer(), *tmpl);
+  const bench::PromptRenderer r(**tok, *tmpl);
   std::ofstream file;
   if (!out_path.empty()) {
     file.open(out_path);
@@ -118,6 +119,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
   }
   std::ostream& out = out_path.empty() ? std::cout : file;
   const std::vector<int> ds = depths.empty() ? std::vector<int>{-1} : depths;
+  int64_t made = 0;
   for (int64_t len : *lengths)
     for (const auto& t : *tasks)
       for (int d : ds)
@@ -128,6 +130,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
             std::fprintf(stderr, "longctx: skipped: %s\n", s.error().message.c_str());
             continue;
           }
+          ++made;
           if (show) {
             out << "=== " << t << " length " << len << " depth " << s->spec.depth << " sample " << i << ": "
                 << s->n_prompt << " prompt tokens + " << s->max_new_tokens << " to generate, answers:";
@@ -157,6 +160,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
           j["chat_template"] = lc::chat_template_name(*tmpl);
           out << j.dump() << "\n";
         }
+  if (made == 0) return fail("no sample could be made");
   return 0;
 }
 
@@ -227,8 +231,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
       std::string config, suite, out, tmpl, data_dir;
       int64_t samples = 0, max_new = -1, obs = -1, batch = 0;
       int threads = -1;
-      uint64_t seed = 0;
-      double threshold = 0;
+      int64_t seed = -1;
+      double threshold = -1;
       bool no_plots = false;
       MethodOpts mo;
     };
@@ -276,8 +280,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         }
                         if (!o->depths.empty()) cfg.depths = o->depths;
                         if (o->samples > 0) cfg.samples = o->samples;
-                        if (o->seed > 0) cfg.seed = o->seed;
-                        if (o->threshold > 0) cfg.threshold = o->threshold;
+                        if (o->seed >= 0) cfg.seed = static_cast<uint64_t>(o->seed);
+                        if (o->threshold >= 0) cfg.threshold = o->threshold;
                         if (o->max_new >= 0) cfg.gen.max_new_tokens = o->max_new;
                         if (o->obs >= 0) cfg.gen.observations = o->obs;
                         if (!o->tmpl.empty()) cfg.chat_template = o->tmpl;
@@ -291,6 +295,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           cfg.methods = *ms;
                         }
                         auto rep = bench::run_matrix(cfg);
+                        bench::release_plot_caches();  // nothing draws after this
                         if (!rep) return fail(rep.error().message);
                         print_report(*rep, cfg.out_dir);
                         return 0;
@@ -328,10 +333,6 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         const int64_t bucket = o->bucket > 0 ? o->bucket : std::max<int64_t>(1, len / 16);
                         auto ms = o->mo.settings();
                         if (!ms) return fail(ms.error().message);
-                        for (const auto& m : *ms) {
-                          lc::Status st = bench::check_method(m);
-                          if (!st) return fail(st.message());
-                        }
                         std::string path = o->file;
                         if (path.empty()) {
                           auto p = bench::find_data_file("opticks.txt");
@@ -360,7 +361,11 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           toks.resize(static_cast<size_t>(len));
                           const std::string name = ref.image ? ref.name : std::filesystem::path(mp).filename().string();
                           for (const auto& m : *ms) {
-                            auto ctx = bench::make_context_for(**model, m, {len, o->batch, o->threads});
+                            lc::ContextParams cp;
+                            cp.n_ctx = len;
+                            cp.n_batch = o->batch;
+                            cp.n_threads = o->threads;
+                            auto ctx = bench::make_context_for(**model, m, cp);
                             if (!ctx) return fail(ctx.error().message);
                             lc::Progress prog("ppl " + m.label(), len, "tok");
                             auto c = bench::perplexity_by_position(**ctx, toks, bucket, [&](int64_t d) { prog.update(d); });
@@ -379,6 +384,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         lc::Status st = bench::write_ppl_csv(curves, o->out + "/ppl.csv");
                         if (!st) return fail(st.message());
                         st = bench::write_ppl_plot(curves, o->out + "/ppl_vs_position");
+                        bench::release_plot_caches();  // nothing draws after this
                         if (!st) return fail(st.message());
                         std::printf("reports: %s/ppl.csv, %s/ppl_vs_position.svg, .png\n", o->out.c_str(), o->out.c_str());
                         return 0;

@@ -52,7 +52,7 @@ struct CommonOpts {
   std::string rope;
   std::string attn = "dense";
   int64_t kv_block = 64;
-  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill;
+  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill, kv_press;
   bool verbose = false;
   void add(CLI::App* app) {
     app->add_option("-m,--model", model, "GGUF model file (default: the embedded stories260K)");
@@ -69,6 +69,8 @@ struct CommonOpts {
     app->add_option("--kv-type-v", kv_type_v, "value storage type: f32, f16, bf16, q8_0")->capture_default_str();
     app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM, e.g. 512M, 2G (default: none)");
     app->add_option("--kv-spill", kv_spill, "directory for a spill file that takes cold KV blocks past the budget");
+    app->add_option("--kv-press", kv_press, "KV-cache compression NAME:key=value,...[+NAME...] (streaming_llm, "
+                    "snapkv, h2o, tova, knorm, pyramidkv, adakv, expected_attention, random; see docs/kv-press.md)");
     app->add_flag("-v,--verbose", verbose, "log more");
   }
   Expected<lc::ContextParams> ctx_params() const {
@@ -85,6 +87,7 @@ struct CommonOpts {
       LC_ASSIGN_OR_RETURN(p.kv_budget, lc::parse_byte_size(kv_budget));
     }
     p.kv_spill = kv_spill;
+    p.kv_press = kv_press;
     return p;
   }
 };
@@ -128,11 +131,12 @@ void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
   std::fprintf(stderr,
                "\n\nprompt:     %6lld tokens in %8.3f s = %9.2f tokens/s\n"
                "generation: %6lld tokens in %8.3f s = %9.2f tokens/s\n"
-               "memory:     peak RSS %.1f MiB, KV cache %.2f MiB resident, %.2f MiB spilled (%lld tokens, "
-               "%zu bytes/token), activations %.2f MiB\n",
+               "memory:     peak RSS %.1f MiB, KV cache %.2f MiB in use (%.2f MiB resident, %.2f MiB spilled; "
+               "%lld tokens seen, %zu bytes/token), activations %.2f MiB\n",
                (long long)st.n_prompt, st.t_prompt, st.t_prompt > 0 ? st.n_prompt / st.t_prompt : 0.0,
                (long long)st.n_gen, st.t_gen, st.t_gen > 0 ? st.n_gen / st.t_gen : 0.0,
-               mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
+               mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().memory().in_use_bytes)),
+               mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
                mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), (long long)ctx.n_past(),
                ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
 }

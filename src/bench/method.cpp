@@ -1,0 +1,63 @@
+#include "bench/method.h"
+
+
+namespace lc::bench {
+
+namespace {
+bool default_rope(const std::string& s) { return s.empty() || s == "gguf"; }
+bool default_attn(const std::string& s) { return s.empty() || s == "dense"; }
+bool default_press(const std::string& s) { return s.empty() || s == "none"; }
+}  // namespace
+
+std::string MethodSetting::label() const {
+  if (!name.empty()) return name;
+  std::string s;
+  auto add = [&](const std::string& part) {
+    if (!s.empty()) s += " + ";
+    s += part;
+  };
+  if (!default_rope(rope)) add("rope " + rope);
+  if (!default_attn(attn)) add("attn " + attn);
+  if (!default_press(press)) add("press " + press);
+  return s.empty() ? "baseline" : s;
+}
+
+Expected<MethodSetting> parse_method(std::string_view text) {
+  MethodSetting m;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(';', i);
+    if (j == std::string_view::npos) j = text.size();
+    std::string_view part = text.substr(i, j - i);
+    i = j + 1;
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    if (eq == std::string_view::npos)
+      return make_error(strprintf("method '%.*s': expected key=value parts (rope=, attn=, press=, name=) separated by ';'",
+                                  static_cast<int>(text.size()), text.data()));
+    const std::string key(part.substr(0, eq));
+    const std::string val(part.substr(eq + 1));
+    if (key == "rope") m.rope = val;
+    else if (key == "attn") m.attn = val;
+    else if (key == "press" || key == "kv-press") m.press = val;
+    else if (key == "name") m.name = val;
+    else
+      return make_error(strprintf("method '%.*s': unknown key '%s' (rope, attn, press, name)",
+                                  static_cast<int>(text.size()), text.data(), key.c_str()));
+  }
+  return m;
+}
+
+Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const MethodSetting& m,
+                                                    const ContextParams& p) {
+  // The rope, attention and press registries check the specs when the context is made.
+  ContextParams q = p;
+  q.rope = default_rope(m.rope) ? "" : m.rope;
+  q.attn = default_attn(m.attn) ? "dense" : m.attn;
+  q.kv_press = default_press(m.press) ? "" : m.press;
+  auto ctx = Context::create(model, q);
+  if (!ctx) return make_error(strprintf("method %s: %s", m.label().c_str(), ctx.error().message.c_str()));
+  return ctx;
+}
+
+}  // namespace lc::bench

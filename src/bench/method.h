@@ -1,0 +1,31 @@
+// A method setting of the run matrix: the registry names of a RoPE scaling, an attention
+// backend and a KV press, with their parameters ("yarn:factor=8", "topk:k=16", "snapkv:ratio=0.5").
+// make_context_for() is the one place that turns a setting into a Context: RoPE and attention
+// specs go to their registries through ContextParams; KV presses plug in here when they are
+// wired into Context (until then only "none" is accepted).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "model/context.h"
+#include "model/model.h"
+
+namespace lc::bench {
+
+struct MethodSetting {
+  std::string name;            // label in reports; empty: made from the specs
+  std::string rope = "gguf";   // "" or "gguf": the scaling the GGUF file asks for
+  std::string attn = "dense";
+  std::string press = "none";
+  std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"
+};
+
+// "rope=yarn:factor=8;attn=dense;press=none;name=yarn8" (any subset, ';'-separated).
+Expected<MethodSetting> parse_method(std::string_view text);
+Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const MethodSetting& m,
+                                                    const ContextParams& p);
+
+}  // namespace lc::bench

@@ -1,0 +1,649 @@
+#include "bench/run.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "bench/plot.h"
+#include "bench/text.h"
+#include "core/progress.h"
+#include "core/sys.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+
+namespace lc::bench {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------- config
+
+namespace {
+
+Expected<int64_t> json_length(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    const int64_t n = parse_length(v.get<std::string>());
+    if (n > 0) return n;
+  }
+  return make_error("a length must be a number of tokens or a string like \"8K\"");
+}
+
+Expected<std::vector<std::string>> json_strings(const json& v, const char* what) {
+  std::vector<std::string> out;
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+    return out;
+  }
+  if (!v.is_array()) return make_error(strprintf("config: \"%s\" must be a string or a list of strings", what));
+  for (const auto& e : v) {
+    if (!e.is_string()) return make_error(strprintf("config: \"%s\" must hold strings", what));
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+Status apply_config_json(const json& j, RunConfig& cfg) {
+  if (!j.is_object()) return make_error("config: expected a JSON object");
+  static const std::set<std::string> known = {"models", "methods", "tasks", "lengths", "depths", "samples",
+                                              "seed", "threshold", "max_new_tokens", "observations",
+                                              "chat_template", "batch", "threads", "out"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!known.count(it.key())) return make_error(strprintf("config: unknown field \"%s\"", it.key().c_str()));
+  try {
+    if (j.contains("models")) {
+      LC_ASSIGN_OR_RETURN(auto m, json_strings(j["models"], "models"));
+      cfg.models.clear();
+      for (auto& p : m) cfg.models.push_back({"", p, nullptr, 0});
+    }
+    if (j.contains("methods")) {
+      if (!j["methods"].is_array()) return make_error("config: \"methods\" must be a list");
+      cfg.methods.clear();
+      for (const auto& m : j["methods"]) {
+        MethodSetting s;
+        if (m.is_string()) {
+          LC_ASSIGN_OR_RETURN(s, parse_method(m.get<std::string>()));
+        } else if (m.is_object()) {
+          for (auto it = m.begin(); it != m.end(); ++it) {
+            if (!it.value().is_string()) return make_error("config: method fields must be strings");
+            const std::string& k = it.key();
+            const std::string v = it.value().get<std::string>();
+            if (k == "rope") s.rope = v;
+            else if (k == "attn") s.attn = v;
+            else if (k == "press") s.press = v;
+            else if (k == "name") s.name = v;
+            else return make_error(strprintf("config: unknown method field \"%s\" (rope, attn, press, name)", k.c_str()));
+          }
+        } else {
+          return make_error("config: a method is an object {rope, attn, press, name} or a string");
+        }
+        cfg.methods.push_back(s);
+      }
+    }
+    if (j.contains("tasks")) {
+      LC_ASSIGN_OR_RETURN(cfg.tasks, json_strings(j["tasks"], "tasks"));
+    }
+    if (j.contains("lengths")) {
+      if (!j["lengths"].is_array()) return make_error("config: \"lengths\" must be a list");
+      cfg.lengths.clear();
+      for (const auto& v : j["lengths"]) {
+        LC_ASSIGN_OR_RETURN(int64_t n, json_length(v));
+        cfg.lengths.push_back(n);
+      }
+    }
+    if (j.contains("depths")) {
+      cfg.depths.clear();
+      for (const auto& v : j.at("depths")) cfg.depths.push_back(v.get<int>());
+    }
+    if (j.contains("samples")) cfg.samples = j["samples"].get<int64_t>();
+    if (j.contains("seed")) cfg.seed = j["seed"].get<uint64_t>();
+    if (j.contains("threshold")) cfg.threshold = j["threshold"].get<double>();
+    if (j.contains("max_new_tokens")) cfg.gen.max_new_tokens = j["max_new_tokens"].get<int64_t>();
+    if (j.contains("observations")) cfg.gen.observations = j["observations"].get<int64_t>();
+    if (j.contains("chat_template")) cfg.chat_template = j["chat_template"].get<std::string>();
+    if (j.contains("batch")) cfg.n_batch = j["batch"].get<int64_t>();
+    if (j.contains("threads")) cfg.n_threads = j["threads"].get<int>();
+    if (j.contains("out")) cfg.out_dir = j["out"].get<std::string>();
+  } catch (const json::exception& e) {
+    return make_error(strprintf("config: %s", e.what()));
+  }
+  return Status::ok();
+}
+
+Status load_config_file(const std::string& path, RunConfig& cfg) {
+  std::ifstream in(path);
+  if (!in) return make_error(strprintf("%s: cannot open the config file", path.c_str()));
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception& e) {
+    return make_error(strprintf("%s: not valid JSON (%s)", path.c_str(), e.what()));
+  }
+  Status st = apply_config_json(j, cfg);
+  if (!st) return make_error(path + ": " + st.message());
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- records
+
+std::string SampleRecord::key() const {
+  return model + "|" + method + "|" + task + "|" + std::to_string(length) + "|" + std::to_string(depth) + "|" +
+         std::to_string(index);
+}
+
+json SampleRecord::to_json() const {
+  json j;
+  j["model"] = model;
+  j["method"] = method;
+  j["rope"] = rope;
+  j["attn"] = attn;
+  j["press"] = press;
+  j["task"] = task;
+  j["metric"] = metric;
+  j["length"] = length;
+  j["depth"] = depth;
+  j["index"] = index;
+  j["seed"] = seed;
+  j["chat_template"] = chat_template;
+  j["input_hash"] = input_hash;
+  j["n_prompt"] = n_prompt;
+  j["max_new_tokens"] = max_new_tokens;
+  j["answers"] = answers;
+  j["output"] = output;
+  j["score"] = score;
+  j["n_gen"] = n_gen;
+  j["t_prefill"] = t_prefill;
+  j["t_decode"] = t_decode;
+  j["prefill_tps"] = t_prefill > 0 ? static_cast<double>(n_prompt) / t_prefill : 0.0;
+  j["decode_tps"] = t_decode > 0 ? static_cast<double>(n_gen) / t_decode : 0.0;
+  j["peak_rss"] = peak_rss;
+  j["kv_bytes"] = kv_bytes;
+  j["kv_alloc_bytes"] = kv_alloc_bytes;
+  j["needle_depth"] = needle_depth;
+  return j;
+}
+
+Expected<SampleRecord> SampleRecord::from_json(const json& j) {
+  SampleRecord r;
+  try {
+    r.model = j.at("model").get<std::string>();
+    r.method = j.at("method").get<std::string>();
+    r.rope = j.value("rope", "");
+    r.attn = j.value("attn", "");
+    r.press = j.value("press", "");
+    r.task = j.at("task").get<std::string>();
+    r.metric = j.value("metric", "");
+    r.length = j.at("length").get<int64_t>();
+    r.depth = j.at("depth").get<int>();
+    r.index = j.at("index").get<int64_t>();
+    r.seed = j.value("seed", uint64_t{0});
+    r.chat_template = j.value("chat_template", "");
+    r.input_hash = j.at("input_hash").get<std::string>();
+    r.n_prompt = j.value("n_prompt", int64_t{0});
+    r.max_new_tokens = j.value("max_new_tokens", int64_t{0});
+    r.answers = j.value("answers", std::vector<std::string>{});
+    r.output = j.value("output", "");
+    r.score = j.at("score").get<double>();
+    r.n_gen = j.value("n_gen", int64_t{0});
+    r.t_prefill = j.value("t_prefill", 0.0);
+    r.t_decode = j.value("t_decode", 0.0);
+    r.peak_rss = j.value("peak_rss", int64_t{0});
+    r.kv_bytes = j.value("kv_bytes", int64_t{0});
+    r.kv_alloc_bytes = j.value("kv_alloc_bytes", int64_t{0});
+    r.needle_depth = j.value("needle_depth", -1.0);
+  } catch (const json::exception& e) {
+    return make_error(strprintf("bad result record: %s", e.what()));
+  }
+  return r;
+}
+
+Expected<std::vector<SampleRecord>> read_results(const std::string& path, int64_t* bad_lines) {
+  std::vector<SampleRecord> out;
+  if (bad_lines) *bad_lines = 0;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return out;
+  std::ifstream in(path);
+  if (!in) return make_error(strprintf("%s: cannot open the results file", path.c_str()));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded()) {
+      if (bad_lines) ++*bad_lines;
+      continue;
+    }
+    auto r = SampleRecord::from_json(j);
+    if (!r) {
+      if (bad_lines) ++*bad_lines;
+      continue;
+    }
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- summary
+
+Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
+  Summary s;
+  s.threshold = threshold;
+  std::map<std::string, const SampleRecord*> last;  // key -> latest record
+  for (const auto& r : records) last[r.key()] = &r;
+  struct Acc {
+    std::string rope, attn, press;
+    int64_t n = 0, n_prompt = 0, n_gen = 0, rss = 0, kv = 0;
+    double score = 0, t_prefill = 0, t_decode = 0;
+  };
+  using Key = std::tuple<std::string, std::string, std::string, int64_t>;  // model, method, task, length
+  std::map<Key, Acc> cells;
+  for (const auto& [k, r] : last) {
+    Acc& a = cells[{r->model, r->method, r->task, r->length}];
+    a.rope = r->rope, a.attn = r->attn, a.press = r->press;
+    ++a.n;
+    a.score += r->score;
+    a.n_prompt += r->n_prompt;
+    a.n_gen += r->n_gen;
+    a.t_prefill += r->t_prefill;
+    a.t_decode += r->t_decode;
+    a.rss = std::max(a.rss, r->peak_rss);
+    a.kv = std::max(a.kv, r->kv_bytes);
+  }
+  // The average over tasks: RULER's mean of the task means, with speeds over all samples.
+  std::map<std::tuple<std::string, std::string, int64_t>, std::pair<Acc, int64_t>> avg;  // (acc, n tasks)
+  for (const auto& [k, a] : cells) {
+    auto& [b, ntask] = avg[{std::get<0>(k), std::get<1>(k), std::get<3>(k)}];
+    b.rope = a.rope, b.attn = a.attn, b.press = a.press;
+    b.n += a.n;
+    b.score += a.score / static_cast<double>(a.n);
+    b.n_prompt += a.n_prompt, b.n_gen += a.n_gen, b.t_prefill += a.t_prefill, b.t_decode += a.t_decode;
+    b.rss = std::max(b.rss, a.rss), b.kv = std::max(b.kv, a.kv);
+    ++ntask;
+  }
+  auto cell = [](const std::string& model, const std::string& method, const std::string& task, int64_t len,
+                 const Acc& a, double score) {
+    CellSummary c;
+    c.model = model, c.method = method, c.rope = a.rope, c.attn = a.attn, c.press = a.press, c.task = task;
+    c.length = len;
+    c.n = a.n;
+    c.score = score;
+    c.prefill_tps = a.t_prefill > 0 ? static_cast<double>(a.n_prompt) / a.t_prefill : 0.0;
+    c.decode_tps = a.t_decode > 0 ? static_cast<double>(a.n_gen) / a.t_decode : 0.0;
+    c.peak_rss = a.rss, c.kv_bytes = a.kv;
+    return c;
+  };
+  for (const auto& [k, a] : cells)
+    s.cells.push_back(cell(std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), a, a.score / static_cast<double>(a.n)));
+  for (const auto& [k, v] : avg)
+    s.cells.push_back(cell(std::get<0>(k), std::get<1>(k), "average", std::get<2>(k), v.first,
+                           v.first.score / static_cast<double>(v.second)));
+  std::stable_sort(s.cells.begin(), s.cells.end(), [](const CellSummary& x, const CellSummary& y) {
+    return std::tie(x.model, x.method, x.task, x.length) < std::tie(y.model, y.method, y.task, y.length);
+  });
+  std::map<std::tuple<std::string, std::string, std::string>, std::vector<std::pair<int64_t, double>>> curves;
+  for (const auto& c : s.cells) curves[{c.model, c.method, c.task}].emplace_back(c.length, c.score);
+  for (const auto& [k, pts] : curves)
+    s.effective.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), effective_length(pts, threshold)});
+  return s;
+}
+
+namespace {
+
+std::string csv(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
+
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+
+std::string slug(const std::string& s) {
+  std::string o;
+  for (char c : s) o += std::isalnum(static_cast<unsigned char>(c)) ? c : '-';
+  return o;
+}
+
+}  // namespace
+
+Status write_summary(const Summary& s, const std::string& out_dir) {
+  {
+    const std::string path = out_dir + "/summary.csv";
+    std::ofstream f(path);
+    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    f << "model,method,rope,attn,press,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib\n";
+    char buf[256];
+    for (const auto& c : s.cells) {
+      std::snprintf(buf, sizeof buf, ",%lld,%lld,%.2f,%.1f,%.2f,%.1f,%.2f\n", (long long)c.length, (long long)c.n,
+                    c.score, c.prefill_tps, c.decode_tps, mib(c.peak_rss), mib(c.kv_bytes));
+      f << csv(c.model) << ',' << csv(c.method) << ',' << csv(c.rope) << ',' << csv(c.attn) << ',' << csv(c.press)
+        << ',' << csv(c.task) << buf;
+    }
+    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+  }
+  {
+    const std::string path = out_dir + "/effective_length.csv";
+    std::ofstream f(path);
+    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    f << "model,method,task,threshold,effective_length\n";
+    for (const auto& e : s.effective)
+      f << csv(e.model) << ',' << csv(e.method) << ',' << csv(e.task) << ',' << s.threshold << ',' << e.length << '\n';
+    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+  }
+  {
+    json j;
+    j["threshold"] = s.threshold;
+    j["cells"] = json::array();
+    for (const auto& c : s.cells)
+      j["cells"].push_back({{"model", c.model}, {"method", c.method}, {"rope", c.rope}, {"attn", c.attn},
+                            {"press", c.press}, {"task", c.task}, {"length", c.length}, {"n", c.n},
+                            {"score", c.score}, {"prefill_tps", c.prefill_tps}, {"decode_tps", c.decode_tps},
+                            {"peak_rss", c.peak_rss}, {"kv_bytes", c.kv_bytes}});
+    j["effective_length"] = json::array();
+    for (const auto& e : s.effective)
+      j["effective_length"].push_back({{"model", e.model}, {"method", e.method}, {"task", e.task}, {"length", e.length}});
+    const std::string path = out_dir + "/summary.json";
+    std::ofstream f(path);
+    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    f << j.dump(2) << '\n';
+    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+  }
+  return Status::ok();
+}
+
+Status write_plots(const Summary& s, const std::string& out_dir) {
+  // One curve per (model, method); the model's name is left out when there is only one.
+  std::set<std::string> models;
+  for (const auto& c : s.cells) models.insert(c.model);
+  auto label = [&](const CellSummary& c) { return models.size() > 1 ? c.model + " · " + c.method : c.method; };
+  std::map<std::string, std::vector<const CellSummary*>> avg;  // label -> average cells by length
+  std::vector<std::string> order;
+  std::set<std::string> tasks;
+  for (const auto& c : s.cells) {
+    if (c.task != "average") {
+      tasks.insert(c.task);
+      continue;
+    }
+    const std::string l = label(c);
+    if (!avg.count(l)) order.push_back(l);
+    avg[l].push_back(&c);
+  }
+  Chart acc;
+  acc.title = strprintf("Accuracy against length (average of %zu task%s)", tasks.size(), tasks.size() == 1 ? "" : "s");
+  acc.x_label = "length (tokens)";
+  acc.y_label = "score";
+  acc.log2_x = true;
+  acc.y_min = 0, acc.y_max = 100;
+  acc.hline = s.threshold;
+  acc.hline_label = strprintf("threshold %.1f", s.threshold);
+  Chart mem;
+  mem.title = "Memory against length";
+  mem.x_label = "length (tokens)";
+  mem.y_label = "MiB (solid: peak RSS, dashed: KV cache)";
+  mem.log2_x = true;
+  mem.log10_y = true;
+  Chart speed;
+  speed.title = "Speed against length";
+  speed.x_label = "length (tokens)";
+  speed.y_label = "tokens/s (solid: prefill, dashed: decode)";
+  speed.log2_x = true;
+  speed.log10_y = true;
+  int colour = 0;
+  for (const auto& l : order) {
+    Series a{l, {}, {}, false, colour}, rss{l + " RSS", {}, {}, false, colour}, kv{l + " KV", {}, {}, true, colour};
+    Series pf{l + " prefill", {}, {}, false, colour}, dc{l + " decode", {}, {}, true, colour};
+    for (const CellSummary* c : avg[l]) {
+      const double x = static_cast<double>(c->length);
+      a.x.push_back(x), a.y.push_back(c->score);
+      rss.x.push_back(x), rss.y.push_back(mib(c->peak_rss));
+      kv.x.push_back(x), kv.y.push_back(mib(c->kv_bytes));
+      pf.x.push_back(x), pf.y.push_back(c->prefill_tps);
+      dc.x.push_back(x), dc.y.push_back(c->decode_tps);
+    }
+    acc.series.push_back(a);
+    mem.series.push_back(rss), mem.series.push_back(kv);
+    speed.series.push_back(pf), speed.series.push_back(dc);
+    ++colour;
+  }
+  LC_TRY(write_chart(acc, out_dir + "/accuracy_vs_length"));
+  LC_TRY(write_chart(mem, out_dir + "/memory_vs_length"));
+  LC_TRY(write_chart(speed, out_dir + "/speed_vs_length"));
+  // Per task, one chart per (model, method).
+  for (const auto& l : order) {
+    Chart t;
+    t.title = "Accuracy by task: " + l;
+    t.x_label = "length (tokens)";
+    t.y_label = "score";
+    t.log2_x = true;
+    t.y_min = 0, t.y_max = 100;
+    std::map<std::string, Series> by_task;
+    for (const auto& c : s.cells) {
+      if (c.task == "average" || label(c) != l) continue;
+      Series& se = by_task[c.task];
+      se.label = c.task;
+      se.x.push_back(static_cast<double>(c.length));
+      se.y.push_back(c.score);
+    }
+    int k = 0;
+    for (auto& [name, se] : by_task) {
+      se.dashed = k >= 10;  // the palette has 10 colours; dashes tell the next 10 apart
+      t.series.push_back(se);
+      ++k;
+    }
+    LC_TRY(write_chart(t, out_dir + "/accuracy_by_task-" + slug(l)));
+  }
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- the run
+
+namespace {
+
+struct Cell {
+  std::string task;
+  int64_t length;
+  int depth;
+  int64_t index;
+};
+
+}  // namespace
+
+Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
+  RunConfig cfg = cfg_in;
+  auto note = cfg.note ? cfg.note : [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+  if (cfg.models.empty()) return make_error("bench run: no model given");
+  if (cfg.lengths.empty()) return make_error("bench run: no length given");
+  if (cfg.samples < 1) return make_error("bench run: --samples must be at least 1");
+  for (int64_t l : cfg.lengths)
+    if (l < 16 || l > (int64_t{1} << 30)) return make_error(strprintf("bench run: length %lld is out of range", (long long)l));
+  for (int d : cfg.depths)
+    if (d < 0 || d > 100) return make_error(strprintf("bench run: depth %d is not a percentage in [0, 100]", d));
+  if (cfg.methods.empty()) cfg.methods.push_back(MethodSetting{});
+  {
+    std::set<std::string> labels;
+    for (const auto& m : cfg.methods)
+      if (!labels.insert(m.label()).second)
+        return make_error(strprintf("bench run: two method settings are both called '%s'", m.label().c_str()));
+  }
+  LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, expand_task_names(cfg.tasks));
+  std::sort(cfg.lengths.begin(), cfg.lengths.end());
+  cfg.lengths.erase(std::unique(cfg.lengths.begin(), cfg.lengths.end()), cfg.lengths.end());
+
+  std::error_code ec;
+  fs::create_directories(cfg.out_dir, ec);
+  if (ec) return make_error(strprintf("%s: cannot create the output folder (%s)", cfg.out_dir.c_str(), ec.message().c_str()));
+  const std::string results_path = cfg.out_dir + "/results.jsonl";
+  int64_t bad = 0;
+  LC_ASSIGN_OR_RETURN(std::vector<SampleRecord> previous, read_results(results_path, &bad));
+  if (bad > 0) note(strprintf("bench run: %lld unreadable line(s) in %s ignored", (long long)bad, results_path.c_str()));
+  std::map<std::string, std::string> done;  // key -> input hash
+  for (const auto& r : previous) done[r.key()] = r.input_hash;
+  std::ofstream out(results_path, std::ios::app);
+  if (!out) return make_error(strprintf("%s: cannot open for appending", results_path.c_str()));
+
+  // The cells of one (model, method): lengths ascending, so the cache only grows.
+  std::vector<Cell> cells;
+  for (int64_t len : cfg.lengths)
+    for (const auto& t : tasks) {
+      const TaskInfo* info = find_task(t);
+      std::vector<int> depths = info->uses_depth && !cfg.depths.empty() ? cfg.depths : std::vector<int>{-1};
+      for (int d : depths)
+        for (int64_t i = 0; i < cfg.samples; ++i) cells.push_back({t, len, d, i});
+    }
+  const int64_t total = static_cast<int64_t>(cells.size() * cfg.methods.size() * cfg.models.size());
+  RunReport rep;
+  std::set<std::string> keys_in_matrix;
+  std::set<std::string> short_noted;
+  std::unique_ptr<Progress> prog;
+  if (cfg.progress) prog = std::make_unique<Progress>("bench", total, "samples");
+  int64_t n_done = 0;
+
+  for (const ModelRef& mref : cfg.models) {
+    std::unique_ptr<Model> model;
+    if (mref.image) {
+      LC_ASSIGN_OR_RETURN(model, Model::load_memory(mref.image, mref.image_size, mref.name.empty() ? "model" : mref.name));
+    } else {
+      LC_ASSIGN_OR_RETURN(model, Model::load(mref.path));
+    }
+    const std::string model_name = !mref.name.empty() ? mref.name : fs::path(mref.path).filename().string();
+    ChatTemplate tmpl = ChatTemplate::kNone;
+    if (cfg.chat_template == "auto") {
+      tmpl = detect_chat_template(model->file(), model->tokenizer());
+    } else {
+      LC_ASSIGN_OR_RETURN(tmpl, chat_template_from_name(cfg.chat_template));
+    }
+    const PromptRenderer renderer(model->tokenizer(), tmpl);
+    // Every setting is tried on this model before any work, so that a bad spec fails now.
+    for (const MethodSetting& method : cfg.methods) {
+      ContextParams pp;
+      pp.n_ctx = cfg.lengths.front();
+      pp.n_batch = 16;
+      pp.n_threads = 1;
+      auto probe = make_context_for(*model, method, pp);
+      if (!probe) return probe.error();
+    }
+    for (const MethodSetting& method : cfg.methods) {
+      const std::string mlabel = method.label();
+      ContextParams cp;  // rope and attention come from the method setting
+      cp.n_ctx = cfg.lengths.back();
+      cp.n_batch = cfg.n_batch;
+      cp.n_threads = cfg.n_threads;
+      LC_ASSIGN_OR_RETURN(std::unique_ptr<Context> ctx, make_context_for(*model, method, cp));
+      for (const Cell& cell : cells) {
+        SampleSpec spec;
+        spec.task = cell.task;
+        spec.length = cell.length;
+        spec.depth = cell.depth;
+        spec.index = cell.index;
+        spec.seed = cfg.seed;
+        spec.opts = cfg.gen;
+        auto sample = make_sample(renderer, spec);
+        if (!sample) {
+          if (sample.error().message.find("is too short") == std::string::npos) return sample.error();
+          ++rep.too_short;
+          const std::string k = model_name + "|" + cell.task + "|" + std::to_string(cell.length);
+          if (short_noted.insert(k).second) note("bench run: skipped: " + sample.error().message);
+          if (prog) prog->update(++n_done);
+          continue;
+        }
+        SampleRecord rec;
+        rec.model = model_name;
+        rec.method = mlabel;
+        rec.rope = method.rope, rec.attn = method.attn, rec.press = method.press;
+        rec.task = cell.task;
+        rec.metric = metric_name(find_task(cell.task)->metric);
+        rec.chat_template = chat_template_name(tmpl);
+        rec.length = cell.length;
+        rec.depth = sample->spec.depth;
+        rec.index = cell.index;
+        rec.seed = sample->seed;
+        rec.input_hash = sample->input_hash;
+        rec.n_prompt = sample->n_prompt;
+        rec.max_new_tokens = sample->max_new_tokens;
+        rec.answers = sample->answers;
+        rec.needle_depth = sample->needles.empty() ? -1.0 : sample->needles[0].depth;
+        const std::string key = rec.key();
+        keys_in_matrix.insert(key);
+        auto it = done.find(key);
+        if (it != done.end() && it->second == rec.input_hash) {
+          ++rep.resumed;
+          if (prog) prog->update(++n_done);
+          continue;
+        }
+        ctx->clear();
+        std::vector<int32_t> history = sample->tokens;
+        SamplerParams sp;
+        sp.temp = 0;  // greedy
+        sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.repeat_penalty = 1;
+        Sampler sampler(sp);
+        GenerateStats st;
+        std::string text;
+        LC_TRY(generate(*ctx, sampler, history, sample->max_new_tokens,
+                        [&](int32_t, std::string_view piece) {
+                          text += piece;
+                          return true;
+                        },
+                        st));
+        rec.output = postprocess_prediction(text);
+        rec.score = score_prediction(find_task(cell.task)->metric, rec.output, rec.answers);
+        rec.n_gen = st.n_gen;
+        rec.t_prefill = st.t_prompt;
+        rec.t_decode = st.t_gen;
+        rec.peak_rss = peak_rss_bytes();
+        // The blocks holding tokens (what a press or a sparse method saves), and the memory the
+        // cache has committed (blocks in use or pooled).
+        const KvMemory mem = ctx->kv().memory();
+        rec.kv_bytes = static_cast<int64_t>(mem.in_use_bytes);
+        rec.kv_alloc_bytes = static_cast<int64_t>(mem.resident_bytes + mem.metadata_bytes);
+        out << rec.to_json().dump() << '\n';
+        out.flush();
+        if (!out) return make_error(strprintf("%s: write error", results_path.c_str()));
+        done[key] = rec.input_hash;
+        ++rep.run;
+        if (prog) prog->update(++n_done);
+      }
+    }
+  }
+  if (prog) prog->finish();
+  out.close();
+
+  // The summary covers this matrix, read back from the file (so resumed samples count).
+  LC_ASSIGN_OR_RETURN(std::vector<SampleRecord> all, read_results(results_path, nullptr));
+  std::vector<SampleRecord> mine;
+  for (auto& r : all)
+    if (keys_in_matrix.count(r.key()) && done[r.key()] == r.input_hash) mine.push_back(std::move(r));
+  rep.summary = summarize(mine, cfg.threshold);
+  LC_TRY(write_summary(rep.summary, cfg.out_dir));
+  if (cfg.plots) LC_TRY(write_plots(rep.summary, cfg.out_dir));
+  return rep;
+}
+
+RunConfig tiny_suite() {
+  RunConfig c;
+  c.tasks = {"all"};
+  c.lengths = {512, 1024};
+  c.depths = {50};
+  c.samples = 1;
+  c.gen.max_new_tokens = 8;
+  return c;
+}
+
+RunConfig standard_suite() {
+  RunConfig c;
+  c.tasks = {"ruler", "passkey", "babilong", "dense"};
+  c.lengths = {4096, 8192, 16384, 32768, 65536, 131072};
+  c.samples = 10;
+  return c;
+}
+
+}  // namespace lc::bench

@@ -1,0 +1,116 @@
+// The run matrix: models x method settings x tasks x lengths x depths x samples, greedy
+// decoding, RULER scoring, and the reports: one JSON line per sample (results.jsonl), a
+// summary per cell (summary.csv, summary.json, effective_length.csv) and plots (SVG + PNG).
+// A re-run with the same output folder skips the samples already in results.jsonl.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/method.h"
+#include "bench/score.h"
+#include "bench/tasks.h"
+#include "core/status.h"
+
+namespace lc::bench {
+
+struct ModelRef {
+  std::string name;            // in reports; default: the file name
+  std::string path;            // GGUF file, or empty with `image`
+  const uint8_t* image = nullptr;  // a GGUF image in memory that outlives the run
+  size_t image_size = 0;
+};
+
+struct RunConfig {
+  std::vector<ModelRef> models;
+  std::vector<MethodSetting> methods;  // empty: the baseline only
+  std::vector<std::string> tasks = {"ruler"};  // task names or groups
+  std::vector<int64_t> lengths = {4096};
+  std::vector<int> depths;             // percent; empty: RULER's random draw from 40 depths
+  int64_t samples = 1;
+  uint64_t seed = 42;
+  GenOptions gen;
+  double threshold = kDefaultThreshold;
+  std::string out_dir = "bench-out";
+  int64_t n_batch = 512;
+  int n_threads = 0;
+  std::string chat_template = "auto";  // auto (from the GGUF), none, llama3, chatml, ...
+  bool plots = true;
+  bool progress = true;                // a progress line on a terminal
+  std::function<void(const std::string&)> note;  // messages for the user (default: stderr)
+};
+
+// Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"name":..}],
+// "tasks": [...], "lengths": [4096, "8K"], "depths": [...], "samples": N, "seed": N,
+// "threshold": X, "max_new_tokens": N, "observations": N, "chat_template": "auto",
+// "batch": N, "threads": N, "out": "dir"}) over `cfg`: fields present replace the defaults.
+Status apply_config_json(const nlohmann::json& j, RunConfig& cfg);
+Status load_config_file(const std::string& path, RunConfig& cfg);
+
+// One sample's line in results.jsonl.
+struct SampleRecord {
+  std::string model, method, rope, attn, press, task, metric, chat_template;
+  int64_t length = 0, index = 0;
+  int depth = -1;
+  uint64_t seed = 0;
+  std::string input_hash;
+  int64_t n_prompt = 0, max_new_tokens = 0, n_gen = 0;
+  std::vector<std::string> answers;
+  std::string output;
+  double score = 0;
+  double t_prefill = 0, t_decode = 0;  // seconds
+  int64_t peak_rss = 0;                // bytes: the process's high-water mark so far
+  int64_t kv_bytes = 0;                // bytes of the KV blocks holding tokens at the end
+  int64_t kv_alloc_bytes = 0;          // bytes the cache has committed (pooled blocks, metadata)
+  double needle_depth = -1;            // where the queried needle landed, 0..1 (-1: none)
+  std::string key() const;             // model|method|task|length|depth|index
+  nlohmann::json to_json() const;
+  static Expected<SampleRecord> from_json(const nlohmann::json& j);
+};
+
+// Reads results.jsonl; a malformed line (an interrupted write) is skipped and counted.
+Expected<std::vector<SampleRecord>> read_results(const std::string& path, int64_t* bad_lines = nullptr);
+
+struct CellSummary {
+  std::string model, method, rope, attn, press, task;  // task "average": mean over the tasks
+  int64_t length = 0;
+  int64_t n = 0;
+  double score = 0;
+  double prefill_tps = 0, decode_tps = 0;
+  int64_t peak_rss = 0, kv_bytes = 0;
+};
+struct EffectiveLength {
+  std::string model, method, task;
+  int64_t length = 0;
+};
+struct Summary {
+  std::vector<CellSummary> cells;        // sorted by model, method, task, length
+  std::vector<EffectiveLength> effective;
+  double threshold = kDefaultThreshold;
+};
+
+// The last record of each key counts (a re-run sample replaces the older line).
+Summary summarize(const std::vector<SampleRecord>& records, double threshold);
+Status write_summary(const Summary& s, const std::string& out_dir);  // CSV + JSON
+Status write_plots(const Summary& s, const std::string& out_dir);
+
+struct RunReport {
+  int64_t run = 0;            // samples evaluated now
+  int64_t resumed = 0;        // samples found in results.jsonl and skipped
+  int64_t too_short = 0;      // cells skipped: the task does not fit the length
+  Summary summary;
+};
+
+Expected<RunReport> run_matrix(const RunConfig& cfg);
+
+// The small built-in suite: every task at two short lengths, 1 sample, on the given model.
+RunConfig tiny_suite();
+// The standard suite: the RULER tasks plus passkey, BABILong and dense tasks, 4K to 128K.
+RunConfig standard_suite();
+
+}  // namespace lc::bench

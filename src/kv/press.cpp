@@ -1,0 +1,586 @@
+// The press framework: spec parsing, group reduction, protection, top-k selection with
+// deterministic ties, per-layer / head-wise budgets, compaction, chains and the registry.
+#include "kv/press.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "kv/press_impl.h"
+
+namespace lc {
+
+Status KvPress::compress(const PressContext& c, int64_t il) {
+  std::vector<std::vector<int32_t>> keep;
+  LC_TRY(select(c, il, keep));
+  for (size_t h = 0; h < keep.size(); ++h)
+    if (static_cast<int64_t>(keep[h].size()) < c.kv->n_tokens(il, static_cast<int64_t>(h)))
+      LC_TRY(c.kv->retain(il, static_cast<int64_t>(h), keep[h]));
+  return Status::ok();
+}
+
+namespace press {
+
+// ---------------------------------------------------------------- Args
+
+namespace {
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += v[i];
+  }
+  return s;
+}
+std::string fmt_num(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<long long>(x));
+  return strprintf("%g", x);
+}
+}  // namespace
+
+Expected<Args> Args::parse(std::string_view name, std::string_view params) {
+  Args a;
+  a.name_ = std::string(name);
+  size_t i = 0;
+  while (i < params.size()) {
+    size_t j = params.find(',', i);
+    if (j == std::string_view::npos) j = params.size();
+    std::string_view part = params.substr(i, j - i);
+    const size_t eq = part.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == part.size())
+      return make_error(strprintf("kv press %s: expected key=value, got \"%.*s\"", a.name_.c_str(),
+                                  static_cast<int>(part.size()), part.data()));
+    std::string key(part.substr(0, eq));
+    for (const auto& [k, v] : a.kv_)
+      if (k == key) return make_error(strprintf("kv press %s: key %s given twice", a.name_.c_str(), key.c_str()));
+    a.kv_.emplace_back(std::move(key), std::string(part.substr(eq + 1)));
+    i = j + 1;
+  }
+  a.used_.assign(a.kv_.size(), false);
+  return a;
+}
+
+bool Args::has(std::string_view key) const {
+  for (const auto& [k, v] : kv_)
+    if (k == key) return true;
+  return false;
+}
+
+void Args::accept(std::string_view key) {
+  if (std::find(accepted_.begin(), accepted_.end(), key) == accepted_.end()) accepted_.emplace_back(key);
+  for (size_t i = 0; i < kv_.size(); ++i)
+    if (kv_[i].first == key) used_[i] = true;
+}
+
+const std::string* Args::find(std::string_view key) {
+  accept(key);
+  for (const auto& [k, v] : kv_)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+Expected<double> Args::number(std::string_view key, double def, double lo, double hi) {
+  const std::string* v = find(key);
+  if (!v) return def;
+  char* end = nullptr;
+  const double x = std::strtod(v->c_str(), &end);
+  if (v->empty() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
+    return make_error(strprintf("kv press %s: %.*s=%s: expected a number in [%s, %s]", name_.c_str(),
+                                static_cast<int>(key.size()), key.data(), v->c_str(), fmt_num(lo).c_str(),
+                                fmt_num(hi).c_str()));
+  return x;
+}
+
+Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, int64_t hi) {
+  const std::string* v = find(key);
+  if (!v) return def;
+  int64_t x = 0;
+  const auto r = std::from_chars(v->data(), v->data() + v->size(), x);
+  if (v->empty() || r.ec != std::errc() || r.ptr != v->data() + v->size() || x < lo || x > hi)
+    return make_error(strprintf("kv press %s: %.*s=%s: expected an integer in [%lld, %lld]", name_.c_str(),
+                                static_cast<int>(key.size()), key.data(), v->c_str(), (long long)lo,
+                                (long long)hi));
+  return x;
+}
+
+Expected<std::string> Args::choice(std::string_view key, std::string_view def,
+                                   const std::vector<std::string>& options) {
+  const std::string* v = find(key);
+  if (!v) return std::string(def);
+  if (std::find(options.begin(), options.end(), *v) == options.end())
+    return make_error(strprintf("kv press %s: %.*s=%s: expected one of %s", name_.c_str(),
+                                static_cast<int>(key.size()), key.data(), v->c_str(), join(options).c_str()));
+  return *v;
+}
+
+Expected<std::string> Args::text(std::string_view key, std::string_view def) {
+  const std::string* v = find(key);
+  return v ? *v : std::string(def);
+}
+
+Status Args::finish() const {
+  for (size_t i = 0; i < kv_.size(); ++i)
+    if (!used_[i])
+      return make_error(strprintf("kv press %s: unknown key \"%s\" (accepted: %s)", name_.c_str(),
+                                  kv_[i].first.c_str(), join(accepted_).c_str()));
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- helpers
+
+void for_each_head(const PressContext& c, int64_t n, const std::function<void(int64_t)>& fn) {
+  if (!c.pool || c.pool->size() <= 1 || n <= 1) {
+    for (int64_t h = 0; h < n; ++h) fn(h);
+    return;
+  }
+  c.pool->parallel_for(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t h = b; h < e; ++h) fn(h);
+  });
+}
+
+void rotate_queries(const PressContext& c, int64_t il, const PressShape& s, std::vector<float>& out) {
+  const int64_t n = c.n_obs * s.n_head * s.head_dim;
+  out.assign(c.queries, c.queries + n);
+  const RopeTable& rt = c.kv->rope(il);
+  if (rt.n_rot > 0 && c.n_obs > 0) rt.apply(out.data(), c.n_obs, s.n_head, s.head_dim, c.query_pos);
+}
+
+void read_head_keys(const KvCache& kv, int64_t il, int64_t h, std::vector<float>& out) {
+  const int64_t n = kv.n_tokens(il, h);
+  out.resize(static_cast<size_t>(n * kv.head_dim()));
+  if (n > 0) kv.read_keys(il, h, 0, n, out.data());
+}
+
+void window_probs(const PressContext& c, int64_t il, const PressShape& s, const float* qr, int64_t hq,
+                  const float* keys, int64_t n, std::vector<float>& probs) {
+  const int64_t d = s.head_dim, H = s.n_head, g = s.n_head / s.n_head_kv;
+  const float scale = attn_scale(s);
+  const int32_t* idx = c.kv->seq_index(il, hq / g);
+  probs.assign(static_cast<size_t>(c.n_obs * n), 0.0f);
+  for (int64_t t = 0; t < c.n_obs; ++t) {
+    const float* q = qr + (t * H + hq) * d;
+    const int64_t qs = obs_seq_index(c, il, t);
+    // Keys are in ascending sequence order: the visible ones are a prefix.
+    const int64_t vis = std::upper_bound(idx, idx + n, static_cast<int32_t>(qs)) - idx;
+    if (vis == 0) continue;
+    float* p = probs.data() + t * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < vis; ++j) {
+      const float* k = keys + j * d;
+      float a = 0;
+      for (int64_t e = 0; e < d; ++e) a += q[e] * k[e];
+      p[j] = a * scale;
+      mx = std::max(mx, p[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < vis; ++j) sum += (p[j] = std::exp(p[j] - mx));
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < vis; ++j) p[j] *= inv;
+  }
+}
+
+// ---------------------------------------------------------------- the scored press
+
+namespace {
+
+enum class Alloc { kUniform, kPyramid, kAdaptive };
+
+struct Options {
+  double ratio = -1;     // < 0: not given
+  int64_t budget = -1;   // < 0: not given
+  int64_t n_sink = 0, window = 0;
+  bool reduce_max = false;
+  bool reposition = false;
+  PressSchedule schedule;
+  Alloc alloc = Alloc::kUniform;
+  double beta = 20, alpha = 0.2;
+};
+
+// Order of keep priority: higher score first, then lower index (deterministic ties).
+struct Better {
+  const float* s;
+  bool operator()(int32_t a, int32_t b) const { return s[a] > s[b] || (s[a] == s[b] && a < b); }
+};
+
+class ScoredPress final : public KvPress {
+ public:
+  ScoredPress(std::string name, Options o, std::unique_ptr<PressScorer> sc, const PressShape& shape)
+      : name_(std::move(name)), o_(o), scorer_(std::move(sc)), shape_(shape) {}
+
+  std::string spec() const override {
+    std::string s = name_ + ":";
+    if (o_.budget >= 0) s += strprintf("budget=%lld,", (long long)o_.budget);
+    else if (o_.ratio >= 0) s += "ratio=" + fmt_num(o_.ratio) + ",";
+    s += strprintf("n_sink=%lld,window=%lld,reduce=%s", (long long)o_.n_sink, (long long)o_.window,
+                   o_.reduce_max ? "max" : "mean");
+    if (o_.schedule.per_chunk) s += ",chunk=1";
+    if (o_.schedule.decode_interval > 0)
+      s += strprintf(",interval=%lld,target=%lld", (long long)o_.schedule.decode_interval,
+                     (long long)o_.schedule.decode_target);
+    s += o_.schedule.query_aware ? ",query=aware" : ",query=agnostic";
+    if (o_.reposition) s += ",reposition=1";
+    if (o_.alloc == Alloc::kPyramid) s += ",beta=" + fmt_num(o_.beta);
+    if (o_.alloc == Alloc::kAdaptive) s += ",inner=" + scorer_->name() + ",alpha=" + fmt_num(o_.alpha);
+    const std::string p = scorer_->params();
+    if (!p.empty()) s += "," + p;
+    return s;
+  }
+  const PressSchedule& schedule() const override { return o_.schedule; }
+  int64_t n_obs() const override { return scorer_->n_obs(); }
+
+  Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) override;
+  Status compress(const PressContext& c, int64_t il) override;
+
+ private:
+  int64_t layer_target(const PressContext& c, int64_t il) const;
+
+  std::string name_;
+  Options o_;
+  std::unique_ptr<PressScorer> scorer_;
+  PressShape shape_;
+};
+
+int64_t ScoredPress::layer_target(const PressContext& c, int64_t il) const {
+  const int64_t seen = c.kv->n_appended(il);
+  int64_t target;
+  if (c.phase == PressPhase::kDecode) target = o_.schedule.decode_target;
+  else if (o_.budget >= 0) target = o_.budget;
+  else if (o_.ratio >= 0) target = static_cast<int64_t>(std::floor((1.0 - o_.ratio) * static_cast<double>(seen) + 1e-9));
+  else return -1;
+  if (o_.alloc == Alloc::kPyramid && shape_.n_layer > 1 && target < seen) {
+    // PyramidKV (Cai et al. 2024): budgets fall linearly with depth from max_num to
+    // min_num = B / beta, their mean B (the uniform budget outside the protected tokens) held.
+    const double prot = static_cast<double>(o_.n_sink + o_.window);
+    const double B = std::max(0.0, static_cast<double>(target) - prot);
+    const double min_num = B / o_.beta, max_num = 2 * B - min_num;
+    const double step = (max_num - min_num) / static_cast<double>(shape_.n_layer - 1);
+    target = static_cast<int64_t>(std::llround(max_num - static_cast<double>(il) * step + prot));
+  }
+  return target;
+}
+
+Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) {
+  keep.clear();
+  if (!o_.schedule.covers(c.phase)) return Status::ok();
+  KvCache& kv = *c.kv;
+  if (il < 0 || il >= kv.n_layer())
+    return make_error(strprintf("kv press %s: layer %lld out of range", name_.c_str(), (long long)il));
+  if (kv.n_head_kv() != shape_.n_head_kv || kv.head_dim() != shape_.head_dim)
+    return make_error(strprintf("kv press %s: the cache has %lld KV heads of dim %lld, the press was made for %lld of dim %lld",
+                                name_.c_str(), (long long)kv.n_head_kv(), (long long)kv.head_dim(),
+                                (long long)shape_.n_head_kv, (long long)shape_.head_dim));
+  if (scorer_->n_obs() > 0 && c.n_obs > 0 && (!c.queries || !c.query_pos))
+    return make_error(strprintf("kv press %s: n_obs=%lld but no queries given", name_.c_str(), (long long)c.n_obs));
+  const int64_t target = layer_target(c, il);
+  if (target < 0) return Status::ok();
+  const int64_t Hkv = kv.n_head_kv();
+
+  // Protected tokens and whether any head has anything to evict (scoring costs O(L) or more).
+  std::vector<std::vector<uint8_t>> prot(static_cast<size_t>(Hkv));
+  std::vector<int64_t> n_prot(static_cast<size_t>(Hkv), 0);
+  bool any = false;
+  for (int64_t h = 0; h < Hkv; ++h) {
+    const int64_t n = kv.n_tokens(il, h);
+    const int32_t* idx = kv.seq_index(il, h);
+    auto& p = prot[static_cast<size_t>(h)];
+    p.assign(static_cast<size_t>(n), 0);
+    for (int64_t j = 0; j < n && idx[j] < o_.n_sink; ++j) p[static_cast<size_t>(j)] = 1;
+    for (int64_t j = std::max<int64_t>(0, n - o_.window); j < n; ++j) p[static_cast<size_t>(j)] = 1;
+    int64_t np = 0;
+    for (uint8_t b : p) np += b;
+    n_prot[static_cast<size_t>(h)] = np;
+    // Fall back to no compression when the head holds no more than n_sink + window tokens.
+    if (n > o_.n_sink + o_.window && n > std::max(target, np)) any = true;
+  }
+  if (!any) return Status::ok();
+
+  PressScores sc;
+  LC_TRY(scorer_->score(c, il, shape_, sc));
+  const int64_t g = shape_.n_head / shape_.n_head_kv;
+  if (sc.by_kv_head.empty()) {
+    if (static_cast<int64_t>(sc.by_query_head.size()) != shape_.n_head)
+      return make_error(strprintf("kv press %s: the scorer returned no scores", name_.c_str()));
+    sc.by_kv_head.resize(static_cast<size_t>(Hkv));
+    for (int64_t h = 0; h < Hkv; ++h) {
+      auto& r = sc.by_kv_head[static_cast<size_t>(h)];
+      r = sc.by_query_head[static_cast<size_t>(h * g)];
+      for (int64_t q = 1; q < g; ++q) {
+        const auto& x = sc.by_query_head[static_cast<size_t>(h * g + q)];
+        for (size_t j = 0; j < r.size(); ++j) r[j] = o_.reduce_max ? std::max(r[j], x[j]) : r[j] + x[j];
+      }
+      if (!o_.reduce_max && g > 1)
+        for (float& v : r) v /= static_cast<float>(g);
+    }
+  }
+  for (int64_t h = 0; h < Hkv; ++h) {
+    auto& r = sc.by_kv_head[static_cast<size_t>(h)];
+    LC_CHECK(static_cast<int64_t>(r.size()) == kv.n_tokens(il, h));
+    for (float& v : r)
+      if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();  // NaN would break the order
+  }
+
+  keep.assign(static_cast<size_t>(Hkv), {});
+  // Candidates per head: unprotected, best first.
+  std::vector<std::vector<int32_t>> cand(static_cast<size_t>(Hkv));
+  std::vector<int64_t> take(static_cast<size_t>(Hkv), 0);
+  for (int64_t h = 0; h < Hkv; ++h) {
+    const int64_t n = kv.n_tokens(il, h);
+    auto& cd = cand[static_cast<size_t>(h)];
+    for (int64_t j = 0; j < n; ++j)
+      if (!prot[static_cast<size_t>(h)][static_cast<size_t>(j)]) cd.push_back(static_cast<int32_t>(j));
+    const int64_t np = n_prot[static_cast<size_t>(h)];
+    if (n <= o_.n_sink + o_.window) take[static_cast<size_t>(h)] = static_cast<int64_t>(cd.size());
+    else take[static_cast<size_t>(h)] = std::clamp<int64_t>(target - np, 0, static_cast<int64_t>(cd.size()));
+  }
+
+  if (o_.alloc == Alloc::kAdaptive) {
+    // AdaKV (Feng et al. 2024): each head keeps its alpha share of its budget (a safeguard),
+    // the rest of the layer's budget goes to the globally best remaining entries, so heads
+    // end with different budgets. Scores must be comparable across heads (attention weights).
+    int64_t pool_left = 0;
+    struct Entry { float s; int32_t h, j; };
+    std::vector<Entry> rest;
+    std::vector<int64_t> safe(static_cast<size_t>(Hkv));
+    for (int64_t h = 0; h < Hkv; ++h) {
+      auto& cd = cand[static_cast<size_t>(h)];
+      const int64_t t = take[static_cast<size_t>(h)];
+      const int64_t n_safe = std::min<int64_t>(t, static_cast<int64_t>(std::floor(o_.alpha * static_cast<double>(t))));
+      std::sort(cd.begin(), cd.end(), Better{sc.by_kv_head[static_cast<size_t>(h)].data()});
+      safe[static_cast<size_t>(h)] = n_safe;
+      pool_left += t - n_safe;
+      for (size_t i = static_cast<size_t>(n_safe); i < cd.size(); ++i)
+        rest.push_back({sc.by_kv_head[static_cast<size_t>(h)][static_cast<size_t>(cd[i])], static_cast<int32_t>(h), cd[i]});
+    }
+    auto better = [](const Entry& a, const Entry& b) {
+      if (a.s != b.s) return a.s > b.s;
+      if (a.h != b.h) return a.h < b.h;
+      return a.j < b.j;
+    };
+    const size_t m = static_cast<size_t>(std::min<int64_t>(pool_left, static_cast<int64_t>(rest.size())));
+    std::nth_element(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(m), rest.end(), better);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      auto& cd = cand[static_cast<size_t>(h)];
+      keep[static_cast<size_t>(h)].assign(cd.begin(), cd.begin() + safe[static_cast<size_t>(h)]);
+    }
+    for (size_t i = 0; i < m; ++i) keep[static_cast<size_t>(rest[i].h)].push_back(rest[i].j);
+  } else {
+    for (int64_t h = 0; h < Hkv; ++h) {
+      auto& cd = cand[static_cast<size_t>(h)];
+      const auto t = static_cast<std::ptrdiff_t>(take[static_cast<size_t>(h)]);
+      if (t < static_cast<std::ptrdiff_t>(cd.size()))
+        std::nth_element(cd.begin(), cd.begin() + t, cd.end(), Better{sc.by_kv_head[static_cast<size_t>(h)].data()});
+      keep[static_cast<size_t>(h)].assign(cd.begin(), cd.begin() + t);
+    }
+  }
+  for (int64_t h = 0; h < Hkv; ++h) {
+    auto& k = keep[static_cast<size_t>(h)];
+    const auto& p = prot[static_cast<size_t>(h)];
+    for (size_t j = 0; j < p.size(); ++j)
+      if (p[j]) k.push_back(static_cast<int32_t>(j));
+    std::sort(k.begin(), k.end());
+  }
+  return Status::ok();
+}
+
+Status ScoredPress::compress(const PressContext& c, int64_t il) {
+  LC_TRY(KvPress::compress(c, il));
+  if (!o_.reposition || !o_.schedule.covers(c.phase)) return Status::ok();
+  // StreamingLLM assigns positions inside the cache: the kept tokens become contiguous,
+  // ending at the last held position, so the gap left by evicted tokens disappears (the
+  // sinks move forward; the recent window keeps its positions, so queries keep theirs).
+  KvCache& kv = *c.kv;
+  for (int64_t h = 0; h < kv.n_head_kv(); ++h) {
+    const int64_t n = kv.n_tokens(il, h);
+    if (n == 0) continue;
+    const int32_t* pos = kv.positions(il, h);
+    const int32_t last = pos[n - 1];
+    int64_t j = 0;
+    while (j < n) {
+      const int32_t delta = static_cast<int32_t>(last - (n - 1 - j) - pos[j]);
+      int64_t e = j + 1;
+      while (e < n && static_cast<int32_t>(last - (n - 1 - e) - pos[e]) == delta) ++e;
+      if (delta != 0) LC_TRY(kv.shift_positions(il, h, j, e - j, delta));
+      pos = kv.positions(il, h);
+      j = e;
+    }
+  }
+  return Status::ok();
+}
+
+class ChainPress final : public KvPress {
+ public:
+  explicit ChainPress(std::vector<std::unique_ptr<KvPress>> p) : parts_(std::move(p)) {
+    sched_ = parts_[0]->schedule();
+    for (const auto& q : parts_) {
+      const PressSchedule& s = q->schedule();
+      sched_.after_prefill |= s.after_prefill;
+      sched_.per_chunk |= s.per_chunk;
+      sched_.query_aware &= s.query_aware;
+      if (s.decode_interval > 0 && (sched_.decode_interval == 0 || s.decode_interval < sched_.decode_interval)) {
+        sched_.decode_interval = s.decode_interval;
+        sched_.decode_target = s.decode_target;
+      }
+    }
+  }
+  std::string spec() const override {
+    std::string s;
+    for (const auto& q : parts_) {
+      if (!s.empty()) s += '+';
+      s += q->spec();
+    }
+    return s;
+  }
+  const PressSchedule& schedule() const override { return sched_; }
+  int64_t n_obs() const override {
+    int64_t m = 0;
+    for (const auto& q : parts_) m = std::max(m, q->n_obs());
+    return m;
+  }
+  Status select(const PressContext&, int64_t, std::vector<std::vector<int32_t>>&) override {
+    return make_error("kv press chain: a chain applies its presses in turn; call compress(), not select()");
+  }
+  Status compress(const PressContext& c, int64_t il) override {
+    for (const auto& q : parts_) {
+      PressContext ci = c;
+      // Each part sees the queries it asked for: the last n_obs() of those given.
+      const int64_t want = q->n_obs();
+      if (ci.n_obs > want) {
+        const int64_t skip = ci.n_obs - want;
+        ci.n_obs = want;
+        ci.queries = c.queries ? c.queries + skip * q_stride_ : nullptr;
+        ci.query_pos = c.query_pos ? c.query_pos + skip : nullptr;
+      }
+      LC_TRY(q->compress(ci, il));
+    }
+    return Status::ok();
+  }
+  void set_q_stride(int64_t s) { q_stride_ = s; }
+
+ private:
+  std::vector<std::unique_ptr<KvPress>> parts_;
+  PressSchedule sched_;
+  int64_t q_stride_ = 0;  // floats per query row: n_head * head_dim
+};
+
+Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape) {
+  const size_t colon = spec.find(':');
+  const std::string_view name = spec.substr(0, colon);
+  const std::string_view params = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
+  std::string sname(name);
+  Alloc alloc = Alloc::kUniform;
+  std::string scorer_name = sname;
+  if (sname == "pyramidkv") alloc = Alloc::kPyramid, scorer_name = "snapkv";
+  if (sname == "adakv") alloc = Alloc::kAdaptive;
+  LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
+
+  if (alloc == Alloc::kAdaptive) {
+    LC_ASSIGN_OR_RETURN(scorer_name, a.text("inner", "expected_attention"));
+    if (scorer_name == "adakv" || scorer_name == "pyramidkv" || !find_scorer(scorer_name))
+      return make_error(strprintf("kv press adakv: inner=%s: expected a scorer (streaming_llm, snapkv, h2o, tova, "
+                                  "knorm, expected_attention, random)", scorer_name.c_str()));
+  }
+  const ScorerFactory* f = find_scorer(scorer_name);
+  if (!f) {
+    std::string names;
+    for (const auto& [n, help] : kv_press_methods()) {
+      if (!names.empty()) names += ", ";
+      names += n;
+    }
+    return make_error(strprintf("kv press \"%s\": unknown press (accepted: %s)", sname.c_str(), names.c_str()));
+  }
+  LC_ASSIGN_OR_RETURN(std::unique_ptr<PressScorer> scorer, (*f)(a, shape));
+
+  Options o;
+  o.alloc = alloc;
+  if (a.has("ratio") && a.has("budget"))
+    return make_error(strprintf("kv press %s: give ratio= or budget=, not both", sname.c_str()));
+  LC_ASSIGN_OR_RETURN(o.budget, a.integer("budget", -1, 1, INT32_MAX));
+  LC_ASSIGN_OR_RETURN(o.ratio, a.number("ratio", -1, 0, 1));
+  LC_ASSIGN_OR_RETURN(o.n_sink, a.integer("n_sink", scorer->default_sinks(), 0, INT32_MAX));
+  LC_ASSIGN_OR_RETURN(o.window, a.integer("window", scorer->default_window(), 0, INT32_MAX));
+  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "mean", {"mean", "max"}));
+  o.reduce_max = red == "max";
+  LC_ASSIGN_OR_RETURN(int64_t chunk, a.integer("chunk", 0, 0, 1));
+  o.schedule.per_chunk = chunk == 1;
+  LC_ASSIGN_OR_RETURN(o.schedule.decode_interval, a.integer("interval", 0, 0, INT32_MAX));
+  LC_ASSIGN_OR_RETURN(o.schedule.decode_target, a.integer("target", 0, 0, INT32_MAX));
+  if ((o.schedule.decode_interval > 0) != (o.schedule.decode_target > 0))
+    return make_error(strprintf("kv press %s: decoding compression needs both interval= and target=", sname.c_str()));
+  LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
+  o.schedule.query_aware = q == "aware";
+  LC_ASSIGN_OR_RETURN(int64_t rep, a.integer("reposition", sname == "streaming_llm" ? 1 : 0, 0, 1));
+  o.reposition = rep == 1;
+  if (alloc == Alloc::kPyramid) {
+    LC_ASSIGN_OR_RETURN(o.beta, a.number("beta", 20, 1, 1e6));
+  }
+  if (alloc == Alloc::kAdaptive) {
+    LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1));
+  }
+  LC_TRY(a.finish());
+  // A press given no budget compresses by half after prefill, unless it only compresses
+  // while decoding.
+  if (o.ratio < 0 && o.budget < 0 && o.schedule.decode_interval == 0) o.ratio = 0.5;
+  o.schedule.after_prefill = o.ratio >= 0 || o.budget >= 0;
+  if (o.schedule.per_chunk && !o.schedule.after_prefill)
+    return make_error(strprintf("kv press %s: chunk=1 needs ratio= or budget=", sname.c_str()));
+  if (o.schedule.decode_interval > 0 && o.schedule.decode_target < o.n_sink + o.window)
+    return make_error(strprintf("kv press %s: target=%lld is below n_sink + window = %lld", sname.c_str(),
+                                (long long)o.schedule.decode_target, (long long)(o.n_sink + o.window)));
+  if (o.budget >= 0 && o.budget < o.n_sink + o.window)
+    return make_error(strprintf("kv press %s: budget=%lld is below n_sink + window = %lld", sname.c_str(),
+                                (long long)o.budget, (long long)(o.n_sink + o.window)));
+  return std::unique_ptr<KvPress>(std::make_unique<ScoredPress>(sname, o, std::move(scorer), shape));
+}
+
+}  // namespace
+
+const ScorerFactory* find_scorer(std::string_view name) {
+  static const std::vector<std::pair<std::string, ScorerFactory>> kScorers = {
+      {"streaming_llm", make_streaming_llm}, {"snapkv", make_snapkv},   {"h2o", make_h2o},
+      {"tova", make_tova},                   {"knorm", make_knorm},     {"random", make_random},
+      {"expected_attention", make_expected_attention},
+  };
+  for (const auto& [n, f] : kScorers)
+    if (n == name) return &f;
+  return nullptr;
+}
+
+}  // namespace press
+
+std::vector<std::pair<std::string, std::string>> kv_press_methods() {
+  return {
+      {"streaming_llm", "first n_sink (4) tokens + the most recent ones; positions re-assigned (reposition=1)"},
+      {"snapkv", "attention of the last window (64) queries, avg-pooled (kernel=5), reduced over the group"},
+      {"pyramidkv", "SnapKV scores, per-layer budgets falling linearly with depth (beta=20)"},
+      {"h2o", "observed attention: column sums over the window queries / number of queries that see the key"},
+      {"tova", "attention of the last query averaged over all heads"},
+      {"knorm", "-||k||: keeps keys of small norm"},
+      {"expected_attention", "attention expected from query statistics over the next n_future (512) positions, x ||v||"},
+      {"random", "uniform random scores (control), seed="},
+      {"adakv", "head-wise budgets over a scorer (inner=NAME, alpha=0.2)"},
+  };
+}
+
+Expected<std::unique_ptr<KvPress>> make_kv_press(std::string_view spec, const PressShape& shape) {
+  if (shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_head % shape.n_head_kv != 0 || shape.head_dim <= 0)
+    return make_error(strprintf("kv press: bad shape (n_head %lld, n_head_kv %lld, head_dim %lld)",
+                                (long long)shape.n_head, (long long)shape.n_head_kv, (long long)shape.head_dim));
+  if (spec.empty()) return make_error("kv press: empty spec (expected NAME[:key=value,...][+NAME...])");
+  std::vector<std::unique_ptr<KvPress>> parts;
+  size_t i = 0;
+  while (i <= spec.size()) {
+    size_t j = spec.find('+', i);
+    if (j == std::string_view::npos) j = spec.size();
+    LC_ASSIGN_OR_RETURN(auto p, press::make_one(spec.substr(i, j - i), shape));
+    parts.push_back(std::move(p));
+    i = j + 1;
+  }
+  if (parts.size() == 1) return std::move(parts[0]);
+  auto chain = std::make_unique<press::ChainPress>(std::move(parts));
+  chain->set_q_stride(shape.n_head * shape.head_dim);
+  return std::unique_ptr<KvPress>(std::move(chain));
+}
+
+}  // namespace lc

@@ -1,0 +1,75 @@
+// Internal to the press implementations: spec arguments, scorer factories, shared helpers.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kv/press.h"
+
+namespace lc::press {
+
+// The key=value list of one press spec. Every lookup records the key as accepted, so that an
+// unknown key's error lists exactly the keys this press reads.
+class Args {
+ public:
+  static Expected<Args> parse(std::string_view name, std::string_view params);
+  const std::string& name() const { return name_; }
+  bool has(std::string_view key) const;
+  Expected<double> number(std::string_view key, double def, double lo, double hi);
+  Expected<int64_t> integer(std::string_view key, int64_t def, int64_t lo, int64_t hi);
+  Expected<std::string> choice(std::string_view key, std::string_view def,
+                               const std::vector<std::string>& options);
+  Expected<std::string> text(std::string_view key, std::string_view def);
+  // Marks a key as accepted without reading it (keys handed on to an inner scorer).
+  void accept(std::string_view key);
+  // Error if a key was given that nobody read.
+  Status finish() const;
+
+ private:
+  const std::string* find(std::string_view key);
+  std::string name_;
+  std::vector<std::pair<std::string, std::string>> kv_;
+  std::vector<bool> used_;
+  std::vector<std::string> accepted_;
+};
+
+using ScorerFactory = std::function<Expected<std::unique_ptr<PressScorer>>(Args&, const PressShape&)>;
+// A scorer by name (adakv's inner=); nullptr if unknown.
+const ScorerFactory* find_scorer(std::string_view name);
+
+Expected<std::unique_ptr<PressScorer>> make_streaming_llm(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_h2o(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_tova(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_knorm(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_random(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_expected_attention(Args& a, const PressShape& s);
+
+// ---- helpers shared by scorers ----
+
+inline float attn_scale(const PressShape& s) {
+  return s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+}
+// Runs fn(h) for h in [0, n), on the context's pool when it has one.
+void for_each_head(const PressContext& c, int64_t n, const std::function<void(int64_t)>& fn);
+// The observation queries rotated with kv.rope(il): out [n_obs, n_head, head_dim].
+void rotate_queries(const PressContext& c, int64_t il, const PressShape& s, std::vector<float>& out);
+// out: [n_tokens(il, h), head_dim] post-RoPE keys of head (il, h).
+void read_head_keys(const KvCache& kv, int64_t il, int64_t h, std::vector<float>& out);
+// Causal softmax of the observation queries of query head hq over KV head hq / group's held
+// tokens: probs [n_obs, n] (a key after the query's sequence index gets 0).
+// qr: rotated queries [n_obs, n_head, head_dim]; keys: [n, head_dim].
+void window_probs(const PressContext& c, int64_t il, const PressShape& s, const float* qr, int64_t hq,
+                  const float* keys, int64_t n, std::vector<float>& probs);
+// Sequence index of observation query t of layer il.
+inline int64_t obs_seq_index(const PressContext& c, int64_t il, int64_t t) {
+  return c.kv->n_appended(il) - c.n_obs + t;
+}
+
+}  // namespace lc::press

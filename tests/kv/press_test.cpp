@@ -1,0 +1,662 @@
+// KV presses against oracles computed here in double from the test's own data: the kept
+// counts, the protected tokens, every score formula on hand-built cases, deterministic ties,
+// pool accounting after compaction, and decode attention over the compressed cache against
+// naive attention restricted to the kept tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/press.h"
+#include "kv/press_impl.h"
+
+#if __has_include("attention/backend.h")
+#include "attention/backend.h"
+#define LC_PRESS_HAVE_BACKEND 1
+#endif
+
+namespace lc {
+namespace {
+
+const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "h2o", "tova", "knorm",
+                                       "expected_attention", "random", "adakv"};
+
+// A cache of n_layer layers holding L tokens, with the pre-RoPE data kept for the oracles.
+struct Fixture {
+  int64_t n_layer, H, Hkv, d, L, block;
+  std::vector<float> k, v, q;  // k, v: [n_layer][L, Hkv, d]; q: [n_layer][L, H, d] (all prompt queries)
+  std::vector<int32_t> pos;
+  std::unique_ptr<KvCache> kv;
+  PressShape shape;
+
+  Fixture(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, int64_t block_ = 16,
+          uint32_t seed = 1)
+      : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_), block(block_) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    k.resize(static_cast<size_t>(n_layer * L * Hkv * d));
+    v.resize(k.size());
+    q.resize(static_cast<size_t>(n_layer * L * H * d));
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (auto& x : q) x = nd(rng);
+    for (int64_t t = 0; t < L; ++t) pos.push_back(static_cast<int32_t>(t));
+    KvCacheConfig c;
+    c.n_layer = n_layer;
+    c.n_head_kv = Hkv;
+    c.head_dim = d;
+    c.head_dim_v = d;
+    c.block_tokens = block;
+    LlamaCppRopeParams rp;
+    rp.n_rot = d;
+    rp.neox = true;
+    c.rope = make_llama_cpp_rope(rp);
+    auto r = KvCache::create(c);
+    EXPECT_TRUE(r.has_value());
+    kv = std::move(r.value());
+    append(0, L);
+    shape = PressShape{n_layer, H, Hkv, d, d, 0.0f};
+  }
+  void append(int64_t first, int64_t n) {
+    for (int64_t il = 0; il < n_layer; ++il)
+      EXPECT_TRUE(kv->append(il, n, kptr(il, first), vptr(il, first), pos.data() + first).is_ok());
+  }
+  const float* kptr(int64_t il, int64_t t) const { return k.data() + (il * L + t) * Hkv * d; }
+  const float* vptr(int64_t il, int64_t t) const { return v.data() + (il * L + t) * Hkv * d; }
+  const float* qptr(int64_t il, int64_t t) const { return q.data() + (il * L + t) * H * d; }
+  // The context for layer il with the last n_obs queries of the first `upto` tokens.
+  PressContext ctx(int64_t il, int64_t n_obs, int64_t upto = -1, PressPhase ph = PressPhase::kPrefill) const {
+    if (upto < 0) upto = L;
+    n_obs = std::min(n_obs, upto);
+    PressContext c;
+    c.kv = kv.get();
+    c.phase = ph;
+    c.queries = qptr(il, upto - n_obs);
+    c.query_pos = pos.data() + (upto - n_obs);
+    c.n_obs = n_obs;
+    return c;
+  }
+  Status compress_all(KvPress& p, int64_t upto = -1, PressPhase ph = PressPhase::kPrefill) {
+    for (int64_t il = 0; il < n_layer; ++il) LC_TRY(p.compress(ctx(il, p.n_obs(), upto, ph), il));
+    return Status::ok();
+  }
+};
+
+std::unique_ptr<KvPress> make(const std::string& spec, const PressShape& s) {
+  auto r = make_kv_press(spec, s);
+  EXPECT_TRUE(r.has_value()) << spec << ": " << (r ? "" : r.error().message);
+  return r ? std::move(r.value()) : nullptr;
+}
+
+void expect_conserved(const KvCache& kv) {
+  const BlockPool& p = kv.pool();
+  EXPECT_EQ(p.n_used() + p.n_free_ids(), p.n_ids());
+  EXPECT_EQ(p.n_used() - p.n_spilled() + p.ram_slots_free(), p.ram_slots());
+  int64_t blocks = 0;
+  for (int64_t il = 0; il < kv.n_layer(); ++il)
+    for (int64_t h = 0; h < kv.n_head_kv(); ++h) {
+      blocks += kv.n_blocks(il, h);
+      EXPECT_EQ(kv.n_blocks(il, h), (kv.n_tokens(il, h) + kv.block_tokens() - 1) / kv.block_tokens());
+    }
+  EXPECT_EQ(blocks, p.n_used());
+}
+
+// RoPE (neox, mscale 1) in double: the oracle's rotation of a pre-RoPE vector.
+void rope_d(const float* x, int64_t d, const RopeTable& rt, int32_t p, double* out) {
+  for (int64_t e = 0; e < d; ++e) out[e] = x[e];
+  const int64_t half = rt.n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double a = static_cast<double>(p) * rt.inv_freq[static_cast<size_t>(i)];
+    const double c = std::cos(a), s = std::sin(a);
+    out[i] = x[i] * c - x[i + half] * s;
+    out[i + half] = x[i] * s + x[i + half] * c;
+  }
+}
+
+std::vector<int32_t> seq_of(const KvCache& kv, int64_t il, int64_t h) {
+  const int32_t* s = kv.seq_index(il, h);
+  return std::vector<int32_t>(s, s + kv.n_tokens(il, h));
+}
+
+TEST(KvPress, SpecErrorsNameThePressAndKey) {
+  PressShape s{2, 4, 2, 8, 8, 0};
+  auto r = make_kv_press("snapkv:ratio=0.5,foo=1", s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("snapkv"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("foo"), std::string::npos);
+  EXPECT_NE(r.error().message.find("kernel"), std::string::npos);  // lists accepted keys
+  r = make_kv_press("nosuch:ratio=0.5", s);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("expected_attention"), std::string::npos) << r.error().message;
+  for (const char* bad : {"snapkv:ratio=1.5", "snapkv:ratio=x", "knorm:ratio=0.5,budget=4", "snapkv:budget=10",
+                          "knorm:interval=4", "snapkv:interval=4,target=10", "adakv:inner=nosuch", "snapkv:kernel=4", "knorm:ratio",
+                          "knorm:ratio=0.5,ratio=0.2", "", "knorm+", "snapkv:reduce=median"}) {
+    auto e = make_kv_press(bad, s);
+    EXPECT_FALSE(e.has_value()) << bad;
+  }
+  // spec() prints every parameter and parses back to itself.
+  for (const auto& n : kAll) {
+    auto p = make(n + ":ratio=0.25", s);
+    ASSERT_TRUE(p);
+    auto p2 = make(p->spec(), s);
+    ASSERT_TRUE(p2);
+    EXPECT_EQ(p->spec(), p2->spec());
+  }
+  auto ch = make("knorm:ratio=0.5+snapkv:budget=100,obs=16", s);
+  EXPECT_EQ(ch->n_obs(), 16);
+  EXPECT_NE(ch->spec().find('+'), std::string::npos);
+  EXPECT_EQ(kv_press_methods().size(), kAll.size());
+}
+
+// Ratio 0 is the identity: storage, positions and block use unchanged, for every press.
+TEST(KvPress, RatioZeroIsIdentity) {
+  for (const auto& n : kAll) {
+    Fixture f(2, 4, 2, 8, 70, 16, 3);
+    std::vector<float> before(static_cast<size_t>(70 * 8)), after(before.size());
+    const int64_t used = f.kv->pool().n_used();
+    auto p = make(n + ":ratio=0", f.shape);
+    ASSERT_TRUE(f.compress_all(*p).is_ok()) << n;
+    EXPECT_EQ(f.kv->pool().n_used(), used) << n;
+    for (int64_t il = 0; il < 2; ++il)
+      for (int64_t h = 0; h < 2; ++h) {
+        ASSERT_EQ(f.kv->n_tokens(il, h), 70) << n;
+        f.kv->read_keys(il, h, 0, 70, after.data());
+        Fixture g(2, 4, 2, 8, 70, 16, 3);
+        g.kv->read_keys(il, h, 0, 70, before.data());
+        EXPECT_EQ(before, after) << n;
+        for (int64_t j = 0; j < 70; ++j) EXPECT_EQ(f.kv->positions(il, h)[j], j);
+      }
+  }
+}
+
+// The kept count per head is exactly as requested; sinks and window always stay.
+TEST(KvPress, KeptCountsAndProtectedTokens) {
+  for (const auto& n : kAll) {
+    struct Case {
+      std::string params;
+      int64_t want, n_sink, window;
+    };
+    // floor(101 * 0.25) = 25; floor(101 * 0.1) = 10 is below the 24 protected tokens.
+    for (const Case& cs : {Case{"ratio=0.75,n_sink=3,window=5", 25, 3, 5}, Case{"budget=30,n_sink=2,window=7", 30, 2, 7},
+                           Case{"ratio=0.9,n_sink=4,window=20", 24, 4, 20}}) {
+      const std::string& params = cs.params;
+      const int64_t want = cs.want, n_sink = cs.n_sink, window = cs.window;
+      Fixture f(3, 8, 2, 16, 101, 8, 7);
+      auto p = make(n + ":" + params, f.shape);
+      ASSERT_TRUE(p);
+      ASSERT_TRUE(f.compress_all(*p).is_ok()) << n << " " << params;
+      int64_t layer_total = 0;
+      std::vector<int64_t> per_layer;
+      for (int64_t il = 0; il < 3; ++il) {
+        int64_t lt = 0;
+        for (int64_t h = 0; h < 2; ++h) {
+          const auto s = seq_of(*f.kv, il, h);
+          if (n != "adakv" && n != "pyramidkv") {
+            EXPECT_EQ(static_cast<int64_t>(s.size()), want) << n << " " << params;
+          }
+          for (int32_t j = 0; j < n_sink; ++j) EXPECT_TRUE(std::count(s.begin(), s.end(), j)) << n << " sink " << j;
+          for (int32_t j = 101 - static_cast<int32_t>(window); j < 101; ++j)
+            EXPECT_TRUE(std::count(s.begin(), s.end(), j)) << n << " window " << j;
+          EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+          lt += static_cast<int64_t>(s.size());
+        }
+        per_layer.push_back(lt);
+        layer_total += lt;
+      }
+      if (n == "adakv") {
+        for (int64_t t : per_layer) EXPECT_EQ(t, 2 * want) << params;  // head-wise, layer total fixed
+      }
+      if (n == "pyramidkv" && want > n_sink + window) {
+        EXPECT_GT(per_layer[0], per_layer[2]) << params;  // budgets fall with depth
+        EXPECT_NEAR(static_cast<double>(layer_total), 3.0 * 2 * want, 3.0 * 2) << params;
+      }
+      expect_conserved(*f.kv);
+    }
+  }
+}
+
+// A context no longer than n_sink + window is never compressed.
+TEST(KvPress, ShortContextFallsBack) {
+  Fixture f(1, 2, 1, 8, 20);
+  auto p = make("snapkv:budget=20,n_sink=4,window=16", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  EXPECT_EQ(f.kv->n_tokens(0, 0), 20);
+  auto p2 = make("knorm:ratio=0.5,n_sink=4,window=17", f.shape);
+  ASSERT_TRUE(f.compress_all(*p2).is_ok());
+  EXPECT_EQ(f.kv->n_tokens(0, 0), 20);
+}
+
+// Compaction frees blocks back to the pool, and the pool's accounting is conserved.
+TEST(KvPress, CompactionFreesBlocks) {
+  Fixture f(2, 4, 4, 8, 128, 16);
+  const int64_t used = f.kv->pool().n_used();
+  EXPECT_EQ(used, 2 * 4 * 8);
+  auto p = make("knorm:ratio=0.75", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  EXPECT_EQ(f.kv->pool().n_used(), 2 * 4 * 2);
+  EXPECT_EQ(f.kv->pool().n_free_ids(), used - 2 * 4 * 2);
+  expect_conserved(*f.kv);
+  EXPECT_EQ(f.kv->memory().blocks_in_use, 16);
+}
+
+// Ties go to the lower token index, the same on every run; random is a function of its seed.
+TEST(KvPress, DeterministicTies) {
+  Fixture f(1, 2, 2, 8, 64);
+  // Every key zero: knorm ties everywhere (exactly; rotated unit keys differ in the last bit).
+  for (auto& x : f.k) x = 0.0f;
+  Fixture g = std::move(f);
+  g.kv->clear();
+  auto fresh = [&] {
+    auto r = KvCache::create(g.kv->config());
+    g.kv = std::move(r.value());
+    g.append(0, 64);
+  };
+  fresh();
+  auto p = make("knorm:ratio=0.5", g.shape);
+  ASSERT_TRUE(g.compress_all(*p).is_ok());
+  std::vector<int32_t> want(32);
+  for (int i = 0; i < 32; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(seq_of(*g.kv, 0, 0), want);
+  for (const auto& n : kAll) {
+    fresh();
+    auto a = make(n + ":ratio=0.6", g.shape);
+    ASSERT_TRUE(g.compress_all(*a).is_ok());
+    const auto first = seq_of(*g.kv, 0, 1);
+    for (int rep = 0; rep < 3; ++rep) {
+      fresh();
+      ASSERT_TRUE(g.compress_all(*a).is_ok());
+      EXPECT_EQ(seq_of(*g.kv, 0, 1), first) << n;
+    }
+  }
+  Fixture r1(1, 2, 2, 8, 64);
+  auto s1 = make("random:ratio=0.5,seed=1", r1.shape), s2 = make("random:ratio=0.5,seed=2", r1.shape);
+  ASSERT_TRUE(r1.compress_all(*s1).is_ok());
+  Fixture r2(1, 2, 2, 8, 64);
+  ASSERT_TRUE(r2.compress_all(*s2).is_ok());
+  EXPECT_NE(seq_of(*r1.kv, 0, 0), seq_of(*r2.kv, 0, 0));
+}
+
+// Scoring on a thread pool selects exactly what the serial path selects.
+TEST(KvPress, ThreadPoolSameSelection) {
+  ThreadPool tp(3);
+  for (const auto& n : kAll) {
+    Fixture a(2, 8, 4, 16, 80, 8, 21), b(2, 8, 4, 16, 80, 8, 21);
+    auto p = make(n + ":ratio=0.7", a.shape);
+    for (int64_t il = 0; il < 2; ++il) {
+      PressContext ca = a.ctx(il, p->n_obs()), cb = b.ctx(il, p->n_obs());
+      cb.pool = &tp;
+      ASSERT_TRUE(p->compress(ca, il).is_ok());
+      ASSERT_TRUE(p->compress(cb, il).is_ok());
+      for (int64_t h = 0; h < 4; ++h) EXPECT_EQ(seq_of(*a.kv, il, h), seq_of(*b.kv, il, h)) << n;
+    }
+  }
+}
+
+// ---- score formulas on hand-built cases, against the test's own double computation ----
+
+std::vector<std::vector<float>> scores_of(const std::string& scorer, const std::string& params, Fixture& f,
+                                          int64_t il, int64_t n_obs, bool per_query_head) {
+  auto args = press::Args::parse(scorer, params);
+  EXPECT_TRUE(args.has_value());
+  auto sc = (*press::find_scorer(scorer))(*args, f.shape);
+  EXPECT_TRUE(sc.has_value());
+  PressScores s;
+  EXPECT_TRUE((*sc)->score(f.ctx(il, n_obs), il, f.shape, s).is_ok());
+  return per_query_head ? s.by_query_head : s.by_kv_head;
+}
+
+// [n_obs][L] causal softmax of observation queries of query head hq, in double.
+std::vector<std::vector<double>> probs_d(const Fixture& f, int64_t il, int64_t hq, int64_t n_obs) {
+  const RopeTable& rt = f.kv->rope(il);
+  const int64_t d = f.d, g = f.H / f.Hkv, L = f.L;
+  std::vector<std::vector<double>> P;
+  std::vector<double> qr(static_cast<size_t>(d)), kr(static_cast<size_t>(d));
+  for (int64_t t = L - n_obs; t < L; ++t) {
+    rope_d(f.qptr(il, t) + hq * d, d, rt, f.pos[static_cast<size_t>(t)], qr.data());
+    std::vector<double> row(static_cast<size_t>(L), 0.0);
+    double mx = -1e300;
+    for (int64_t j = 0; j <= t; ++j) {
+      rope_d(f.kptr(il, j) + (hq / g) * d, d, rt, f.pos[static_cast<size_t>(j)], kr.data());
+      double a = 0;
+      for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * kr[static_cast<size_t>(e)];
+      row[static_cast<size_t>(j)] = a / std::sqrt(static_cast<double>(d));
+      mx = std::max(mx, row[static_cast<size_t>(j)]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j <= t; ++j) sum += (row[static_cast<size_t>(j)] = std::exp(row[static_cast<size_t>(j)] - mx));
+    for (int64_t j = 0; j <= t; ++j) row[static_cast<size_t>(j)] /= sum;
+    P.push_back(row);
+  }
+  return P;
+}
+
+TEST(KvPressScores, Knorm) {
+  Fixture f(1, 2, 2, 8, 40);
+  auto s = scores_of("knorm", "", f, 0, 0, false);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 40; ++j) {
+      double a = 0;
+      for (int64_t e = 0; e < 8; ++e) a += std::pow(f.kptr(0, j)[h * 8 + e], 2);
+      EXPECT_NEAR(s[static_cast<size_t>(h)][static_cast<size_t>(j)], -std::sqrt(a), 1e-4);
+    }
+}
+
+TEST(KvPressScores, SnapKv) {
+  Fixture f(1, 4, 2, 8, 50);
+  const int64_t w = 6, kernel = 3;
+  auto s = scores_of("snapkv", "obs=6,kernel=3", f, 0, w, true);
+  for (int64_t hq = 0; hq < 4; ++hq) {
+    const auto P = probs_d(f, 0, hq, w);
+    std::vector<double> a(static_cast<size_t>(50 - w), 0.0);
+    for (const auto& row : P)
+      for (int64_t j = 0; j < 50 - w; ++j) a[static_cast<size_t>(j)] += row[static_cast<size_t>(j)] / w;
+    for (int64_t j = 0; j < 50 - w; ++j) {
+      double pooled = 0;
+      for (int64_t i = j - 1; i <= j + 1; ++i)
+        if (i >= 0 && i < 50 - w) pooled += a[static_cast<size_t>(i)];
+      EXPECT_NEAR(s[static_cast<size_t>(hq)][static_cast<size_t>(j)], pooled / kernel, 1e-5) << hq << " " << j;
+    }
+    for (int64_t j = 50 - w; j < 50; ++j) EXPECT_EQ(s[static_cast<size_t>(hq)][static_cast<size_t>(j)], FLT_MAX);
+  }
+}
+
+TEST(KvPressScores, H2oCausalNormalisation) {
+  Fixture f(1, 2, 1, 8, 30);
+  const int64_t w = 5;
+  auto s = scores_of("h2o", "obs=5", f, 0, w, true);
+  for (int64_t hq = 0; hq < 2; ++hq) {
+    const auto P = probs_d(f, 0, hq, w);
+    for (int64_t j = 0; j < 30; ++j) {
+      double sum = 0;
+      int cnt = 0;
+      for (int64_t t = 0; t < w; ++t)
+        if (j <= 30 - w + t) sum += P[static_cast<size_t>(t)][static_cast<size_t>(j)], ++cnt;
+      EXPECT_NEAR(s[static_cast<size_t>(hq)][static_cast<size_t>(j)], sum / cnt, 1e-5) << j;
+    }
+  }
+}
+
+TEST(KvPressScores, TovaAveragesOverAllHeads) {
+  Fixture f(1, 4, 2, 8, 30);
+  auto s = scores_of("tova", "", f, 0, 1, false);
+  std::vector<double> want(30, 0.0);
+  for (int64_t hq = 0; hq < 4; ++hq) {
+    const auto P = probs_d(f, 0, hq, 1);
+    for (int64_t j = 0; j < 30; ++j) want[static_cast<size_t>(j)] += P[0][static_cast<size_t>(j)] / 4;
+  }
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 30; ++j) EXPECT_NEAR(s[static_cast<size_t>(h)][static_cast<size_t>(j)], want[static_cast<size_t>(j)], 1e-5);
+}
+
+TEST(KvPressScores, StreamingLlmIsRecency) {
+  Fixture f(1, 2, 1, 8, 30);
+  auto p = make("streaming_llm:ratio=0.5,n_sink=4,reposition=0", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  std::vector<int32_t> want = {0, 1, 2, 3};
+  for (int32_t j = 19; j < 30; ++j) want.push_back(j);
+  EXPECT_EQ(seq_of(*f.kv, 0, 0), want);
+}
+
+TEST(KvPressScores, ExpectedAttention) {
+  Fixture f(1, 2, 1, 8, 40);
+  const int64_t w = 10, nf = 7;
+  auto s = scores_of("expected_attention", "obs=10,n_future=7", f, 0, w, true);
+  const RopeTable& rt = f.kv->rope(0);
+  const int64_t d = 8;
+  for (int64_t hq = 0; hq < 2; ++hq) {
+    // Oracle: average the exact MGF-style score over sampled rotations instead of the closed
+    // form: z_j = mean_p [scale k.R(p)mu] + scale^2/2 k^T (mean_p R(p)) Sigma (mean_p R(p))^T k.
+    std::vector<double> mu(d, 0.0), sig(d * d, 0.0);
+    for (int64_t t = 40 - w; t < 40; ++t)
+      for (int64_t e = 0; e < d; ++e) mu[static_cast<size_t>(e)] += f.qptr(0, t)[hq * d + e] / double(w);
+    for (int64_t t = 40 - w; t < 40; ++t)
+      for (int64_t a = 0; a < d; ++a)
+        for (int64_t b = 0; b < d; ++b)
+          sig[static_cast<size_t>(a * d + b)] += (f.qptr(0, t)[hq * d + a] - mu[static_cast<size_t>(a)]) *
+                                                 (f.qptr(0, t)[hq * d + b] - mu[static_cast<size_t>(b)]) / double(w - 1);
+    // Mean rotation matrix, built by rotating basis vectors.
+    std::vector<double> R(d * d, 0.0), col(d);
+    for (int64_t p = 40; p < 40 + nf; ++p)
+      for (int64_t b = 0; b < d; ++b) {
+        std::vector<float> eb(d, 0.0f);
+        eb[static_cast<size_t>(b)] = 1.0f;
+        rope_d(eb.data(), d, rt, static_cast<int32_t>(p), col.data());
+        for (int64_t a = 0; a < d; ++a) R[static_cast<size_t>(a * d + b)] += col[static_cast<size_t>(a)] / double(nf);
+      }
+    std::vector<double> mu2(d, 0.0), S2(d * d, 0.0), tmp(d * d, 0.0);
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t b = 0; b < d; ++b) mu2[static_cast<size_t>(a)] += R[static_cast<size_t>(a * d + b)] * mu[static_cast<size_t>(b)];
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t b = 0; b < d; ++b)
+        for (int64_t c = 0; c < d; ++c) tmp[static_cast<size_t>(a * d + b)] += R[static_cast<size_t>(a * d + c)] * sig[static_cast<size_t>(c * d + b)];
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t b = 0; b < d; ++b)
+        for (int64_t c = 0; c < d; ++c) S2[static_cast<size_t>(a * d + b)] += tmp[static_cast<size_t>(a * d + c)] * R[static_cast<size_t>(b * d + c)];
+    std::vector<double> z(40);
+    double mx = -1e300;
+    const double scale = 1 / std::sqrt(double(d));
+    std::vector<double> kr(d);
+    for (int64_t j = 0; j < 40; ++j) {
+      rope_d(f.kptr(0, j), d, rt, static_cast<int32_t>(j), kr.data());
+      double lin = 0, quad = 0;
+      for (int64_t a = 0; a < d; ++a) {
+        lin += kr[static_cast<size_t>(a)] * mu2[static_cast<size_t>(a)];
+        for (int64_t b = 0; b < d; ++b) quad += kr[static_cast<size_t>(a)] * S2[static_cast<size_t>(a * d + b)] * kr[static_cast<size_t>(b)];
+      }
+      z[static_cast<size_t>(j)] = scale * lin + 0.5 * scale * scale * quad;
+      mx = std::max(mx, z[static_cast<size_t>(j)]);
+    }
+    double sum = 0;
+    for (auto& x : z) sum += (x = std::exp(x - mx));
+    for (int64_t j = 0; j < 40; ++j) {
+      double vn = 0;
+      for (int64_t e = 0; e < d; ++e) vn += std::pow(f.vptr(0, j)[e], 2);
+      const double want = z[static_cast<size_t>(j)] / sum * std::sqrt(vn);
+      EXPECT_NEAR(s[static_cast<size_t>(hq)][static_cast<size_t>(j)], want, 1e-5 + 1e-4 * want) << hq << " " << j;
+    }
+  }
+}
+
+// Group reduction: mean or max over the query heads of a KV head.
+TEST(KvPress, GroupReduceMeanAndMax) {
+  Fixture f(1, 4, 1, 8, 40);
+  for (const std::string red : {"mean", "max"}) {
+    Fixture g(1, 4, 1, 8, 40);
+    auto per_q = scores_of("h2o", "obs=8", g, 0, 8, true);
+    std::vector<int32_t> order(40);
+    std::vector<float> r(40);
+    for (int j = 0; j < 40; ++j) {
+      float m = red == "max" ? -1e30f : 0.0f;
+      for (int q = 0; q < 4; ++q) m = red == "max" ? std::max(m, per_q[static_cast<size_t>(q)][static_cast<size_t>(j)]) : m + per_q[static_cast<size_t>(q)][static_cast<size_t>(j)];
+      r[static_cast<size_t>(j)] = red == "max" ? m : m / 4;
+    }
+    // Expected keep: protected last 8, top 12 of the rest by r, ties lower index.
+    std::vector<int32_t> cand;
+    for (int j = 0; j < 32; ++j) cand.push_back(j);
+    std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return r[static_cast<size_t>(a)] > r[static_cast<size_t>(b)]; });
+    std::vector<int32_t> want(cand.begin(), cand.begin() + 12);
+    for (int j = 32; j < 40; ++j) want.push_back(j);
+    std::sort(want.begin(), want.end());
+    auto p = make("h2o:budget=20,obs=8,reduce=" + red, g.shape);
+    ASSERT_TRUE(g.compress_all(*p).is_ok());
+    EXPECT_EQ(seq_of(*g.kv, 0, 0), want) << red;
+  }
+}
+
+// ---- compressed cache + decode == naive attention restricted to the kept tokens ----
+
+// The test's attention of query q (pre-RoPE, head hq, position qp) over head (il, hq/g) of
+// the cache, in float from what the cache holds now (the "engine" side when no backend links).
+void attend_cache(const KvCache& kv, int64_t il, int64_t hq, int64_t g, const float* q, int32_t qp, float* out) {
+  const int64_t d = kv.head_dim(), n = kv.n_tokens(il, hq / g);
+  std::vector<float> K(static_cast<size_t>(n * d)), V(K.size()), qr(q, q + d);
+  kv.read_keys(il, hq / g, 0, n, K.data());
+  kv.read_values(il, hq / g, 0, n, V.data());
+  kv.rope(il).apply(qr.data(), 1, 1, d, &qp);
+  std::vector<double> sc(static_cast<size_t>(n));
+  double mx = -1e300;
+  for (int64_t j = 0; j < n; ++j) {
+    double a = 0;
+    for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * K[static_cast<size_t>(j * d + e)];
+    mx = std::max(mx, sc[static_cast<size_t>(j)] = a / std::sqrt(double(d)));
+  }
+  double sum = 0;
+  for (auto& x : sc) sum += (x = std::exp(x - mx));
+  for (int64_t e = 0; e < d; ++e) {
+    double a = 0;
+    for (int64_t j = 0; j < n; ++j) a += sc[static_cast<size_t>(j)] * V[static_cast<size_t>(j * d + e)];
+    out[e] = static_cast<float>(a / sum);
+  }
+}
+
+TEST(KvPress, DecodeEqualsNaiveOverKeptTokens) {
+  for (const auto& n : kAll) {
+    const int64_t L = 90, H = 4, Hkv = 2, d = 16;
+    Fixture f(2, H, Hkv, d, L, 8, 11);
+    f.L = L;  // the last token is the decode token: prefill L - 1
+    f.kv->clear();
+    auto r = KvCache::create(f.kv->config());
+    f.kv = std::move(r.value());
+    f.append(0, L - 1);
+    auto p = make(n + ":ratio=0.6,window=4,n_sink=2", f.shape);
+    for (int64_t il = 0; il < 2; ++il) ASSERT_TRUE(p->compress(f.ctx(il, p->n_obs(), L - 1), il).is_ok()) << n;
+    f.append(L - 1, 1);
+#ifdef LC_PRESS_HAVE_BACKEND
+    AttnShape as{2, H, Hkv, d, d, 0.0f};
+    auto be = make_attention_backend("naive", as);
+    ASSERT_TRUE(be.has_value());
+    ThreadPool tp(1);
+#endif
+    for (int64_t il = 0; il < 2; ++il) {
+      std::vector<float> got(static_cast<size_t>(H * d));
+#ifdef LC_PRESS_HAVE_BACKEND
+      ASSERT_TRUE((*be)->forward(il, 1, f.qptr(il, L - 1), &f.pos[L - 1], *f.kv, got.data(), tp).is_ok());
+#else
+      for (int64_t hq = 0; hq < H; ++hq)
+        attend_cache(*f.kv, il, hq, H / Hkv, f.qptr(il, L - 1) + hq * d, f.pos[L - 1], got.data() + hq * d);
+#endif
+      for (int64_t hq = 0; hq < H; ++hq) {
+        const int64_t h = hq / (H / Hkv);
+        // Oracle: the original data of the kept sequence indices, keys rotated at the position
+        // the cache now records for them (streaming_llm re-assigns positions).
+        const auto kept = seq_of(*f.kv, il, h);
+        const int32_t* kpos = f.kv->positions(il, h);
+        if (n != "streaming_llm") {
+          for (size_t j = 0; j < kept.size(); ++j) EXPECT_EQ(kpos[j], kept[j]);
+        }
+        EXPECT_LT(kept.size(), static_cast<size_t>(L - 1));
+        std::vector<double> qr(d), kr(d), sc;
+        rope_d(f.qptr(il, L - 1) + hq * d, d, f.kv->rope(il), f.pos[L - 1], qr.data());
+        double mx = -1e300;
+        for (size_t j = 0; j < kept.size(); ++j) {
+          rope_d(f.kptr(il, kept[j]) + h * d, d, f.kv->rope(il), kpos[j], kr.data());
+          double a = 0;
+          for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * kr[static_cast<size_t>(e)];
+          sc.push_back(a / std::sqrt(double(d)));
+          mx = std::max(mx, sc.back());
+        }
+        double sum = 0;
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < d; ++e) {
+          double a = 0;
+          for (size_t j = 0; j < kept.size(); ++j) a += sc[j] * f.vptr(il, kept[j])[h * d + e];
+          EXPECT_NEAR(got[static_cast<size_t>(hq * d + e)], a / sum, 2e-5) << n << " il " << il << " hq " << hq;
+        }
+      }
+    }
+  }
+}
+
+// StreamingLLM re-assigns positions: kept tokens contiguous, ending at the last position.
+TEST(KvPress, StreamingLlmRepositions) {
+  Fixture f(1, 2, 1, 8, 40);
+  auto p = make("streaming_llm:budget=12", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  ASSERT_EQ(f.kv->n_tokens(0, 0), 12);
+  for (int j = 0; j < 12; ++j) EXPECT_EQ(f.kv->positions(0, 0)[j], 28 + j);
+  EXPECT_EQ(seq_of(*f.kv, 0, 0)[3], 3);
+  EXPECT_EQ(seq_of(*f.kv, 0, 0)[4], 32);
+}
+
+// Per-chunk compression bounds the cache as the prompt streams in; decoding compression
+// brings it back to target every interval tokens.
+TEST(KvPress, ScheduleChunkAndDecode) {
+  Fixture f(2, 4, 2, 8, 200, 8);
+  f.kv->clear();
+  f.kv = std::move(KvCache::create(f.kv->config()).value());
+  auto p = make("snapkv:budget=40,window=8,obs=8,chunk=1,interval=10,target=30", f.shape);
+  const PressSchedule& s = p->schedule();
+  EXPECT_TRUE(s.per_chunk && s.after_prefill);
+  int64_t peak_blocks = 0;
+  for (int64_t first = 0; first < 150; first += 30) {
+    f.append(first, 30);
+    peak_blocks = std::max(peak_blocks, f.kv->pool().n_used());
+    ASSERT_TRUE(f.compress_all(*p, first + 30, PressPhase::kChunk).is_ok());
+    for (int64_t il = 0; il < 2; ++il) {
+      for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(f.kv->n_tokens(il, h), std::min<int64_t>(first + 30, 40));
+    }
+  }
+  EXPECT_LE(peak_blocks, 2 * 2 * ((40 + 30 + 7) / 8 + 1));
+  EXPECT_FALSE(s.decode_due(5));
+  for (int64_t t = 150; t < 200; ++t) {
+    f.append(t, 1);
+    if (s.decode_due(t + 1 - 150)) {
+      ASSERT_TRUE(f.compress_all(*p, t + 1, PressPhase::kDecode).is_ok());
+    }
+    EXPECT_LE(f.kv->n_tokens(0, 0), 40 + 10);  // at most interval tokens above the last target
+  }
+  EXPECT_EQ(f.kv->n_tokens(1, 1), 30);  // 50 decoded: compressed at 50
+  // Prefill phase for a chunk-only press is still once at the end; a decode-only press
+  // ignores prefill.
+  auto d = make("knorm:interval=4,target=8", f.shape);
+  EXPECT_FALSE(d->schedule().after_prefill);
+  const int64_t before = f.kv->n_tokens(0, 0);
+  ASSERT_TRUE(f.compress_all(*d, 200, PressPhase::kPrefill).is_ok());
+  EXPECT_EQ(f.kv->n_tokens(0, 0), before);
+  EXPECT_FALSE(make("knorm:query=agnostic", f.shape)->schedule().query_aware);
+  expect_conserved(*f.kv);
+}
+
+TEST(KvPress, ChainAppliesInOrder) {
+  Fixture f(1, 2, 2, 8, 100);
+  auto p = make("knorm:ratio=0.5+snapkv:budget=20,obs=8", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  EXPECT_EQ(f.kv->n_tokens(0, 0), 20);
+  Fixture g(1, 2, 2, 8, 100);
+  auto k = make("knorm:ratio=0.5", g.shape);
+  ASSERT_TRUE(g.compress_all(*k).is_ok());
+  const auto after_knorm = seq_of(*g.kv, 0, 0);
+  for (int32_t s : seq_of(*f.kv, 0, 0)) EXPECT_TRUE(std::count(after_knorm.begin(), after_knorm.end(), s));
+  std::vector<std::vector<int32_t>> keep;
+  EXPECT_FALSE(p->select(f.ctx(0, 8), 0, keep).is_ok());
+}
+
+TEST(KvPress, AdaKvHeadBudgetsDiffer) {
+  Fixture f(1, 8, 4, 16, 120, 8, 5);
+  // Make head 0's keys sharply attended and others flat: adaptive budgets should differ.
+  for (int64_t t = 0; t < 120; ++t)
+    for (int64_t e = 0; e < 16; ++e) f.k[static_cast<size_t>((t * 4 + 0) * 16 + e)] *= 4.0f;
+  f.kv = std::move(KvCache::create(f.kv->config()).value());
+  f.append(0, 120);
+  auto p = make("adakv:inner=snapkv,obs=16,ratio=0.75,alpha=0.2", f.shape);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  std::set<int64_t> sizes;
+  int64_t total = 0;
+  for (int64_t h = 0; h < 4; ++h) {
+    sizes.insert(f.kv->n_tokens(0, h));
+    total += f.kv->n_tokens(0, h);
+    EXPECT_GE(f.kv->n_tokens(0, h), 16 + (30 - 16) / 5);  // window + safeguard
+  }
+  EXPECT_EQ(total, 4 * 30);
+  EXPECT_GT(sizes.size(), 1u);
+  expect_conserved(*f.kv);
+}
+
+}  // namespace
+}  // namespace lc
