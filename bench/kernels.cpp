@@ -1,3 +1,4 @@
+#include <cmath>
 // Kernel throughput on the SmolLM2-135M shapes (n_embd 576, n_ff 1536, kv 192, vocab 49152):
 // matmul for each weight type at n_tokens = 1 (decode gemv) and 512 (prefill GEMM) with 1 and
 // 2 threads, plus the row kernels. Counters: GFLOP/s (2 * n_in * n_out * n_tokens per call)
@@ -89,6 +90,35 @@ void bm_row(benchmark::State& st, int which) {
   }
 }
 
+// Rotary embedding of one token's queries (SmolLM2: 9 heads of 64).
+void bm_rope(benchmark::State& st) {
+  std::vector<float> x(9 * 64, 0.5f), inv(32);
+  for (int i = 0; i < 32; ++i) inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / 64.0f);
+  const int32_t pos = 1234;
+  for (auto _ : st) {
+    rope_apply(x.data(), 1, 9, 64, 64, &pos, inv.data(), 1.0f, false);
+    benchmark::ClobberMemory();
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * 9 * 64);
+}
+
+// Dequantising (embedding lookups, KV reads) and quantising (activations, KV writes) a row.
+void bm_convert(benchmark::State& st, DType t, bool quantize) {
+  const int64_t n = 4096;
+  std::vector<float> f(n), back(n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (auto& e : f) e = g(rng);
+  std::vector<uint8_t> q(row_bytes(t, n));
+  quantize_row(t, f.data(), q.data(), n);
+  for (auto _ : st) {
+    if (quantize) quantize_row(t, f.data(), q.data(), n);
+    else dequantize_row(t, q.data(), back.data(), n);
+    benchmark::ClobberMemory();
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * n);
+}
+
 const char* float_gemm_name(FloatGemm g) {
   return g == FloatGemm::kOwn ? "/own" : g == FloatGemm::kBlas ? "/blas" : "";
 }
@@ -118,6 +148,11 @@ int register_all() {
   benchmark::RegisterBenchmark("Row/swiglu1536", bm_row, 1);
   benchmark::RegisterBenchmark("Row/softmax512", bm_row, 2);
   benchmark::RegisterBenchmark("Row/dot64", bm_row, 3);
+  benchmark::RegisterBenchmark("Row/rope9x64", bm_rope);
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::Q8_K}) {
+    benchmark::RegisterBenchmark((std::string("Dequantize/") + dtype_name(t)).c_str(), bm_convert, t, false);
+    benchmark::RegisterBenchmark((std::string("Quantize/") + dtype_name(t)).c_str(), bm_convert, t, true);
+  }
   return 0;
 }
 const int registered = register_all();
