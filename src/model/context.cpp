@@ -29,7 +29,12 @@ Context::Context(const Model& model, const ContextParams& p)
     : model_(model), hp_(model.hparams()), params_(p),
       pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()) {}
 
-Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& in) {
+Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& p) {
+  return create(model, p, nullptr);
+}
+
+Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& in,
+                                                   std::unique_ptr<AttentionBackend> backend) {
   ContextParams p = in;
   const HParams& hp = model.hparams();
   if (p.n_ctx == 0) p.n_ctx = std::max<int64_t>(hp.n_ctx_train, 512);
@@ -72,9 +77,13 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   as.n_head_kv = hp.n_head_kv;
   as.head_dim = hp.head_dim;
   as.head_dim_v = hp.head_dim_v;
-  auto attn = make_attention_backend(p.attn, as);
-  if (!attn) return make_error("--attn: " + attn.error().message);
-  c->backend_ = std::move(*attn);
+  if (backend) {
+    c->backend_ = std::move(backend);
+  } else {
+    auto attn = make_attention_backend(p.attn, as);
+    if (!attn) return make_error("--attn: " + attn.error().message);
+    c->backend_ = std::move(*attn);
+  }
   LC_TRY(c->backend_->attach(*c->kv_));
   if (!p.kv_press.empty() && p.kv_press != "none") {
     PressShape ps{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};

@@ -39,6 +39,9 @@ enum class Logits { kLast, kAll, kNone };
 class Context {
  public:
   static Expected<std::unique_ptr<Context>> create(const Model& model, const ContextParams& p);
+  // With an attention backend made by the caller (e.g. a calibrating one) instead of p.attn.
+  static Expected<std::unique_ptr<Context>> create(const Model& model, const ContextParams& p,
+                                                   std::unique_ptr<AttentionBackend> backend);
 
   // Appends tokens to the sequence (positions n_past() ...) and runs the forward pass.
   // kLast keeps the logits of the last token, kAll of every token of this call.

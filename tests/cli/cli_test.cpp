@@ -114,3 +114,43 @@ TEST(Cli, PromptLongerThanContextIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, CalibrateWritesRetrievalHeadsThatLycheeReads) {
+  const std::string heads = testing::TempDir() + "heads.txt";
+  Result r = run("calibrate -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt --far 256 --per-layer 2 -c 4096 -o " + heads);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string text = slurp(heads);
+  EXPECT_EQ(text.rfind("longctx-retrieval-heads 1\nn_layer 5 n_head 8\n", 0), 0u) << text;
+  r = run("run -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt -c 4096 -n 4 --attn lychee:budget=512,heads=" + heads);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("calibrate -m " + kStories + " -f " + kGolden + "prompts/p1.txt --far 256 -o " + heads);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("needs more than --far 256"), std::string::npos) << r.out;
+}
+
+TEST(Cli, MethodFlagsAreValidated) {
+  Result r = run("run -m " + kStories + " -n 2 --attn nosuch");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("unknown attention method 'nosuch'"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n 2 --rope yarn:factor=0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("factor"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n 2 --kv-press snapkv:ratio=2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("ratio"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n 2 --kv-type-k q4_0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("q4_0"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -c 4096 -f " + kGolden + "prompts/ppl_text.txt -n 2 --kv-budget 64K");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("budget"), std::string::npos) << r.out;
+  // Under a budget, a spill directory takes the overflow and the run completes.
+  r = run("run -m " + kStories + " -c 4096 -f " + kGolden + "prompts/ppl_text.txt -n 2 --kv-budget 64K --kv-spill " +
+          testing::TempDir());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("spilled"), std::string::npos) << r.out;
+}
+
+}  // namespace

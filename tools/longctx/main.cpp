@@ -14,6 +14,7 @@
 #include "embedded_model.h"
 #include "core/sys.h"
 #include "kernels/kernels.h"
+#include "attention/lychee.h"
 #include "kv/block_pool.h"
 #include "model/context.h"
 #include "model/model.h"
@@ -235,6 +236,47 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
     msgs.push_back({"assistant", reply});
   }
   print_summary(total, **ctx);
+  return 0;
+}
+
+// LycheeDecode: finds the heads that attend far back on a retrieval prompt and writes them to a
+// file for --attn lychee:heads=FILE.
+int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, int64_t per_layer,
+                  const std::string& out) {
+  if (far < 1) return fail("--far must be >= 1");
+  if (per_layer < 1) return fail("--per-layer must be >= 1");
+  auto text = read_file(file);
+  if (!text) return fail(text.error().message);
+  auto model = load_model(co);
+  if (!model) return fail(model.error().message);
+  const lc::HParams& hp = (*model)->hparams();
+  if (per_layer > hp.n_head) return fail(lc::strprintf("--per-layer %lld exceeds the %lld heads per layer",
+                                                        (long long)per_layer, (long long)hp.n_head));
+  lc::AttnShape as{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
+  auto cal = lc::make_lychee_calibrator(as, far);
+  if (!cal) return fail(cal.error().message);
+  const lc::LycheeCalibrator* stats = cal->get();
+  auto cp = co.ctx_params();
+  if (!cp) return fail(cp.error().message);
+  const auto ids = (*model)->tokenizer().encode(*text, true, false);
+  if (static_cast<int64_t>(ids.size()) <= far)
+    return fail(lc::strprintf("the calibration prompt has %zu tokens; it needs more than --far %lld",
+                              ids.size(), (long long)far));
+  cp->n_ctx = std::max<int64_t>(cp->n_ctx, static_cast<int64_t>(ids.size()));
+  auto ctx = lc::Context::create(**model, *cp, std::move(*cal));
+  if (!ctx) return fail(ctx.error().message);
+  Status s = (*ctx)->decode(ids, lc::Logits::kNone);
+  if (!s) return fail(s.message());
+  const lc::RetrievalHeads rh = lc::pick_retrieval_heads(stats->stats(), per_layer);
+  s = lc::save_retrieval_heads(out, rh);
+  if (!s) return fail(s.message());
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    std::printf("layer %lld:", (long long)il);
+    for (int32_t h : rh.heads[static_cast<size_t>(il)])
+      std::printf(" %d (far mass %.3f)", h, stats->stats().mean(il, h));
+    std::printf("\n");
+  }
+  std::fprintf(stderr, "wrote %s; use --attn lychee:heads=%s\n", out.c_str(), out.c_str());
   return 0;
 }
 
@@ -498,6 +540,16 @@ int main(int argc, char** argv) {
   bspeed->add_option("-r,--repetitions", bs_r, "repetitions")->capture_default_str();
   bspeed->add_option("-o,--output", bs_o, "md or json")->capture_default_str();
 
+  CommonOpts cal_co;
+  std::string cal_file, cal_out = "retrieval-heads.txt";
+  int64_t cal_far = 1024, cal_per_layer = 2;
+  auto* cal = app.add_subcommand("calibrate", "pick a model's retrieval heads for --attn lychee from a retrieval prompt");
+  cal_co.add(cal);
+  cal->add_option("-f,--file", cal_file, "retrieval prompt (e.g. from `bench tasks --task passkey --show`)")->required();
+  cal->add_option("--far", cal_far, "attention to tokens further back than this counts as retrieval")->capture_default_str();
+  cal->add_option("--per-layer", cal_per_layer, "retrieval heads kept per layer")->capture_default_str();
+  cal->add_option("-o,--output", cal_out, "heads file to write")->capture_default_str();
+
   std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
   for (auto& c : add_train_commands(&app)) extra.push_back(std::move(c));
 
@@ -519,6 +571,7 @@ int main(int argc, char** argv) {
     if (*run) return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_n, run_no_bos, run_special);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
+    if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_out);
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o);
