@@ -9,32 +9,10 @@
 
 namespace lc {
 
-namespace {
-
-struct Symbol {
-  int32_t prev, next;
-  size_t start, n;
-};
-
-struct Bigram {
-  int32_t rank;
-  int32_t left, right;
-  size_t size;
-};
-
-// Max-heap order: lowest rank first, then the leftmost pair.
-struct BigramLess {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  }
-};
-
-}  // namespace
-
 // Buffers reused across the words of one encode() call.
 struct BpeTokenizer::Scratch {
-  std::vector<Symbol> sym;
-  std::vector<Bigram> heap;
+  std::vector<tok::MergeSymbol> sym;
+  std::vector<tok::MergeCandidate> heap;
   std::string key, word;
 };
 
@@ -58,45 +36,18 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out,
     }
   }
   auto& sym = s.sym;
-  sym.clear();
-  for (size_t off = 0; off < word.size();) {
-    const size_t n = std::min(tok::utf8_len(static_cast<uint8_t>(word[off])), word.size() - off);
-    const auto idx = static_cast<int32_t>(sym.size());
-    sym.push_back(Symbol{idx - 1, off + n == word.size() ? -1 : idx + 1, off, n});
-    off += n;
-  }
-  auto& heap = s.heap;
-  heap.clear();
-  const BigramLess less;
-  const auto try_add = [&](int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
-    const Symbol& a = sym[static_cast<size_t>(l)];
-    const Symbol& b = sym[static_cast<size_t>(r)];
+  tok::split_chars(word, sym);
+  // Lower rank merges first; ranks are exact in a float (well below 2^24 merges).
+  tok::merge_best_first(sym, s.heap, [&](int32_t l, int32_t r) -> std::optional<float> {
+    const tok::MergeSymbol& a = sym[static_cast<size_t>(l)];
+    const tok::MergeSymbol& b = sym[static_cast<size_t>(r)];
     const int32_t rk = rank(word.substr(a.start, a.n), word.substr(b.start, b.n), s.key);
-    if (rk < 0) return;
-    heap.push_back(Bigram{rk, l, r, a.n + b.n});
-    std::push_heap(heap.begin(), heap.end(), less);
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), less);
-    const Bigram bg = heap.back();
-    heap.pop_back();
-    Symbol& l = sym[static_cast<size_t>(bg.left)];
-    Symbol& r = sym[static_cast<size_t>(bg.right)];
-    // Stale: either side changed since the pair was queued (sides only ever grow).
-    if (l.n == 0 || r.n == 0 || l.n + r.n != bg.size) continue;
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = bg.left;
-    try_add(l.prev, bg.left);
-    try_add(bg.left, l.next);
-  }
+    if (rk < 0) return std::nullopt;
+    return -static_cast<float>(rk);
+  });
 
   for (int32_t i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) {
-    const Symbol& sy = sym[static_cast<size_t>(i)];
+    const tok::MergeSymbol& sy = sym[static_cast<size_t>(i)];
     const std::string_view piece = word.substr(sy.start, sy.n);
     if (const int32_t id = lookup(piece); id >= 0) {
       out.push_back(id);

@@ -9,28 +9,6 @@
 
 namespace lc {
 
-namespace {
-
-struct Symbol {
-  int32_t prev, next;
-  size_t start, n;
-};
-
-struct Bigram {
-  float score;
-  int32_t left, right;
-  size_t size;
-};
-
-// Max-heap order: higher score first, then the leftmost pair.
-struct BigramLess {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  }
-};
-
-}  // namespace
-
 void SpmTokenizer::encode_fragment(std::string_view text, std::vector<int32_t>& out) const {
   if (!split_at_spaces_) {
     encode_chunk(text, out);
@@ -56,49 +34,23 @@ void SpmTokenizer::encode_fragment(std::string_view text, std::vector<int32_t>& 
 }
 
 void SpmTokenizer::encode_chunk(std::string_view text, std::vector<int32_t>& out) const {
-  std::vector<Symbol> sym;
+  std::vector<tok::MergeSymbol> sym;
   sym.reserve(text.size());
-  for (size_t off = 0; off < text.size();) {
-    const size_t n = std::min(tok::utf8_len(static_cast<uint8_t>(text[off])), text.size() - off);
-    const auto idx = static_cast<int32_t>(sym.size());
-    sym.push_back(Symbol{idx - 1, off + n == text.size() ? -1 : idx + 1, off, n});
-    off += n;
-  }
-
-  std::vector<Bigram> heap;
+  tok::split_chars(text, sym);
+  std::vector<tok::MergeCandidate> heap;
   heap.reserve(sym.size());
-  const BigramLess less;
-  const auto try_add = [&](int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
-    const Symbol& a = sym[static_cast<size_t>(l)];
+  // Higher-scoring vocabulary pieces merge first.
+  tok::merge_best_first(sym, heap, [&](int32_t l, int32_t r) -> std::optional<float> {
+    const tok::MergeSymbol& a = sym[static_cast<size_t>(l)];
     const size_t len = a.n + sym[static_cast<size_t>(r)].n;
-    if (len > max_token_len_) return;
-    const std::string_view merged = text.substr(a.start, len);
-    const int32_t id = lookup(merged);
-    if (id < 0) return;
-    heap.push_back(Bigram{scores_[static_cast<size_t>(id)], l, r, merged.size()});
-    std::push_heap(heap.begin(), heap.end(), less);
-  };
-  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), less);
-    const Bigram bg = heap.back();
-    heap.pop_back();
-    Symbol& l = sym[static_cast<size_t>(bg.left)];
-    Symbol& r = sym[static_cast<size_t>(bg.right)];
-    // Stale: one side was merged into something else since this pair was queued.
-    if (l.n == 0 || r.n == 0 || l.n + r.n != bg.size) continue;
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = bg.left;
-    try_add(l.prev, bg.left);
-    try_add(bg.left, l.next);
-  }
+    if (len > max_token_len_) return std::nullopt;
+    const int32_t id = lookup(text.substr(a.start, len));
+    if (id < 0) return std::nullopt;
+    return scores_[static_cast<size_t>(id)];
+  });
 
   for (int32_t i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) {
-    const Symbol& s = sym[static_cast<size_t>(i)];
+    const tok::MergeSymbol& s = sym[static_cast<size_t>(i)];
     const std::string_view piece = text.substr(s.start, s.n);
     if (const int32_t id = lookup(piece); id >= 0) {
       out.push_back(id);

@@ -1,6 +1,10 @@
 // Internal: the concrete tokenizers and the loader that fills them from GGUF metadata.
 #pragma once
 
+#include <optional>
+
+#include <algorithm>
+
 #include <array>
 #include <string>
 #include <string_view>
@@ -9,8 +13,74 @@
 
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode_util.h"
 
 namespace lc {
+
+namespace tok {
+
+// A piece of the text being merged, in a doubly linked list; n == 0 marks a piece merged into
+// its left neighbour.
+struct MergeSymbol {
+  int32_t prev, next;
+  size_t start, n;
+};
+
+// A queued merge of two adjacent symbols: higher priority first, then the leftmost pair.
+struct MergeCandidate {
+  float priority;
+  int32_t left, right;
+  size_t size;  // bytes of both sides when queued; a mismatch later means the entry is stale
+};
+
+// One symbol per UTF-8 character of text.
+inline void split_chars(std::string_view text, std::vector<MergeSymbol>& sym) {
+  sym.clear();
+  for (size_t off = 0; off < text.size();) {
+    const size_t n = std::min(utf8_len(static_cast<uint8_t>(text[off])), text.size() - off);
+    const auto idx = static_cast<int32_t>(sym.size());
+    sym.push_back(MergeSymbol{idx - 1, off + n == text.size() ? -1 : idx + 1, off, n});
+    off += n;
+  }
+}
+
+// The merge loop both tokenizers share: queue every adjacent pair the vocabulary can merge,
+// then repeatedly merge the best one and queue the pairs it forms with its neighbours.
+// priority(l, r) gives the merge's priority, or nullopt when the pair cannot merge.
+template <class Priority>
+void merge_best_first(std::vector<MergeSymbol>& sym, std::vector<MergeCandidate>& heap,
+                      const Priority& priority) {
+  const auto less = [](const MergeCandidate& a, const MergeCandidate& b) {
+    return a.priority < b.priority || (a.priority == b.priority && a.left > b.left);
+  };
+  const auto add = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const std::optional<float> p = priority(l, r);
+    if (!p) return;
+    heap.push_back(MergeCandidate{*p, l, r, sym[static_cast<size_t>(l)].n + sym[static_cast<size_t>(r)].n});
+    std::push_heap(heap.begin(), heap.end(), less);
+  };
+  heap.clear();
+  for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) add(i - 1, i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), less);
+    const MergeCandidate c = heap.back();
+    heap.pop_back();
+    MergeSymbol& l = sym[static_cast<size_t>(c.left)];
+    MergeSymbol& r = sym[static_cast<size_t>(c.right)];
+    // Stale: one side was merged into something else since this pair was queued.
+    if (l.n == 0 || r.n == 0 || l.n + r.n != c.size) continue;
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = c.left;
+    add(l.prev, c.left);
+    add(c.left, l.next);
+  }
+}
+
+}  // namespace tok
+
 
 namespace tok {
 // llama.cpp's token attribute bits. They are bits, not the GGUF token_type enum, because the
