@@ -17,47 +17,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-#if LC_ATTN_AVX2
-// exp on 8 lanes, Cephes' expf polynomial after reduction by ln 2: about 1 ulp on the
-// range used here (x <= 0); below -87 the result flushes to 0.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
-
-// x[j] = exp(x[j] - m); returns the sum.
-float exp_shift_sum(float* x, int64_t n, float m) {
-  int64_t j = 0;
-  float sum = 0.0f;
-#if LC_ATTN_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  const __m256 vm = _mm256_set1_ps(m);
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
-    _mm256_storeu_ps(x + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  alignas(32) float tmp[8];
-  _mm256_store_ps(tmp, acc);
-  for (float t : tmp) sum += t;
-#endif
-  for (; j < n; ++j) sum += (x[j] = std::exp(x[j] - m));
-  return sum;
-}
 
 // o[c] += sum_j p[j] * v[j, c]; o: [dv], v: [nk, dv]. Accumulates in registers across keys.
 void accumulate_values(float* o, const float* p, const float* v, int64_t nk, int64_t dv) {
@@ -262,7 +221,7 @@ void Runner::run(const Span& s, float* lse) {
     for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, sc[j]);
     const float mnew = std::max(m_[r], mx);
     const float corr = std::exp(m_[r] - mnew);  // 0 on the first span (exp(-inf))
-    const float sum = exp_shift_sum(sc, lim, mnew);
+    const float sum = kernels::exp_sub_sum(sc, lim, mnew);
     float* o = o_.data() + r * c.dv;
     if (corr != 1.0f) kernels::scale_inplace(o, corr, c.dv);
     accumulate_values(o, sc, V, lim, c.dv);

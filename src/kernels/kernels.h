@@ -33,6 +33,8 @@ void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, Thr
 // Element-wise and row kernels (contiguous f32).
 void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps);
 void softmax_inplace(float* x, int64_t n);
+// x[i] = exp(x[i] - m) for i < n; returns the sum (online-softmax tiles).
+float exp_sub_sum(float* x, int64_t n, float m);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x

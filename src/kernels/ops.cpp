@@ -65,6 +65,20 @@ void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps
   for (; i < n; ++i) y[i] = (x[i] * scale) * weight[i];
 }
 
+float exp_sub_sum(float* x, int64_t n, float m) {
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 vs = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    vs = _mm256_add_ps(vs, e);
+  }
+  float sum = simd::hsum(vs);
+  for (; i < n; ++i) sum += (x[i] = exp1(x[i] - m));
+  return sum;
+}
+
 void softmax_inplace(float* x, int64_t n) {
   if (n <= 0) return;
   __m256 vm = _mm256_set1_ps(-INFINITY);
@@ -73,15 +87,7 @@ void softmax_inplace(float* x, int64_t n) {
   float mx = simd::hmax(vm);
   for (; i < n; ++i) mx = std::max(mx, x[i]);
   if (mx == -INFINITY) mx = 0;  // all masked: avoid inf - inf (the row still sums to 0 -> NaN, as ref)
-  const __m256 m = _mm256_set1_ps(mx);
-  __m256 vs = _mm256_setzero_ps();
-  for (i = 0; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
-    _mm256_storeu_ps(x + i, e);
-    vs = _mm256_add_ps(vs, e);
-  }
-  float sum = simd::hsum(vs);
-  for (; i < n; ++i) sum += (x[i] = exp1(x[i] - mx));
+  const float sum = exp_sub_sum(x, n, mx);
   const float inv = 1.0f / sum;
   scale_inplace(x, inv, n);
 }

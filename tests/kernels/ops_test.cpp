@@ -49,6 +49,25 @@ TEST(Ops, Softmax) {
   EXPECT_EQ(big[2], 0.0f);
 }
 
+// exp(x - m) and its sum against std::exp in double.
+TEST(Ops, ExpSubSum) {
+  std::mt19937 rng(12);
+  for (int64_t n : kSizes) {
+    auto x = random_floats(rng, n, -40, 5);
+    if (n > 4) x[2] = -INFINITY;  // a masked score
+    const float m = 5.0f;
+    auto y = x;
+    const float sum = exp_sub_sum(y.data(), n, m);
+    double ref_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = std::exp(static_cast<double>(x[i]) - m);
+      ref_sum += e;
+      ASSERT_NEAR(y[i], e, 2e-6 * e + 1e-30) << n << " " << i;
+    }
+    EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum + 1e-30) << n;
+  }
+}
+
 TEST(Ops, Swiglu) {
   std::mt19937 rng(3);
   for (int64_t n : kSizes) {
