@@ -3,6 +3,7 @@
 // l' = l e^{m-m'} + sum_j e^{s_j-m'}, o' = o e^{m-m'} + sum_j e^{s_j-m'} v_j), so no n x n
 // score matrix exists. A tile is up to 64 query rows (tokens x the heads of one GQA group)
 // against one KV block: each block is loaded once per tile. The default method.
+#include <algorithm>
 #include <cstring>
 
 #include "attention/methods.h"
@@ -43,13 +44,59 @@ void ExecBackend::add_variant(int v, const float* q, const int32_t* qpos, const 
 void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
   const std::vector<attn::Item> items = attn::make_items(ctx);
   const int64_t B = ctx.kv->block_tokens();
+  // Segments of `split_` tokens (whole blocks) are merged in order into each row's result,
+  // whether they run on one thread or several, so the split never changes a bit.
+  const int64_t seg = std::max(B, split_ / B * B);
+  // Rows a tile's last token sees; items of one call differ only by their tokens.
+  auto last_vis = [&](const attn::Item& it) {
+    return ctx.kv->n_tokens(ctx.il, it.hk) - ctx.n + it.t0 + it.nt;
+  };
+  int64_t n_seg_max = 0;
+  for (const auto& it : items) n_seg_max = std::max(n_seg_max, (last_vis(it) + seg - 1) / seg);
+  const int64_t threads = pool.size();
+  if (static_cast<int64_t>(items.size()) >= 4 * threads || n_seg_max < 2) {
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      for (int64_t i = b; i < e; ++i) {
+        run.begin(ctx, items[static_cast<size_t>(i)]);
+        const int64_t lv = run.vis(run.rows() - 1);  // the tile's last token sees the most
+        for (int64_t first = 0; first < lv; first += B) {
+          if (first > 0 && first % seg == 0) run.flush();
+          run.run(attn::Span{first, std::min(B, lv - first), 0, false, run.all_rows()});
+        }
+        run.finish();
+      }
+    });
+    return;
+  }
+  // Split-K (flash-decoding, Dao et al. 2023): too few tiles to keep every thread busy (one
+  // decoded token has one tile per KV head), so each (tile, segment) is a work unit that
+  // leaves its partial softmax state in a buffer; the partials are merged per tile in order.
+  std::vector<int64_t> unit_first(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i)
+    unit_first[i + 1] = unit_first[i] + (last_vis(items[i]) + seg - 1) / seg;
+  const int64_t n_units = unit_first.back();
+  const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
+  if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
+  pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+    attn::Runner& run = attn::thread_runner();
+    size_t i = static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), b) - unit_first.begin() - 1);
+    for (int64_t u = b; u < e; ++u) {
+      while (unit_first[i + 1] <= u) ++i;
+      run.begin(ctx, items[i]);
+      const int64_t lv = run.vis(run.rows() - 1);
+      const int64_t s0 = (u - unit_first[i]) * seg, s1 = std::min(lv, s0 + seg);
+      for (int64_t first = s0; first < s1; first += B)
+        run.run(attn::Span{first, std::min(B, s1 - first), 0, false, run.all_rows()});
+      run.export_partial(partials_.data() + u * stride);
+    }
+  });
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
     attn::Runner& run = attn::thread_runner();
     for (int64_t i = b; i < e; ++i) {
       run.begin(ctx, items[static_cast<size_t>(i)]);
-      const int64_t last_vis = run.vis(run.rows() - 1);  // the tile's last token sees the most
-      for (int64_t first = 0; first < last_vis; first += B)
-        run.run(attn::Span{first, std::min(B, last_vis - first), 0, false, run.all_rows()});
+      for (int64_t u = unit_first[static_cast<size_t>(i)]; u < unit_first[static_cast<size_t>(i) + 1]; ++u)
+        run.merge_partial(partials_.data() + u * stride);
       run.finish();
     }
   });
@@ -59,8 +106,8 @@ namespace {
 
 class DenseBackend final : public ExecBackend {
  public:
-  explicit DenseBackend(const AttnShape& s) : ExecBackend(s) {}
-  std::string spec() const override { return "dense"; }
+  DenseBackend(const AttnShape& s, int64_t split) : ExecBackend(s) { split_ = split; }
+  std::string spec() const override { return split_ == kDefaultSplit ? "dense" : strprintf("dense:split=%lld", (long long)split_); }
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;
@@ -73,8 +120,10 @@ class DenseBackend final : public ExecBackend {
 }  // namespace
 
 Expected<BackendPtr> make_dense(MethodSpec& spec, const AttnShape& s) {
+  int64_t split = ExecBackend::kDefaultSplit;
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
   LC_TRY(spec.finish());
-  return BackendPtr(new DenseBackend(s));
+  return BackendPtr(new DenseBackend(s, split));
 }
 
 }  // namespace lc

@@ -127,8 +127,10 @@ class DssaBackend final : public ExecBackend {
     std::vector<float> rows;   // [kernel, head_dim] scratch
   };
 
-  void update_kernels(const KvCache& kv, int64_t il, int64_t hk) {
+  void update_kernels(KvCache& kv, int64_t il, int64_t hk) {
     HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
+    const int64_t low = kv.take_low_water(il, hk);  // truncated: kernels below stay valid
+    if (low != INT64_MAX) hs.n_kernels = std::min(hs.n_kernels, low >= kernel_ ? (low - kernel_) / stride_ + 1 : 0);
     if (hs.epoch != kv.epoch(il, hk)) {
       hs.epoch = kv.epoch(il, hk);
       hs.n_kernels = 0;

@@ -99,6 +99,27 @@ float page_bound(const float* q, const float* mn, const float* mx, int64_t n) {
   return u;
 }
 
+float box_bound(const float* lo, const float* hi, const float* mn, const float* mx, int64_t n) {
+  int64_t i = 0;
+  float u = 0.0f;
+#if LC_ATTN_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 l = _mm256_loadu_ps(lo + i), h = _mm256_loadu_ps(hi + i);
+    const __m256 a = _mm256_loadu_ps(mn + i), b = _mm256_loadu_ps(mx + i);
+    const __m256 x = _mm256_max_ps(_mm256_mul_ps(l, a), _mm256_mul_ps(l, b));
+    const __m256 y = _mm256_max_ps(_mm256_mul_ps(h, a), _mm256_mul_ps(h, b));
+    acc = _mm256_add_ps(acc, _mm256_max_ps(x, y));
+  }
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, acc);
+  for (float t : tmp) u += t;
+#endif
+  for (; i < n; ++i)
+    u += std::max(std::max(lo[i] * mn[i], lo[i] * mx[i]), std::max(hi[i] * mn[i], hi[i] * mx[i]));
+  return u;
+}
+
 void unrotate_rows(float* x, int64_t count, int64_t head_dim, const int32_t* pos, const RopeTable& rt) {
   const int64_t half = rt.n_rot / 2;
   if (half == 0 || count == 0) return;
@@ -178,15 +199,54 @@ void Runner::begin(const ExecCtx& c, const Item& it) {
   const int64_t rows = it.rows();
   const size_t need_o = static_cast<size_t>(kMaxRows * c.dv);
   if (o_.size() < need_o) o_.resize(need_o);
+  if (to_.size() < need_o) to_.resize(need_o);
   const size_t B = static_cast<size_t>(c.kv->block_tokens());
   if (kbuf_.size() < B * static_cast<size_t>(c.d)) kbuf_.resize(B * static_cast<size_t>(c.d));
   if (vbuf_.size() < B * static_cast<size_t>(c.dv)) vbuf_.resize(B * static_cast<size_t>(c.dv));
   if (sc_.size() < B) sc_.resize(B);
   for (int64_t r = 0; r < rows; ++r) {
+    m_[r] = tm_[r] = kNegInf;
+    l_[r] = tl_[r] = 0.0f;
+  }
+  std::fill(o_.data(), o_.data() + rows * c.dv, 0.0f);
+  std::fill(to_.data(), to_.data() + rows * c.dv, 0.0f);
+}
+
+void Runner::merge_row(int64_t r, float m, float l, const float* o) {
+  if (m == kNegInf) return;  // the segment saw no key of this row
+  const int64_t dv = c_->dv;
+  const float mnew = std::max(tm_[r], m);
+  const float a = std::exp(tm_[r] - mnew), b = std::exp(m - mnew);  // a = 0 on the first merge
+  float* t = to_.data() + r * dv;
+  for (int64_t i = 0; i < dv; ++i) t[i] = t[i] * a + o[i] * b;
+  tl_[r] = tl_[r] * a + l * b;
+  tm_[r] = mnew;
+}
+
+void Runner::flush() {
+  const int64_t rows = item_.rows(), dv = c_->dv;
+  for (int64_t r = 0; r < rows; ++r) {
+    merge_row(r, m_[r], l_[r], o_.data() + r * dv);
     m_[r] = kNegInf;
     l_[r] = 0.0f;
   }
-  std::fill(o_.data(), o_.data() + rows * c.dv, 0.0f);
+  std::fill(o_.data(), o_.data() + rows * dv, 0.0f);
+}
+
+int64_t Runner::partial_floats() const { return 2 + c_->dv; }
+
+void Runner::export_partial(float* dst) const {
+  const int64_t dv = c_->dv;
+  for (int64_t r = 0; r < item_.rows(); ++r, dst += 2 + dv) {
+    dst[0] = m_[r];
+    dst[1] = l_[r];
+    std::memcpy(dst + 2, o_.data() + r * dv, static_cast<size_t>(dv) * sizeof(float));
+  }
+}
+
+void Runner::merge_partial(const float* src) {
+  const int64_t dv = c_->dv;
+  for (int64_t r = 0; r < item_.rows(); ++r, src += 2 + dv) merge_row(r, src[0], src[1], src + 2);
 }
 
 void Runner::run(const Span& s, float* lse) {
@@ -268,12 +328,13 @@ void Runner::run_windows(const int64_t* lower, int var, uint64_t row_mask) {
 
 void Runner::finish(uint64_t mask) {
   const ExecCtx& c = *c_;
+  flush();
   for (int64_t r = 0; r < item_.rows(); ++r) {
     if (!(mask >> r & 1)) continue;
     const int64_t t = token_of(r), h = head_of(r);
     float* dst = c.out + (t * c.n_head + h) * c.dv;
-    const float inv = l_[r] > 0.0f ? 1.0f / l_[r] : 0.0f;
-    const float* o = o_.data() + r * c.dv;
+    const float inv = tl_[r] > 0.0f ? 1.0f / tl_[r] : 0.0f;
+    const float* o = to_.data() + r * c.dv;
     for (int64_t i = 0; i < c.dv; ++i) dst[i] = o[i] * inv;
   }
 }

@@ -66,8 +66,20 @@ class Runner {
   void run(const Span& s, float* lse = nullptr);
   // Splits [first, first + count) at block boundaries.
   void run_range(int64_t first, int64_t count, int var, bool unrotate, uint64_t rows);
-  void finish(uint64_t rows = ~uint64_t{0});  // normalises and writes out the rows in the mask
-  // log(sum(exp(score))) over everything the row attended so far.
+  // Normalises and writes out the rows in the mask (after merging the open segment, flush()).
+  void finish(uint64_t rows = ~uint64_t{0});
+  // Split-K (flash-decoding): closes the segment of spans run since begin() or the last
+  // flush() and merges its partial state (m, l, o) into the item's total, then starts a new
+  // segment. Merging a partial exported by another thread (export_partial/merge_partial) is the
+  // same operation, so a row split into segments computed in parallel and merged in order is
+  // bit-identical to the same segments run one after another here.
+  void flush();
+  // Writes the open segment's state: per row [m, l, o[0..dv)] (partial_floats() each).
+  void export_partial(float* dst) const;
+  void merge_partial(const float* src);
+  int64_t partial_floats() const;
+  // log(sum(exp(score))) over everything the row attended so far (open segment; backends that
+  // use it do not flush).
   float row_lse(int64_t r) const { return m_[r] + std::log(l_[r]); }
   // Runs [lower[t - t0], vis(r)) for every row (lower[]: per token of the item, var's queries),
   // cut where the lower bounds change so a span's rows all see all of it.
@@ -86,8 +98,11 @@ class Runner {
   const ExecCtx* c_ = nullptr;
   Item item_;
   int64_t n_head_tokens_ = 0;
-  float m_[kMaxRows], l_[kMaxRows];
-  Buffer<float> o_;    // [kMaxRows, dv]
+  float m_[kMaxRows], l_[kMaxRows];  // the open segment
+  float tm_[kMaxRows], tl_[kMaxRows]; // the merged segments
+  Buffer<float> o_;    // [kMaxRows, dv] open segment
+  Buffer<float> to_;   // [kMaxRows, dv] merged segments
+  void merge_row(int64_t r, float m, float l, const float* o);
   Buffer<float> kbuf_; // [block_tokens, d]
   Buffer<float> vbuf_; // [block_tokens, dv]
   Buffer<float> sc_;   // [block_tokens]
@@ -99,6 +114,9 @@ Runner& thread_runner();
 float dot(const float* a, const float* b, int64_t n);
 // Quest's page bound sum_i max(q_i mn_i, q_i mx_i).
 float page_bound(const float* q, const float* mn, const float* mx, int64_t n);
+// The same bound for every query of the box [lo, hi]: sum_i max(lo_i mn_i, lo_i mx_i,
+// hi_i mn_i, hi_i mx_i). Equals page_bound(q, ...) when lo == hi == q.
+float box_bound(const float* lo, const float* hi, const float* mn, const float* mx, int64_t n);
 // Rotates rows x: [count, head_dim] by -pos[j] (no mscale): stored keys back to position 0.
 // Runs of consecutive positions use the angle-addition recurrence (one sin/cos per pair per
 // run instead of per row).

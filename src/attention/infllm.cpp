@@ -55,6 +55,15 @@ class InfLlmBackend final : public ExecBackend {
       for (int64_t hk = b; hk < e; ++hk) {
         HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
         if (hs.epoch != kv.epoch(il, hk)) hs = HeadState{kv.epoch(il, hk)};
+        const int64_t low = kv.take_low_water(il, hk);
+        if (low != INT64_MAX) {
+          // Truncated to `low` tokens: representatives of whole blocks below stay; the query
+          // sums of the block cut in two restart (its kept tokens' queries are not separable).
+          const int64_t keep = low > n_init_ ? (low - n_init_) / block_ : 0;
+          hs.n_rep = std::min(hs.n_rep, keep);
+          hs.rep.resize(static_cast<size_t>(hs.n_rep * d));
+          if (static_cast<int64_t>(hs.qsum.size()) > keep * d) hs.qsum.resize(static_cast<size_t>(keep * d));
+        }
         const int64_t N = kv.n_tokens(il, hk);
         // Running query sums of each block (for representatives), from this chunk's queries.
         for (int64_t t = 0; t < n; ++t) {

@@ -23,6 +23,10 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s);
 
 // Base of the backends built on attn::Runner: owns the rotated query copies.
 class ExecBackend : public AttentionBackend {
+ public:
+  // Tokens per split-K segment of dense attention (rounded down to whole KV blocks).
+  static constexpr int64_t kDefaultSplit = 1024;
+
  protected:
   using AttentionBackend::AttentionBackend;
 
@@ -32,8 +36,12 @@ class ExecBackend : public AttentionBackend {
                        attn::ExecCtx& ctx);
   // Variant v: q rotated at qpos[t] (copied, so the caller's array may be scratch).
   void add_variant(int v, const float* q, const int32_t* qpos, const KvCache& kv, attn::ExecCtx& ctx);
-  // Dense attention of every row over every visible token of its KV head.
+  // Dense attention of every row over every visible token of its KV head; splits the keys
+  // across threads (split-K) when there are too few tiles, with bit-identical results.
   void run_dense(const attn::ExecCtx& ctx, ThreadPool& pool);
+
+  int64_t split_ = kDefaultSplit;
+  std::vector<float> partials_;  // split-K partial states
 
   Buffer<float> qbuf_[attn::kMaxVariants];     // [n, n_head, head_dim] each
   std::vector<int32_t> qpos_[attn::kMaxVariants];  // [n] each

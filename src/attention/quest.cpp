@@ -6,6 +6,14 @@
 // included); the first dense_layers layers, and queries that see no more than `budget`
 // tokens, attend densely. Bounds are over the stored post-RoPE keys, as in the paper.
 //
+// The paper selects per decoded token. In a prefill tile (up to 64 rows: a few tokens x the
+// heads of a GQA group) the pages are chosen once per query head for the tile's tokens, with
+// the bound of the tile's query box (sum_i max over q_i in [lo_i, hi_i], k_i in [m_i, M_i]
+// of q_i k_i), which still bounds every query of the tile from above; the tile's own pages are
+// always attended. Selection then costs n_pages per tile and head instead of per query, so a
+// 1M-token prompt no longer spends O(n^2 / page) on bounds per query. One query (decoding)
+// gets exactly the paper's selection.
+//
 // Pages of one KV head are the outer loop, the query heads (and tokens) that selected a page
 // the inner one: a page is loaded once for the whole GQA group.
 #include <algorithm>
@@ -46,7 +54,8 @@ class QuestBackend final : public ExecBackend {
     const int64_t k_pages = std::max<int64_t>(1, budget_ / page_);
     pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
       attn::Runner& run = attn::thread_runner();
-      thread_local std::vector<float> ub;          // [rows, n_pages]
+      thread_local std::vector<float> ub;          // [n_pages] bound of one head
+      thread_local std::vector<float> qlo, qhi;    // [head_dim] the query box of one head
       thread_local std::vector<int32_t> order;     // [n_pages]
       thread_local std::vector<uint64_t> mask;     // [n_pages]
       for (int64_t i = b; i < e; ++i) {
@@ -54,35 +63,54 @@ class QuestBackend final : public ExecBackend {
         run.begin(ctx, it);
         const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
         const int64_t rows = run.rows();
-        const int64_t max_vis = run.vis(rows - 1);
+        const int64_t max_vis = run.vis(rows - 1), min_vis = run.vis(0);
         const int64_t n_pages = (max_vis + page_ - 1) / page_;
-        ub.resize(static_cast<size_t>(rows * n_pages));
+        // Pages holding one of the tile's own tokens: always attended (causality trims them).
+        const int64_t own_first = (min_vis - 1) / page_;
         mask.assign(static_cast<size_t>(n_pages), 0);
-        // Bounds: pages outer, rows inner (a page's min/max stays in cache for the group).
-        for (int64_t p = 0; p < n_pages; ++p) {
-          const float* mn = hs.mn.data() + p * d;
-          const float* mx = hs.mx.data() + p * d;
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
-            ub[static_cast<size_t>(r * n_pages + p)] = attn::page_bound(qr, mn, mx, d);
+        ub.resize(static_cast<size_t>(n_pages));
+        qlo.resize(static_cast<size_t>(d));
+        qhi.resize(static_cast<size_t>(d));
+        for (int64_t hg = 0; hg < it.g; ++hg) {
+          uint64_t head_rows = 0, dense_rows = 0;
+          for (int64_t r = hg; r < rows; r += it.g) {
+            head_rows |= uint64_t{1} << r;
+            const int64_t vis = run.vis(r);
+            if (vis <= budget_ || (vis + page_ - 1) / page_ <= k_pages) dense_rows |= uint64_t{1} << r;
           }
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t vis = run.vis(r);
-          const int64_t np = (vis + page_ - 1) / page_;
-          const uint64_t bit = uint64_t{1} << r;
-          if (vis <= budget_ || np <= k_pages) {
-            for (int64_t p = 0; p < np; ++p) mask[static_cast<size_t>(p)] |= bit;
+          for (int64_t p = 0; p < n_pages; ++p)
+            if (dense_rows) mask[static_cast<size_t>(p)] |= dense_rows;
+          const uint64_t sparse_rows = head_rows & ~dense_rows;
+          if (!sparse_rows) continue;
+          for (int64_t p = own_first; p < n_pages; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
+          const int64_t want = k_pages - (n_pages - own_first);
+          if (want <= 0 || own_first == 0) continue;
+          // The tile's queries of this head as a box [qlo, qhi]: the page bound becomes
+          // sum_i max(qlo_i m_i, qlo_i M_i, qhi_i m_i, qhi_i M_i) >= q . k for every query of
+          // the box and every key of the page. One query (decoding) is Quest's own bound.
+          std::fill(qlo.begin(), qlo.end(), std::numeric_limits<float>::infinity());
+          std::fill(qhi.begin(), qhi.end(), -std::numeric_limits<float>::infinity());
+          for (int64_t r = hg; r < rows; r += it.g) {
+            if (!(sparse_rows >> r & 1)) continue;
+            const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
+            for (int64_t c = 0; c < d; ++c) {
+              qlo[static_cast<size_t>(c)] = std::min(qlo[static_cast<size_t>(c)], qr[c]);
+              qhi[static_cast<size_t>(c)] = std::max(qhi[static_cast<size_t>(c)], qr[c]);
+            }
+          }
+          for (int64_t p = 0; p < own_first; ++p)
+            ub[static_cast<size_t>(p)] = attn::box_bound(qlo.data(), qhi.data(), hs.mn.data() + p * d, hs.mx.data() + p * d, d);
+          if (want >= own_first) {
+            for (int64_t p = 0; p < own_first; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
             continue;
           }
-          mask[static_cast<size_t>(np - 1)] |= bit;  // the query's own page
-          order.resize(static_cast<size_t>(np - 1));
-          for (int64_t p = 0; p < np - 1; ++p) order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
-          const float* u = ub.data() + r * n_pages;
+          order.resize(static_cast<size_t>(own_first));
+          for (int64_t p = 0; p < own_first; ++p) order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+          const float* u = ub.data();
           // Ties broken by page index so the choice is deterministic.
           auto better = [u](int32_t a, int32_t c) { return u[a] > u[c] || (u[a] == u[c] && a < c); };
-          std::nth_element(order.begin(), order.begin() + (k_pages - 2), order.end(), better);
-          for (int64_t j = 0; j < k_pages - 1; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= bit;
+          std::nth_element(order.begin(), order.begin() + (want - 1), order.end(), better);
+          for (int64_t j = 0; j < want; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= sparse_rows;
         }
         for (int64_t p = 0; p < n_pages; ++p)
           if (mask[static_cast<size_t>(p)])
@@ -101,9 +129,11 @@ class QuestBackend final : public ExecBackend {
     std::vector<float> rows;    // [page, head_dim] scratch
   };
 
-  void update_bounds(const KvCache& kv, int64_t il, int64_t hk) {
+  void update_bounds(KvCache& kv, int64_t il, int64_t hk) {
     HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
     const int64_t d = shape_.head_dim;
+    const int64_t low = kv.take_low_water(il, hk);  // truncated: pages below stay valid
+    hs.n_full = std::min(hs.n_full, low / page_);
     if (hs.epoch != kv.epoch(il, hk)) {  // tokens changed under us: rebuild
       hs.epoch = kv.epoch(il, hk);
       hs.n_full = 0;

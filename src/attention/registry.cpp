@@ -13,7 +13,7 @@ struct Entry {
 };
 
 const Entry kMethods[] = {
-    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default)"},
+    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default); split=1024 tokens per split-K segment"},
     {"naive", make_naive, "exact attention with materialised double-precision scores (tests only)"},
     {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned; sinks=4,window=1024"},
     {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2"},

@@ -220,7 +220,7 @@ void KvCache::truncate(int64_t n_seq) {
     hd.idx.resize(static_cast<size_t>(m));
     hd.seq.resize(static_cast<size_t>(m));
     free_tail_blocks(hd);
-    ++hd.epoch;
+    hd.low_water = std::min(hd.low_water, m);
   }
   for (auto& a : n_appended_) a = std::min(a, n_seq);
 }

@@ -130,9 +130,19 @@ class KvCache {
   const int32_t* seq_index(int64_t il, int64_t h) const { return head(il, h).idx.data(); }
   // [n_tokens] sequence ids.
   const int32_t* seq_ids(int64_t il, int64_t h) const { return head(il, h).seq.data(); }
-  // Changes whenever tokens already held by (il, h) change (retain, truncate, shift, rope
-  // change): backends that keep summaries of the keys (Quest bounds, kernel means) rebuild.
+  // Changes whenever tokens already held by (il, h) change (retain, shift, rope change):
+  // backends that keep summaries of the keys (Quest bounds, kernel means) rebuild.
   uint64_t epoch(int64_t il, int64_t h) const { return head(il, h).epoch; }
+  // Truncation only drops a tail, so it does not change the epoch: summaries of the tokens
+  // that remain stay valid. The lowest token count truncate() left on (il, h) since the last
+  // call (INT64_MAX: none) tells a backend from where to rebuild; reading it resets it. One
+  // consumer per cache: the attached attention backend.
+  int64_t take_low_water(int64_t il, int64_t h) {
+    Head& hd = head(il, h);
+    const int64_t lw = hd.low_water;
+    hd.low_water = INT64_MAX;
+    return lw;
+  }
 
   // Rows [first, first + count) of head (il, h) as f32; they must lie in one block.
   // Returns a pointer into storage (f32, no copy) or into scratch, dequantised.
@@ -160,6 +170,7 @@ class KvCache {
     int64_t n = 0;
     std::vector<int32_t> pos, idx, seq;  // [n]
     uint64_t epoch = 0;
+    int64_t low_water = INT64_MAX;  // see take_low_water()
   };
   explicit KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {}
   Head& head(int64_t il, int64_t h) { return heads_[static_cast<size_t>(il * cfg_.n_head_kv + h)]; }

@@ -87,6 +87,23 @@ TEST(AttentionDense, ChunkSizeDoesNotChangeResults) {
   EXPECT_EQ(max_abs_diff(a.out, c.out), 0.0);
 }
 
+TEST(AttentionDense, SplitKIsBitIdenticalAndExact) {
+  // split=64: one decoded token (2 tiles on 2 threads) runs split-K over 64-token segments;
+  // chunks of 64 tokens make enough tiles to run unsplit. Same segments, same merge order:
+  // identical bits; and both equal the double-precision oracle.
+  Seq s(333, 8, 2, 64, 64, 15);
+  const RopeTable rt = test_rope(64, true);
+  for (int64_t block : {16, 32}) {
+    const auto cfg = kv_config(s, block, rt);
+    const auto one = run_seq(s, "dense:split=64", cfg, {1});
+    const auto big = run_seq(s, "dense:split=64", cfg, {64});
+    const auto odd = run_seq(s, "dense:split=64", cfg, {7, 1});
+    EXPECT_EQ(max_abs_diff(one.out, big.out), 0.0) << "block " << block;
+    EXPECT_EQ(max_abs_diff(one.out, odd.out), 0.0) << "block " << block;
+    EXPECT_LT(max_abs_diff(one.out, full_oracle(s, rt)), 2e-4) << "block " << block;
+  }
+}
+
 TEST(AttentionDense, NanInUnusedSlotsChangesNothing) {
   Seq s(150, 4, 2, 64, 64, 6);
   const RopeTable rt = test_rope(64, true);

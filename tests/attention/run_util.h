@@ -61,6 +61,25 @@ inline RunResult run_seq(const Seq& s, const std::string& spec, const KvCacheCon
   return r;
 }
 
+// Continues r from token t0 of s (after r.kv->truncate(t0), say): the tokens' rows of r.out
+// are overwritten.
+inline void continue_seq(RunResult& r, const Seq& s, int64_t t0, int64_t chunk) {
+  std::vector<float> tmp;
+  const int64_t n_layer = r.kv->config().n_layer;
+  for (; t0 < s.T;) {
+    const int64_t n = std::min(chunk, s.T - t0);
+    tmp.assign(static_cast<size_t>(n * s.H * s.dv), 0.0f);
+    for (int64_t il = 0; il < n_layer; ++il) {
+      Status st = r.kv->append(il, n, s.k.data() + t0 * s.Hkv * s.d, s.v.data() + t0 * s.Hkv * s.dv, s.pos.data() + t0);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      st = r.be->forward(il, n, s.q.data() + t0 * s.H * s.d, s.pos.data() + t0, *r.kv, tmp.data(), test_pool());
+      EXPECT_TRUE(st.is_ok()) << st.message();
+    }
+    std::copy(tmp.begin(), tmp.end(), r.out.begin() + t0 * s.H * s.dv);
+    t0 += n;
+  }
+}
+
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));

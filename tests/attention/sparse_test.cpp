@@ -3,9 +3,11 @@
 // covers everything, against full attention.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <set>
 #include <string>
 
+#include "attention/exec.h"
 #include "run_util.h"
 
 namespace lc::test {
@@ -25,6 +27,90 @@ TEST(AttentionSparse, QuestAgainstNaiveOnItsSelection) {
     EXPECT_LT(max_err_vs_selection(s, rt, r), 2e-4) << "ratio " << sh.ratio;
     for (const auto& sel : r.sel)
       for (const auto& keys : sel.keys) EXPECT_LE(keys.size(), 128u);
+  }
+}
+
+TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
+  // Random query boxes and key pages: the bound is >= q . k for every query in the box and
+  // every key of the page, is attained (up to rounding) by some corner pair, and for a point
+  // box equals Quest's per-query bound.
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t d : {8, 13, 64}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> qs(static_cast<size_t>(5 * d)), ks(static_cast<size_t>(7 * d));
+      for (auto& x : qs) x = nd(rng);
+      for (auto& x : ks) x = nd(rng);
+      std::vector<float> lo(d, INFINITY), hi(d, -INFINITY), mn(d, INFINITY), mx(d, -INFINITY);
+      for (int64_t c = 0; c < d; ++c) {
+        for (int j = 0; j < 5; ++j) lo[c] = std::min(lo[c], qs[j * d + c]), hi[c] = std::max(hi[c], qs[j * d + c]);
+        for (int j = 0; j < 7; ++j) mn[c] = std::min(mn[c], ks[j * d + c]), mx[c] = std::max(mx[c], ks[j * d + c]);
+      }
+      const float u = attn::box_bound(lo.data(), hi.data(), mn.data(), mx.data(), d);
+      double best = 0;  // the exact maximum over the two boxes, channel by channel, in double
+      for (int64_t c = 0; c < d; ++c)
+        best += std::max({double(lo[c]) * mn[c], double(lo[c]) * mx[c], double(hi[c]) * mn[c], double(hi[c]) * mx[c]});
+      EXPECT_NEAR(u, best, 1e-4 * (1 + std::abs(best)));
+      for (int a = 0; a < 5; ++a)
+        for (int b = 0; b < 7; ++b) {
+          double dotv = 0;
+          for (int64_t c = 0; c < d; ++c) dotv += double(qs[a * d + c]) * ks[b * d + c];
+          EXPECT_GE(u + 1e-4 * (1 + std::abs(best)), dotv);
+        }
+      EXPECT_EQ(attn::box_bound(qs.data(), qs.data(), mn.data(), mx.data(), d),
+                attn::page_bound(qs.data(), mn.data(), mx.data(), d));
+    }
+  }
+}
+
+TEST(AttentionSparse, QuestPrefillTilesFindTheNeedle) {
+  // Prefill in chunks of 64: every query row past the budget attends the needle's page.
+  Seq s(1000, 4, 1, 64, 64, 9, 0.3f);
+  for (int64_t c = 0; c < s.d; ++c) s.k[static_cast<size_t>(333 * s.d + c)] = 0.0f;
+  s.k[static_cast<size_t>(333 * s.d + 0)] = 30.0f;
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t h = 0; h < s.H; ++h) s.q[static_cast<size_t>((t * s.H + h) * s.d)] = 3.0f;
+  RopeTable rt = test_rope(64, true);
+  for (auto& f : rt.inv_freq) f *= 0.0f;
+  const auto r = run_seq(s, "quest:budget=64,page=16,dense_layers=0", kv_config(s, 16, rt), {64}, true);
+  EXPECT_LT(max_err_vs_selection(s, rt, r), 2e-4);
+  int64_t rows = 0, found = 0;
+  for (size_t c = 0; c < r.sel.size(); ++c)
+    for (int64_t t = 0; t < r.sel[c].n; ++t)
+      for (int64_t h = 0; h < s.H; ++h) {
+        if (r.chunk_t0[c] + t <= 400) continue;
+        const auto& keys = r.sel[c].keys[static_cast<size_t>(t * s.H + h)];
+        EXPECT_LE(keys.size(), 64u);
+        ++rows;
+        for (const auto& k : keys) found += k.seq_index == 333;
+      }
+  EXPECT_GT(rows, 0);
+  EXPECT_EQ(found, rows);
+}
+
+TEST(AttentionSparse, TruncateKeepsSummariesBelowAndRebuildsAbove) {
+  // Run A, truncate to 296 tokens, continue with B (= A with different tokens from 296 on):
+  // the output must be the bits of a fresh run of B. Stale page bounds, kernel means or block
+  // representatives of A's dropped tokens would change the selection.
+  Seq a(600, 8, 2, 64, 64, 41), b = a;
+  Seq other(600, 8, 2, 64, 64, 42);
+  const int64_t cut = 296;  // sinks 8 + 9 infllm blocks of 32; 37 quest pages of 8
+  std::copy(other.q.begin() + cut * a.H * a.d, other.q.end(), b.q.begin() + cut * a.H * a.d);
+  std::copy(other.k.begin() + cut * a.Hkv * a.d, other.k.end(), b.k.begin() + cut * a.Hkv * a.d);
+  std::copy(other.v.begin() + cut * a.Hkv * a.dv, other.v.end(), b.v.begin() + cut * a.Hkv * a.dv);
+  const RopeTable rt = test_rope(64, true);
+  for (const char* spec : {"quest:budget=64,page=8,dense_layers=0",
+                           "infllm:sinks=8,local=64,block=32,reps=4,topk=2,chunk=50",
+                           "dssa:switch=0,block=32,kernel=16,stride=8,topk=2,sinks=8,local=64"}) {
+    const auto cfg = kv_config(a, 16, rt);
+    auto r = run_seq(a, spec, cfg, {50});
+    r.kv->truncate(cut);
+    continue_seq(r, b, cut, 50);
+    // The same chunk edges from the cut on (Quest chooses pages per prefill tile).
+    const auto fresh = run_seq(b, spec, cfg, {50, 50, 50, 50, 50, 46, 50, 50, 50, 50, 50, 50, 4});
+    const size_t from = static_cast<size_t>(cut * a.H * a.dv);
+    EXPECT_EQ(max_abs_diff(std::vector<float>(r.out.begin() + from, r.out.end()),
+                           std::vector<float>(fresh.out.begin() + from, fresh.out.end())), 0.0) << spec;
   }
 }
 
