@@ -1,6 +1,7 @@
 // Attention backends over the paged cache against the contiguous kernel (kernels/attention.h)
 // at several context lengths: decode (1 query) and prefill chunks (64 queries).
-// Shape: 32 query heads, 8 KV heads, head_dim 128 (Llama-3-8B-like), f32 K/V.
+// Shape: 32 query heads, 8 KV heads, head_dim 128 (Llama-3-8B-like), f32 K/V; and dense on
+// SmolLM2-135M's shape with and without split-K.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -23,9 +24,9 @@ ThreadPool& pool() {
   return p;
 }
 
-RopeTable table() {
+RopeTable table(int64_t d) {
   LlamaCppRopeParams p;
-  p.n_rot = kD;
+  p.n_rot = d;
   p.neox = true;
   p.base = 500000.0f;
   return make_llama_cpp_rope(p);
@@ -58,25 +59,26 @@ void BM_Contiguous(benchmark::State& st) {
   st.SetItemsProcessed(st.iterations() * n);
 }
 
-void run_backend(benchmark::State& st, const std::string& spec, int64_t block) {
+void run_backend(benchmark::State& st, const std::string& spec, int64_t block, int64_t H = kH,
+                 int64_t Hkv = kHkv, int64_t D = kD) {
   const int64_t L = st.range(0), n = st.range(1);
   KvCacheConfig c;
   c.n_layer = 1;
-  c.n_head_kv = kHkv;
-  c.head_dim = kD;
-  c.head_dim_v = kD;
+  c.n_head_kv = Hkv;
+  c.head_dim = D;
+  c.head_dim_v = D;
   c.block_tokens = block;
-  c.rope = table();
+  c.rope = table(D);
   auto kv = std::move(KvCache::create(c).value());
-  const auto k = randn(static_cast<size_t>(L * kHkv * kD), 1), v = randn(k.size(), 2);
+  const auto k = randn(static_cast<size_t>(L * Hkv * D), 1), v = randn(k.size(), 2);
   std::vector<int32_t> pos(static_cast<size_t>(L));
   for (int64_t t = 0; t < L; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
   if (!kv->append(0, L, k.data(), v.data(), pos.data()).is_ok()) st.SkipWithError("append");
-  AttnShape sh{1, kH, kHkv, kD, kD, 0.0f};
+  AttnShape sh{1, H, Hkv, D, D, 0.0f};
   auto be = std::move(make_attention_backend(spec, sh).value());
   if (!be->attach(*kv).is_ok()) st.SkipWithError("attach");
-  const auto q = randn(static_cast<size_t>(n * kH * kD), 3);
-  std::vector<float> out(static_cast<size_t>(n * kH * kD));
+  const auto q = randn(static_cast<size_t>(n * H * D), 3);
+  std::vector<float> out(static_cast<size_t>(n * H * D));
   // The chunk's queries are the last n tokens of the cache.
   for (auto _ : st)
     if (!be->forward(0, n, q.data(), pos.data() + (L - n), *kv, out.data(), pool()).is_ok()) st.SkipWithError("forward");
@@ -84,6 +86,10 @@ void run_backend(benchmark::State& st, const std::string& spec, int64_t block) {
 }
 
 void BM_Dense(benchmark::State& st) { run_backend(st, "dense", 256); }
+// SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64): one decoded token
+// is 3 tiles, fewer than the threads can share, so dense runs split-K; split=1<<30 turns it off.
+void BM_DenseSmol(benchmark::State& st) { run_backend(st, "dense", 64, 9, 3, 64); }
+void BM_DenseSmolNoSplit(benchmark::State& st) { run_backend(st, "dense:split=1073741824", 64, 9, 3, 64); }
 void BM_Quest(benchmark::State& st) { run_backend(st, "quest:budget=2048,page=16,dense_layers=0", 256); }
 void BM_InfLlm(benchmark::State& st) { run_backend(st, "infllm", 256); }
 void BM_Dssa(benchmark::State& st) { run_backend(st, "dssa:switch=4096", 256); }
@@ -99,6 +105,8 @@ void lengths(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Contiguous)->Apply(lengths);
 BENCHMARK(BM_Dense)->Apply(lengths);
+BENCHMARK(BM_DenseSmol)->Apply(lengths);
+BENCHMARK(BM_DenseSmolNoSplit)->Apply(lengths);
 BENCHMARK(BM_Quest)->Apply(lengths);
 BENCHMARK(BM_InfLlm)->Apply(lengths);
 BENCHMARK(BM_Dssa)->Apply(lengths);
