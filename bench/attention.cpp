@@ -60,7 +60,7 @@ void BM_Contiguous(benchmark::State& st) {
 }
 
 void run_backend(benchmark::State& st, const std::string& spec, int64_t block, int64_t H = kH,
-                 int64_t Hkv = kHkv, int64_t D = kD) {
+                 int64_t Hkv = kHkv, int64_t D = kD, DType type = DType::F32) {
   const int64_t L = st.range(0), n = st.range(1);
   KvCacheConfig c;
   c.n_layer = 1;
@@ -68,6 +68,7 @@ void run_backend(benchmark::State& st, const std::string& spec, int64_t block, i
   c.head_dim = D;
   c.head_dim_v = D;
   c.block_tokens = block;
+  c.type_k = c.type_v = type;
   c.rope = table(D);
   auto kv = std::move(KvCache::create(c).value());
   const auto k = randn(static_cast<size_t>(L * Hkv * D), 1), v = randn(k.size(), 2);
@@ -90,6 +91,11 @@ void BM_Dense(benchmark::State& st) { run_backend(st, "dense", 256); }
 // is 3 tiles, fewer than the threads can share, so dense runs split-K; split=1<<30 turns it off.
 void BM_DenseSmol(benchmark::State& st) { run_backend(st, "dense", 64, 9, 3, 64); }
 void BM_DenseSmolNoSplit(benchmark::State& st) { run_backend(st, "dense:split=1073741824", 64, 9, 3, 64); }
+// The same with f16 K/V (as llama.cpp caches them): half the bytes, a conversion per element.
+void BM_DenseSmolF16(benchmark::State& st) { run_backend(st, "dense", 64, 9, 3, 64, DType::F16); }
+void BM_DenseSmolF16NoSplit(benchmark::State& st) {
+  run_backend(st, "dense:split=1073741824", 64, 9, 3, 64, DType::F16);
+}
 void BM_Quest(benchmark::State& st) { run_backend(st, "quest:budget=2048,page=16,dense_layers=0", 256); }
 void BM_InfLlm(benchmark::State& st) { run_backend(st, "infllm", 256); }
 void BM_Dssa(benchmark::State& st) { run_backend(st, "dssa:switch=4096", 256); }
@@ -107,6 +113,8 @@ BENCHMARK(BM_Contiguous)->Apply(lengths);
 BENCHMARK(BM_Dense)->Apply(lengths);
 BENCHMARK(BM_DenseSmol)->Apply(lengths);
 BENCHMARK(BM_DenseSmolNoSplit)->Apply(lengths);
+BENCHMARK(BM_DenseSmolF16)->Apply(lengths);
+BENCHMARK(BM_DenseSmolF16NoSplit)->Apply(lengths);
 BENCHMARK(BM_Quest)->Apply(lengths);
 BENCHMARK(BM_InfLlm)->Apply(lengths);
 BENCHMARK(BM_Dssa)->Apply(lengths);

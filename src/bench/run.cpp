@@ -55,7 +55,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
   if (!j.is_object()) return make_error("config: expected a JSON object");
   static const std::set<std::string> known = {"models", "methods", "tasks", "lengths", "depths", "samples",
                                               "seed", "threshold", "max_new_tokens", "observations",
-                                              "chat_template", "batch", "threads", "out"};
+                                              "chat_template", "batch", "threads", "out", "draft"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) return make_error(strprintf("config: unknown field \"%s\"", it.key().c_str()));
   try {
@@ -112,6 +112,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
     if (j.contains("batch")) cfg.n_batch = j["batch"].get<int64_t>();
     if (j.contains("threads")) cfg.n_threads = j["threads"].get<int>();
     if (j.contains("out")) cfg.out_dir = j["out"].get<std::string>();
+    if (j.contains("draft")) cfg.draft = j["draft"].get<std::string>();
   } catch (const json::exception& e) {
     return make_error(strprintf("config: %s", e.what()));
   }
@@ -146,6 +147,7 @@ json SampleRecord::to_json() const {
   j["rope"] = rope;
   j["attn"] = attn;
   j["press"] = press;
+  j["query"] = query;
   j["task"] = task;
   j["metric"] = metric;
   j["length"] = length;
@@ -179,6 +181,7 @@ Expected<SampleRecord> SampleRecord::from_json(const json& j) {
     r.rope = j.value("rope", "");
     r.attn = j.value("attn", "");
     r.press = j.value("press", "");
+    r.query = j.value("query", "");
     r.task = j.at("task").get<std::string>();
     r.metric = j.value("metric", "");
     r.length = j.at("length").get<int64_t>();
@@ -238,7 +241,7 @@ Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
   std::map<std::string, const SampleRecord*> last;  // key -> latest record
   for (const auto& r : records) last[r.key()] = &r;
   struct Acc {
-    std::string rope, attn, press;
+    std::string rope, attn, press, query;
     int64_t n = 0, n_prompt = 0, n_gen = 0, rss = 0, kv = 0;
     double score = 0, t_prefill = 0, t_decode = 0;
   };
@@ -246,7 +249,7 @@ Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
   std::map<Key, Acc> cells;
   for (const auto& [k, r] : last) {
     Acc& a = cells[{r->model, r->method, r->task, r->length}];
-    a.rope = r->rope, a.attn = r->attn, a.press = r->press;
+    a.rope = r->rope, a.attn = r->attn, a.press = r->press, a.query = r->query;
     ++a.n;
     a.score += r->score;
     a.n_prompt += r->n_prompt;
@@ -260,7 +263,7 @@ Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
   std::map<std::tuple<std::string, std::string, int64_t>, std::pair<Acc, int64_t>> avg;  // (acc, n tasks)
   for (const auto& [k, a] : cells) {
     auto& [b, ntask] = avg[{std::get<0>(k), std::get<1>(k), std::get<3>(k)}];
-    b.rope = a.rope, b.attn = a.attn, b.press = a.press;
+    b.rope = a.rope, b.attn = a.attn, b.press = a.press, b.query = a.query;
     b.n += a.n;
     b.score += a.score / static_cast<double>(a.n);
     b.n_prompt += a.n_prompt, b.n_gen += a.n_gen, b.t_prefill += a.t_prefill, b.t_decode += a.t_decode;
@@ -271,6 +274,7 @@ Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
                  const Acc& a, double score) {
     CellSummary c;
     c.model = model, c.method = method, c.rope = a.rope, c.attn = a.attn, c.press = a.press, c.task = task;
+    c.query = a.query;
     c.length = len;
     c.n = a.n;
     c.score = score;
@@ -321,13 +325,13 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
     const std::string path = out_dir + "/summary.csv";
     std::ofstream f(path);
     if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
-    f << "model,method,rope,attn,press,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib\n";
+    f << "model,method,rope,attn,press,query,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib\n";
     char buf[256];
     for (const auto& c : s.cells) {
       std::snprintf(buf, sizeof buf, ",%lld,%lld,%.2f,%.1f,%.2f,%.1f,%.2f\n", (long long)c.length, (long long)c.n,
                     c.score, c.prefill_tps, c.decode_tps, mib(c.peak_rss), mib(c.kv_bytes));
       f << csv(c.model) << ',' << csv(c.method) << ',' << csv(c.rope) << ',' << csv(c.attn) << ',' << csv(c.press)
-        << ',' << csv(c.task) << buf;
+        << ',' << csv(c.query) << ',' << csv(c.task) << buf;
     }
     if (!f) return make_error(strprintf("%s: write error", path.c_str()));
   }
@@ -346,7 +350,7 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
     j["cells"] = json::array();
     for (const auto& c : s.cells)
       j["cells"].push_back({{"model", c.model}, {"method", c.method}, {"rope", c.rope}, {"attn", c.attn},
-                            {"press", c.press}, {"task", c.task}, {"length", c.length}, {"n", c.n},
+                            {"press", c.press}, {"query", c.query}, {"task", c.task}, {"length", c.length}, {"n", c.n},
                             {"score", c.score}, {"prefill_tps", c.prefill_tps}, {"decode_tps", c.decode_tps},
                             {"peak_rss", c.peak_rss}, {"kv_bytes", c.kv_bytes}});
     j["effective_length"] = json::array();
@@ -508,6 +512,10 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
   if (cfg.progress) prog = std::make_unique<Progress>("bench", total, "samples");
   int64_t n_done = 0;
 
+  std::unique_ptr<Model> draft;
+  if (!cfg.draft.empty()) {
+    LC_ASSIGN_OR_RETURN(draft, Model::load(cfg.draft));
+  }
   for (const ModelRef& mref : cfg.models) {
     std::unique_ptr<Model> model;
     if (mref.image) {
@@ -529,6 +537,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       pp.n_ctx = cfg.lengths.front();
       pp.n_batch = 16;
       pp.n_threads = 1;
+      pp.model_name = model_name;
+      pp.draft = draft.get();
+      pp.draft_name = cfg.draft;
       auto probe = make_context_for(*model, method, pp);
       if (!probe) return probe.error();
     }
@@ -538,7 +549,12 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       cp.n_ctx = cfg.lengths.back();
       cp.n_batch = cfg.n_batch;
       cp.n_threads = cfg.n_threads;
+      cp.model_name = model_name;
+      cp.draft = draft.get();
+      cp.draft_name = cfg.draft;
       LC_ASSIGN_OR_RETURN(std::unique_ptr<Context> ctx, make_context_for(*model, method, cp));
+      const bool agnostic = ctx->press() && !ctx->press()->schedule().query_aware;
+      const std::string query_mode = !ctx->press() ? "" : agnostic ? "agnostic" : "aware";
       for (const Cell& cell : cells) {
         SampleSpec spec;
         spec.task = cell.task;
@@ -560,6 +576,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         rec.model = model_name;
         rec.method = mlabel;
         rec.rope = method.rope, rec.attn = method.attn, rec.press = method.press;
+        rec.query = query_mode;
         rec.task = cell.task;
         rec.metric = metric_name(find_task(cell.task)->metric);
         rec.chat_template = chat_template_name(tmpl);
@@ -582,11 +599,22 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         }
         ctx->clear();
         std::vector<int32_t> history = sample->tokens;
+        GenerateStats st;
+        if (agnostic && sample->n_context_tokens > 0) {
+          // Query-agnostic: the press compresses the context before the question is read
+          // (the time counts as prefill).
+          const double t0 = now_seconds();
+          LC_TRY(ctx->decode_context(std::span<const int32_t>(history.data(), static_cast<size_t>(sample->n_context_tokens))));
+          st.n_prompt += sample->n_context_tokens;
+          st.t_prompt += now_seconds() - t0;
+          std::vector<int32_t> rest(history.begin() + sample->n_context_tokens, history.end());
+          history = ctx->tokens();  // SpecPC may have kept fewer tokens
+          history.insert(history.end(), rest.begin(), rest.end());
+        }
         SamplerParams sp;
         sp.temp = 0;  // greedy
         sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.repeat_penalty = 1;
         Sampler sampler(sp);
-        GenerateStats st;
         std::string text;
         LC_TRY(generate(*ctx, sampler, history, sample->max_new_tokens,
                         [&](int32_t, std::string_view piece) {

@@ -40,6 +40,7 @@ struct RunConfig {
   int64_t n_batch = 512;
   int n_threads = 0;
   std::string chat_template = "auto";  // auto (from the GGUF), none, llama3, chatml, ...
+  std::string draft;                   // --draft: draft model for speckv / specpc (same vocabulary)
   bool plots = true;
   bool progress = true;                // a progress line on a terminal
   std::function<void(const std::string&)> note;  // messages for the user (default: stderr)
@@ -48,13 +49,17 @@ struct RunConfig {
 // Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"name":..}],
 // "tasks": [...], "lengths": [4096, "8K"], "depths": [...], "samples": N, "seed": N,
 // "threshold": X, "max_new_tokens": N, "observations": N, "chat_template": "auto",
-// "batch": N, "threads": N, "out": "dir"}) over `cfg`: fields present replace the defaults.
+// "batch": N, "threads": N, "out": "dir", "draft": "draft.gguf"}) over `cfg`: fields present
+// replace the defaults.
 Status apply_config_json(const nlohmann::json& j, RunConfig& cfg);
 Status load_config_file(const std::string& path, RunConfig& cfg);
 
 // One sample's line in results.jsonl.
 struct SampleRecord {
   std::string model, method, rope, attn, press, task, metric, chat_template;
+  // "aware" (compressed after the whole prompt), "agnostic" (after the context, before the
+  // question) or "" (no press): the two are reported apart (METHODS.md §2).
+  std::string query;
   int64_t length = 0, index = 0;
   int depth = -1;
   uint64_t seed = 0;
@@ -78,6 +83,7 @@ Expected<std::vector<SampleRecord>> read_results(const std::string& path, int64_
 
 struct CellSummary {
   std::string model, method, rope, attn, press, task;  // task "average": mean over the tasks
+  std::string query;                                   // press mode: aware, agnostic or empty
   int64_t length = 0;
   int64_t n = 0;
   double score = 0;

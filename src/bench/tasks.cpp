@@ -315,6 +315,21 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
     s.size_units = f->units;
     s.unit = lay.unit;
     s.n_prompt = static_cast<int64_t>(s.tokens.size());
+    s.n_context_tokens = s.n_prompt - 1;  // fallback: all but the last token
+    {
+      // Every task's user message is instructions + context + question: the context ends where
+      // the question starts. Its byte offset in the rendered prompt, then the token prefix.
+      const std::string full = r.text(s.user, s.answer_prefix);
+      const size_t cpos = s.context.empty() ? std::string::npos : s.user.rfind(s.context);
+      const size_t upos = full.find(s.user);
+      if (cpos != std::string::npos && upos != std::string::npos) {
+        const std::string head = full.substr(0, upos + cpos + s.context.size());
+        const std::vector<int32_t> ht = r.tokenizer().encode(head, true, r.chat_template() != ChatTemplate::kNone);
+        size_t i = 0;
+        while (i < ht.size() && i < s.tokens.size() && ht[i] == s.tokens[i]) ++i;
+        s.n_context_tokens = std::min<int64_t>(static_cast<int64_t>(i), s.n_prompt - 1);
+      }
+    }
     s.max_new_tokens = spec.length - s.n_prompt;
     s.input_hash = hex64(fnv1a_ids(s.tokens));
     return s;

@@ -77,6 +77,10 @@ struct Sample {
   std::vector<Needle> needles;  // needles[0] is the queried one where a task has needles
   std::vector<int32_t> tokens;  // the prompt as the model sees it
   int64_t n_prompt = 0;
+  // Prompt tokens up to the end of the context (the question and answer prefix follow): where
+  // a query-agnostic press compresses. The tokens of the text up to the context's end and of the
+  // whole prompt share this prefix (a token straddling the boundary belongs to the question).
+  int64_t n_context_tokens = 0;
   int64_t max_new_tokens = 0;   // length - n_prompt
   int64_t budget_new_tokens = 0;  // the task's answer budget (max_new_tokens >= it)
   int64_t size_units = 0;       // haystack size found by the search

@@ -229,6 +229,20 @@ class ScoredPress final : public KvPress {
   }
   const PressSchedule& schedule() const override { return o_.schedule; }
   int64_t n_obs() const override { return scorer_->n_obs(); }
+  AttentionObserver* observer() override { return scorer_->observer(); }
+  int64_t lookahead() const override { return scorer_->lookahead(); }
+  Status check_backend(std::string_view attn) const override {
+    // The observer recomputes DENSE attention over the held tokens at their stored positions:
+    // exact for dense and naive, not for a backend that attends a subset (quest, infllm, dssa,
+    // lychee) or scores at re-assigned positions (streaming).
+    const std::string_view base = attn.substr(0, attn.find(':'));
+    if (scorer_->observer() && base != "dense" && base != "naive")
+      return make_error(strprintf("kv press %s: it accumulates the attention of the forward pass as dense softmax, "
+                                  "but --attn %.*s attends a subset of the tokens or re-assigns their positions "
+                                  "(use --attn dense, or %s:source=window)",
+                                  name_.c_str(), static_cast<int>(attn.size()), attn.data(), name_.c_str()));
+    return Status::ok();
+  }
 
   Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) override;
   Status compress(const PressContext& c, int64_t il) override;
@@ -438,6 +452,26 @@ class ChainPress final : public KvPress {
     for (const auto& q : parts_) m = std::max(m, q->n_obs());
     return m;
   }
+  AttentionObserver* observer() override {
+    fan_.parts.clear();
+    for (const auto& q : parts_)
+      if (AttentionObserver* o = q->observer()) fan_.parts.push_back(o);
+    return fan_.parts.empty() ? nullptr : fan_.parts.size() == 1 ? fan_.parts[0] : &fan_;
+  }
+  int64_t lookahead() const override {
+    int64_t m = 0;
+    for (const auto& q : parts_) m = std::max(m, q->lookahead());
+    return m;
+  }
+  const PromptCompression* prompt_compression() const override {
+    for (const auto& q : parts_)
+      if (const PromptCompression* p = q->prompt_compression()) return p;
+    return nullptr;
+  }
+  Status check_backend(std::string_view attn) const override {
+    for (const auto& q : parts_) LC_TRY(q->check_backend(attn));
+    return Status::ok();
+  }
   Status select(const PressContext&, int64_t, std::vector<std::vector<int32_t>>&) override {
     return make_error("kv press chain: a chain applies its presses in turn; call compress(), not select()");
   }
@@ -451,6 +485,7 @@ class ChainPress final : public KvPress {
         ci.n_obs = want;
         ci.queries = c.queries ? c.queries + skip * q_stride_ : nullptr;
         ci.query_pos = c.query_pos ? c.query_pos + skip : nullptr;
+        ci.query_seq = c.query_seq ? c.query_seq + skip : nullptr;
       }
       LC_TRY(q->compress(ci, il));
     }
@@ -459,9 +494,41 @@ class ChainPress final : public KvPress {
   void set_q_stride(int64_t s) { q_stride_ = s; }
 
  private:
+  struct FanOut final : AttentionObserver {
+    std::vector<AttentionObserver*> parts;
+    void observe(const KvCache& kv, int64_t il, const float* q, const int32_t* q_pos, const int32_t* q_seq, int64_t n,
+                 ThreadPool* pool) override {
+      for (auto* o : parts) o->observe(kv, il, q, q_pos, q_seq, n, pool);
+    }
+    void truncate(int64_t n_seq) override {
+      for (auto* o : parts) o->truncate(n_seq);
+    }
+  };
   std::vector<std::unique_ptr<KvPress>> parts_;
   PressSchedule sched_;
+  FanOut fan_;
   int64_t q_stride_ = 0;  // floats per query row: n_head * head_dim
+};
+
+// SpecPC compresses the prompt before prefill; the cache is never touched by it afterwards.
+class SpecPcPress final : public KvPress {
+ public:
+  SpecPcPress(PromptCompression p, bool aware) : p_(p) {
+    sched_.after_prefill = false;
+    sched_.query_aware = aware;
+  }
+  std::string spec() const override { return specpc_spec(p_, sched_.query_aware); }
+  const PressSchedule& schedule() const override { return sched_; }
+  int64_t n_obs() const override { return 0; }
+  const PromptCompression* prompt_compression() const override { return &p_; }
+  Status select(const PressContext&, int64_t, std::vector<std::vector<int32_t>>& keep) override {
+    keep.clear();
+    return Status::ok();
+  }
+
+ private:
+  PromptCompression p_;
+  PressSchedule sched_;
 };
 
 Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape) {
@@ -469,6 +536,13 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   const std::string_view name = spec.substr(0, colon);
   const std::string_view params = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
   std::string sname(name);
+  if (sname == "specpc") {
+    LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
+    LC_ASSIGN_OR_RETURN(PromptCompression pc, parse_specpc(a));
+    LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
+    LC_TRY(a.finish());
+    return std::unique_ptr<KvPress>(std::make_unique<SpecPcPress>(pc, q == "aware"));
+  }
   Alloc alloc = Alloc::kUniform;
   std::string scorer_name = sname;
   if (sname == "pyramidkv") alloc = Alloc::kPyramid, scorer_name = "snapkv";
@@ -479,7 +553,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
     LC_ASSIGN_OR_RETURN(scorer_name, a.text("inner", "expected_attention"));
     if (scorer_name == "adakv" || scorer_name == "pyramidkv" || !find_scorer(scorer_name))
       return make_error(strprintf("kv press adakv: inner=%s: expected a scorer (streaming_llm, snapkv, h2o, tova, "
-                                  "knorm, expected_attention, random)", scorer_name.c_str()));
+                                  "knorm, expected_attention, random, speckv)", scorer_name.c_str()));
   }
   const ScorerFactory* f = find_scorer(scorer_name);
   if (!f) {
@@ -500,7 +574,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   LC_ASSIGN_OR_RETURN(o.ratio, a.number("ratio", -1, 0, 1));
   LC_ASSIGN_OR_RETURN(o.n_sink, a.integer("n_sink", scorer->default_sinks(), 0, INT32_MAX));
   LC_ASSIGN_OR_RETURN(o.window, a.integer("window", scorer->default_window(), 0, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "mean", {"mean", "max"}));
+  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", scorer->default_reduce_max() ? "max" : "mean", {"mean", "max"}));
   o.reduce_max = red == "max";
   LC_ASSIGN_OR_RETURN(int64_t chunk, a.integer("chunk", 0, 0, 1));
   o.schedule.per_chunk = chunk == 1;
@@ -525,6 +599,9 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   o.schedule.after_prefill = o.ratio >= 0 || o.budget >= 0;
   if (o.schedule.per_chunk && !o.schedule.after_prefill)
     return make_error(strprintf("kv press %s: chunk=1 needs ratio= or budget=", sname.c_str()));
+  if (scorer->lookahead() > 0 && (o.schedule.per_chunk || o.schedule.decode_interval > 0 || !o.schedule.after_prefill))
+    return make_error(strprintf("kv press %s: the draft looks ahead once, after the prompt: chunk= and interval= are "
+                                "not supported", sname.c_str()));
   if (o.schedule.decode_interval > 0 && o.schedule.decode_target < o.n_sink + o.window)
     return make_error(strprintf("kv press %s: target=%lld is below n_sink + window = %lld", sname.c_str(),
                                 (long long)o.schedule.decode_target, (long long)(o.n_sink + o.window)));
@@ -540,7 +617,7 @@ const ScorerFactory* find_scorer(std::string_view name) {
   static const std::vector<std::pair<std::string, ScorerFactory>> kScorers = {
       {"streaming_llm", make_streaming_llm}, {"snapkv", make_snapkv},   {"h2o", make_h2o},
       {"tova", make_tova},                   {"knorm", make_knorm},     {"random", make_random},
-      {"expected_attention", make_expected_attention},
+      {"expected_attention", make_expected_attention}, {"speckv", make_speckv},
   };
   for (const auto& [n, f] : kScorers)
     if (n == name) return &f;
@@ -560,6 +637,8 @@ std::vector<std::pair<std::string, std::string>> kv_press_methods() {
       {"expected_attention", "attention expected from query statistics over the next n_future (512) positions, x ||v||"},
       {"random", "uniform random scores (control), seed="},
       {"adakv", "head-wise budgets over a scorer (inner=NAME, alpha=0.2)"},
+      {"speckv", "SnapKV scores from the last 32 prompt queries + the queries of 8 draft lookahead tokens (needs --draft)"},
+      {"specpc", "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)"},
   };
 }
 

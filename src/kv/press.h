@@ -70,6 +70,10 @@ struct PressContext {
   const float* queries = nullptr;   // [n_obs, n_head, head_dim] pre-RoPE, layer il
   const int32_t* query_pos = nullptr;  // [n_obs]
   int64_t n_obs = 0;                // may be less than the press's n_obs() (short prompt)
+  // [n_obs] sequence index of each query; null: the last n_obs tokens appended (the default
+  // contract). SpecKV gives it: its lookahead queries come from draft tokens that were run
+  // through the model and removed from the cache again, so they lie after n_appended(il).
+  const int32_t* query_seq = nullptr;
 };
 
 // When the model calls compress().
@@ -89,17 +93,35 @@ struct PressSchedule {
   }
 };
 
-// Optional: attention statistics fed by the attention path during forward (H2O's column sums,
-// TOVA's last-query attention over the whole prompt). Not fed by any backend yet: the
-// observed-attention presses compute the same statistics from the observation window queries
-// (see press_h2o.cpp). A backend that supports it calls observe() once per (layer, query head,
-// query) with the softmax row over the head's held tokens.
+// Attention statistics of the real forward passes (H2O's cumulative attention). The model calls
+// observe() after each layer's attention, for prefill chunks and decode steps alike, but only
+// when the active press returns an observer (no cost otherwise). The observer recomputes the
+// exact softmax rows of those queries over the tokens the layer's heads held at that moment
+// (press_observer.cpp), so it needs nothing from the attention backends.
 class AttentionObserver {
  public:
   virtual ~AttentionObserver() = default;
-  // probs: [n_keys] over the tokens of KV head h / group held at the time, in storage order;
-  // q_seq: the query's sequence index.
-  virtual void observe(int64_t il, int64_t q_head, int32_t q_seq, const float* probs, int64_t n_keys) = 0;
+  // Layer il has just attended n queries: q [n, n_head, head_dim] pre-RoPE, at positions q_pos
+  // and sequence indices q_seq; kv holds what they attended (their own keys included).
+  virtual void observe(const KvCache& kv, int64_t il, const float* q, const int32_t* q_pos,
+                       const int32_t* q_seq, int64_t n, ThreadPool* pool) = 0;
+  // The sequence was cut back to n_seq tokens: statistics of tokens >= n_seq are dropped.
+  virtual void truncate(int64_t n_seq) = 0;
+};
+
+// SpecPC's parameters (press_spec.cpp): the press compresses the PROMPT before the model
+// prefills it, from a draft model's attention; the model runtime does the work.
+struct PromptCompression {
+  double ratio = -1;        // fraction of the prompt removed (< 0: budget given)
+  int64_t budget = -1;      // prompt tokens kept (< 0: ratio given)
+  int64_t window = 64;      // last prompt tokens always kept; also the draft's observation queries
+  int64_t lookahead = 8;    // tokens the draft generates; its queries of the first lookahead-1 count
+  int64_t kernel = 64;      // max-pool size over the sequence
+  int64_t neighbours = 64;  // tokens kept around each selected one
+  int64_t start_layer = 8;  // draft layers >= this vote (clamped to the draft's last layer)
+  bool weighted = true;     // window queries weighted linearly 0..1 (later queries count more)
+  bool reduce_max = true;   // max (the authors' default) or sum over layers, heads and queries
+  int64_t kept(int64_t n_prompt) const;  // prompt tokens kept for a prompt of n_prompt
 };
 
 // One layer's scores (higher = keep). A scorer fills ONE of the two: per query head (the
@@ -120,6 +142,12 @@ class PressScorer {
   // Default protected recent window when the spec gives none.
   virtual int64_t default_window() const { return n_obs(); }
   virtual int64_t default_sinks() const { return 0; }
+  virtual bool default_reduce_max() const { return false; }
+  // Draft tokens whose target queries the press wants in its observation window (SpecKV): the
+  // model generates them with the draft, runs them through itself, scores, then removes them.
+  virtual int64_t lookahead() const { return 0; }
+  // Non-null: feed it the real attention of every forward pass (H2O).
+  virtual AttentionObserver* observer() { return nullptr; }
   virtual Status score(const PressContext& c, int64_t il, const PressShape& shape, PressScores& s) = 0;
 };
 
@@ -132,7 +160,17 @@ class KvPress {
   // Observation queries the model must keep per layer (0: none).
   virtual int64_t n_obs() const = 0;
   bool needs_queries() const { return n_obs() > 0; }
+  // Feeds of the real forward pass (see AttentionObserver); null: none wanted.
   virtual AttentionObserver* observer() { return nullptr; }
+  // SpecKV: draft tokens to look ahead with before the after-prefill compression (0: none).
+  virtual int64_t lookahead() const { return 0; }
+  // SpecPC: non-null when the press compresses the prompt before prefill (with a draft model).
+  virtual const PromptCompression* prompt_compression() const { return nullptr; }
+  // Whether the press needs a draft model (speckv, specpc).
+  bool needs_draft() const { return lookahead() > 0 || prompt_compression() != nullptr; }
+  // An attention backend the press cannot work with (error naming both), e.g. h2o's observer
+  // recomputes dense attention, which a sparse backend does not compute.
+  virtual Status check_backend(std::string_view attn_spec) const { (void)attn_spec; return Status::ok(); }
   // Computes the keep lists of layer il without touching the cache:
   // keep[h] ascending indices into head (il, h)'s tokens. Empty outer vector: nothing to do.
   virtual Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) = 0;
@@ -141,7 +179,8 @@ class KvPress {
 };
 
 // The registry: "name[:key=value,...][+name[:...]]". Presses: streaming_llm, snapkv, pyramidkv,
-// h2o, tova, knorm, expected_attention, random, adakv (inner=NAME wraps any scorer).
+// h2o, tova, knorm, expected_attention, random, adakv (inner=NAME wraps any scorer), speckv,
+// specpc (both need a draft model, given to the model's Context).
 // Errors name the press or key and list what is accepted.
 Expected<std::unique_ptr<KvPress>> make_kv_press(std::string_view spec, const PressShape& shape);
 // Names the registry accepts, with one line of help each (for --help).

@@ -3,22 +3,45 @@
 // A token's score is the attention it has received, normalised by how many queries could see
 // it (otherwise old tokens win just by being old):
 //   s_j = sum_t softmax_j(q_t . k_j * scale) / #{t : t sees j}
-// per query head; the framework reduces over the group.
-// The sum runs over the observation window queries (the last obs=64 prompt tokens), not over
-// every query of the prompt: the attention path does not feed an AttentionObserver yet. With
-// an observer the same formula runs over all queries; the window is the recent part of it.
+// source=forward (default): the sum runs over EVERY query the model has evaluated (each
+// prefill chunk and each decode step), fed by the model through this scorer's observer
+// (AttentionAccumulator, press_observer.cpp), summed over the query heads of the GQA group
+// and divided by the group size: the group reduction is the mean (reduce=max is refused).
+// source=window: the sum runs over the observation window queries only (the last obs=64
+// prompt tokens), per query head; the framework reduces over the group.
 #include "kv/press_impl.h"
+#include "kv/press_observer.h"
 
 namespace lc::press {
 namespace {
 
 class H2o final : public PressScorer {
  public:
-  explicit H2o(int64_t obs) : obs_(obs) {}
+  H2o(int64_t obs, bool forward, const PressShape& shape)
+      : obs_(obs), forward_(forward), acc_(shape) {}
   std::string name() const override { return "h2o"; }
-  std::string params() const override { return strprintf("obs=%lld", (long long)obs_); }
-  int64_t n_obs() const override { return obs_; }
+  std::string params() const override {
+    return strprintf("obs=%lld,source=%s", (long long)obs_, forward_ ? "forward" : "window");
+  }
+  int64_t n_obs() const override { return forward_ ? 0 : obs_; }
+  int64_t default_window() const override { return obs_; }
+  AttentionObserver* observer() override { return forward_ ? &acc_ : nullptr; }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
+    if (forward_) {
+      const int64_t g = s.n_head / s.n_head_kv;
+      out.by_kv_head.resize(static_cast<size_t>(s.n_head_kv));
+      for (int64_t h = 0; h < s.n_head_kv; ++h) {
+        const int64_t n = c.kv->n_tokens(il, h);
+        const int32_t* idx = c.kv->seq_index(il, h);
+        auto& r = out.by_kv_head[static_cast<size_t>(h)];
+        r.resize(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) {
+          const float cnt = acc_.count(il, idx[j]);
+          r[static_cast<size_t>(j)] = cnt > 0 ? acc_.sum(il, h, idx[j]) / (static_cast<float>(g) * cnt) : 0.0f;
+        }
+      }
+      return Status::ok();
+    }
     std::vector<float> qr;
     rotate_queries(c, il, s, qr);
     const int64_t g = s.n_head / s.n_head_kv;
@@ -48,13 +71,22 @@ class H2o final : public PressScorer {
 
  private:
   int64_t obs_;
+  bool forward_;
+  AttentionAccumulator acc_;
 };
 
 }  // namespace
 
-Expected<std::unique_ptr<PressScorer>> make_h2o(Args& a, const PressShape&) {
+Expected<std::unique_ptr<PressScorer>> make_h2o(Args& a, const PressShape& s) {
   LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20));
-  return std::unique_ptr<PressScorer>(std::make_unique<H2o>(obs));
+  LC_ASSIGN_OR_RETURN(std::string src, a.choice("source", "forward", {"forward", "window"}));
+  if (src == "forward" && a.has("reduce")) {
+    LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "mean", {"mean", "max"}));
+    if (red == "max")
+      return make_error("kv press h2o: reduce=max needs per-head scores; source=forward accumulates per KV head "
+                        "(use source=window for reduce=max)");
+  }
+  return std::unique_ptr<PressScorer>(std::make_unique<H2o>(obs, src == "forward", s));
 }
 
 }  // namespace lc::press

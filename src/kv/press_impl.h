@@ -50,6 +50,10 @@ Expected<std::unique_ptr<PressScorer>> make_tova(Args& a, const PressShape& s);
 Expected<std::unique_ptr<PressScorer>> make_knorm(Args& a, const PressShape& s);
 Expected<std::unique_ptr<PressScorer>> make_random(Args& a, const PressShape& s);
 Expected<std::unique_ptr<PressScorer>> make_expected_attention(Args& a, const PressShape& s);
+Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape& s);
+// SpecPC's parameters from its spec (press_spec.cpp).
+Expected<PromptCompression> parse_specpc(Args& a);
+std::string specpc_spec(const PromptCompression& p, bool query_aware);
 
 // ---- helpers shared by scorers ----
 
@@ -69,7 +73,7 @@ void window_probs(const PressContext& c, int64_t il, const PressShape& s, const 
                   const float* keys, int64_t n, std::vector<float>& probs);
 // Sequence index of observation query t of layer il.
 inline int64_t obs_seq_index(const PressContext& c, int64_t il, int64_t t) {
-  return c.kv->n_appended(il) - c.n_obs + t;
+  return c.query_seq ? c.query_seq[t] : c.kv->n_appended(il) - c.n_obs + t;
 }
 
 }  // namespace lc::press

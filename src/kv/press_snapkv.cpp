@@ -6,8 +6,18 @@
 // per query head; the framework reduces over the GQA group. The window's own tokens are not
 // pooled (as the authors' code) and score +max: they are what the window is.
 // PyramidKV uses the same scores with per-layer budgets (press.cpp).
+//
+// SpecKV — Galim et al., "Draft-based Approximate Inference for LLMs" (arXiv 2506.08373):
+// the same scores, but the observation queries are the target's queries of its last obs=32
+// prompt tokens PLUS those of `lookahead` tokens a small draft model generated greedily after
+// the prompt (the model runs the draft tokens through itself to get them, then truncates them
+// away; see Context). The draft's output approximates what the answer will attend, so the
+// scores look at the future rather than only at the end of the prompt. Defaults as the
+// authors': max-pool kernel 7, max over the GQA group.
 #include <algorithm>
 #include <cfloat>
+#include <string>
+#include <utility>
 
 #include "kv/press_impl.h"
 
@@ -16,12 +26,19 @@ namespace {
 
 class SnapKv final : public PressScorer {
  public:
-  SnapKv(int64_t obs, int64_t kernel, bool max_pool) : obs_(obs), kernel_(kernel), max_pool_(max_pool) {}
-  std::string name() const override { return "snapkv"; }
+  SnapKv(std::string name, int64_t obs, int64_t lookahead, int64_t kernel, bool max_pool)
+      : name_(std::move(name)), obs_(obs), lookahead_(lookahead), kernel_(kernel), max_pool_(max_pool) {}
+  std::string name() const override { return name_; }
   std::string params() const override {
-    return strprintf("obs=%lld,kernel=%lld,pool=%s", (long long)obs_, (long long)kernel_, max_pool_ ? "max" : "avg");
+    std::string s = strprintf("obs=%lld,kernel=%lld,pool=%s", (long long)obs_, (long long)kernel_, max_pool_ ? "max" : "avg");
+    if (name_ == "speckv") s += strprintf(",lookahead=%lld", (long long)lookahead_);
+    return s;
   }
-  int64_t n_obs() const override { return obs_; }
+  // SpecKV's queries: the last obs prompt tokens and the lookahead tokens after them.
+  int64_t n_obs() const override { return obs_ + lookahead_; }
+  int64_t default_window() const override { return obs_; }
+  bool default_reduce_max() const override { return name_ == "speckv"; }
+  int64_t lookahead() const override { return lookahead_; }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
     std::vector<float> qr;
     rotate_queries(c, il, s, qr);
@@ -33,6 +50,7 @@ class SnapKv final : public PressScorer {
       read_head_keys(*c.kv, il, h, K);
       const int64_t n = c.kv->n_tokens(il, h);
       const int32_t* idx = c.kv->seq_index(il, h);
+      // Tokens before the first observation query are pooled; the window's own score +max.
       const int64_t n_pre = std::lower_bound(idx, idx + n, static_cast<int32_t>(first_obs)) - idx;
       for (int64_t hq = h * g; hq < (h + 1) * g; ++hq) {
         window_probs(c, il, s, qr.data(), hq, K.data(), n, P);
@@ -55,7 +73,8 @@ class SnapKv final : public PressScorer {
   }
 
  private:
-  int64_t obs_, kernel_;
+  std::string name_;
+  int64_t obs_, lookahead_, kernel_;
   bool max_pool_;
 };
 
@@ -67,7 +86,17 @@ Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape&) {
   if (kernel % 2 == 0)
     return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
   LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "avg", {"avg", "max"}));
-  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>(obs, kernel, pool == "max"));
+  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("snapkv", obs, 0, kernel, pool == "max"));
+}
+
+Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape&) {
+  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 32, 1, 1 << 20));
+  LC_ASSIGN_OR_RETURN(int64_t la, a.integer("lookahead", 8, 1, 4096));
+  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 7, 1, 1025));
+  if (kernel % 2 == 0)
+    return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
+  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "max", {"avg", "max"}));
+  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("speckv", obs, la, kernel, pool == "max"));
 }
 
 }  // namespace lc::press

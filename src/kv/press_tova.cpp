@@ -1,5 +1,7 @@
 // TOVA — Oren et al., "Transformers are Multi-State RNNs", 2024 (Token Omission Via Attention).
-// The current (last) query decides; its attention is averaged over ALL query heads of the
+// The current (last) query decides: the model's observation window holds the queries of the
+// tokens it appended last, so this is the real last query (of the prompt after prefill, of the
+// newest generated token when compressing while decoding), never a draft's lookahead query; its attention is averaged over ALL query heads of the
 // layer, so every KV head of a layer ranks tokens the same way:
 //   s_j = (1/H) sum_{h < H} softmax_j(q_last,h . k_j * scale)
 // Heads may hold different tokens (after a head-wise press): the average is taken per
@@ -27,6 +29,7 @@ class Tova final : public PressScorer {
     PressContext last = c;  // only the last query
     last.queries = c.queries + (c.n_obs - 1) * s.n_head * s.head_dim;
     last.query_pos = c.query_pos + (c.n_obs - 1);
+    last.query_seq = c.query_seq ? c.query_seq + (c.n_obs - 1) : nullptr;
     last.n_obs = 1;
     std::vector<float> qr;
     rotate_queries(last, il, s, qr);

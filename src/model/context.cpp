@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/sys.h"
 #include "kernels/kernels.h"
+#include "kv/press_spec.h"
+#include "model/draft.h"
 
 namespace lc {
 
@@ -22,6 +25,15 @@ LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<fl
   r.orig_ctx = hp.rope_orig_ctx;
   r.freq_factors = freq_factors;
   return r;
+}
+AttnShape attn_shape_of(const HParams& hp) {
+  AttnShape as;
+  as.n_layer = hp.n_layer;
+  as.n_head = hp.n_head;
+  as.n_head_kv = hp.n_head_kv;
+  as.head_dim = hp.head_dim;
+  as.head_dim_v = hp.head_dim_v;
+  return as;
 }
 }  // namespace
 
@@ -71,12 +83,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     kc.rope_provider = [plan](int64_t n_ctx) { return plan->table(n_ctx); };
   }
   LC_ASSIGN_OR_RETURN(c->kv_, KvCache::create(kc));
-  AttnShape as;
-  as.n_layer = hp.n_layer;
-  as.n_head = hp.n_head;
-  as.n_head_kv = hp.n_head_kv;
-  as.head_dim = hp.head_dim;
-  as.head_dim_v = hp.head_dim_v;
+  const AttnShape as = attn_shape_of(hp);
   if (backend) {
     c->backend_ = std::move(backend);
   } else {
@@ -85,16 +92,19 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     c->backend_ = std::move(*attn);
   }
   LC_TRY(c->backend_->attach(*c->kv_));
+  if (p.draft) LC_TRY(check_draft_vocab(model, p.model_name, *p.draft, p.draft_name));
   if (!p.kv_press.empty() && p.kv_press != "none") {
     PressShape ps{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
     auto press = make_kv_press(p.kv_press, ps);
     if (!press) return make_error("--kv-press: " + press.error().message);
     c->press_ = std::move(*press);
-    const int64_t w = c->press_->n_obs();
-    if (w > 0) {
-      c->obs_q_.resize(static_cast<size_t>(hp.n_layer * w * hp.n_head * hp.head_dim));
-      c->obs_pos_.resize(static_cast<size_t>(w));
-    }
+    Status st = c->press_->check_backend(c->backend_->spec());
+    if (!st) return make_error("--kv-press: " + st.message());
+    if (c->press_->needs_draft() && !p.draft)
+      return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
+                                  "same vocabulary as %s)", p.kv_press.c_str(), p.model_name.c_str()));
+    c->observer_ = c->press_->observer();
+    c->record_queries(c->press_->n_obs());
   }
   const size_t nb = static_cast<size_t>(p.n_batch);
   const int64_t q_dim = hp.n_head * hp.head_dim;
@@ -122,22 +132,59 @@ size_t Context::activation_bytes() const {
           gate_.size() + up_.size()) * sizeof(float) + logits_.capacity() * sizeof(float);
 }
 
-Status Context::decode(std::span<const int32_t> tokens, Logits which) {
+void Context::truncate(int64_t n) {
+  n_past_ = n < n_past_ ? n : n_past_;
+  kv_->truncate(n_past_);
+  if (static_cast<int64_t>(tokens_.size()) > n_past_) tokens_.resize(static_cast<size_t>(n_past_));
+  if (observer_) observer_->truncate(n_past_);
+  n_obs_ = 0;  // the observation window restarts with the next tokens
+  context_done_ = false;
+  if (n_past_ == 0) t_press_ = 0;
+}
+
+void Context::record_queries(int64_t n) {
+  if (n <= obs_w_) return;
+  obs_w_ = n;
+  obs_q_.resize(static_cast<size_t>(hp_.n_layer * n * hp_.n_head * hp_.head_dim));
+  obs_pos_.assign(static_cast<size_t>(n), 0);
+  n_obs_ = 0;
+}
+
+Status Context::decode(std::span<const int32_t> tokens, Logits which) { return decode_impl(tokens, which, false); }
+
+Status Context::decode_context(std::span<const int32_t> tokens) { return decode_impl(tokens, Logits::kNone, true); }
+
+Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool context_part) {
+  if (in.empty()) return make_error("decode: no tokens");
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] < 0 || in[i] >= hp_.n_vocab)
+      return make_error(strprintf("token id %d at index %zu is outside the vocabulary [0, %lld)", in[i], i,
+                                  (long long)hp_.n_vocab));
+  }
+  const bool prompt = in.size() > 1 || context_part;
+  // Query-agnostic presses compress the context part only; the question after it stays whole.
+  const bool agnostic = press_ && !press_->schedule().query_aware;
+  const bool compress_now = press_ && (!agnostic || context_part || !context_done_);
+  std::span<const int32_t> tokens = in;
+  std::vector<int32_t> selected;
+  if (press_ && press_->prompt_compression() && prompt && compress_now && n_past_ == 0) {
+    if (which == Logits::kAll)
+      return make_error("kv press specpc evaluates only the prompt tokens it selects: the logits of every prompt "
+                        "token (perplexity) do not exist");
+    prompt_kept_.clear();
+    const double t0 = now_seconds();
+    LC_TRY(select_prompt(in, selected));
+    t_press_ += now_seconds() - t0;
+    tokens = selected;
+  }
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return make_error("decode: no tokens");
   if (n_past_ + n > params_.n_ctx) {
     return make_error(strprintf("%lld tokens do not fit: %lld already in the context of %lld "
                                 "(raise --ctx-size)",
                                 (long long)n, (long long)n_past_, (long long)params_.n_ctx));
   }
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= hp_.n_vocab)
-      return make_error(strprintf("token id %d at index %lld is outside the vocabulary [0, %lld)",
-                                  tokens[static_cast<size_t>(i)], (long long)i, (long long)hp_.n_vocab));
-  }
   n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
-  const bool prompt = n > 1;
   for (int64_t i = 0; i < n; i += params_.n_batch) {
     const int64_t m = std::min(params_.n_batch, n - i);
     Logits w = Logits::kNone;
@@ -148,13 +195,21 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
       kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
       return st;
     }
-    if (press_ && prompt && i + m < n) LC_TRY(compress(PressPhase::kChunk));
+    tokens_.insert(tokens_.end(), tokens.begin() + i, tokens.begin() + i + m);
+    if (press_ && prompt && compress_now && i + m < n) LC_TRY(compress(PressPhase::kChunk));
   }
   if (press_) {
     if (prompt) {
       n_generated_ = 0;
-      LC_TRY(compress(PressPhase::kChunk));
-      LC_TRY(compress(PressPhase::kPrefill));
+      if (compress_now) {
+        LC_TRY(compress(PressPhase::kChunk));
+        if (press_->lookahead() > 0 && press_->schedule().covers(PressPhase::kPrefill)) {
+          LC_TRY(lookahead_compress());
+        } else {
+          LC_TRY(compress(PressPhase::kPrefill));
+        }
+        if (agnostic && context_part) context_done_ = true;
+      }
     } else if (press_->schedule().decode_due(++n_generated_)) {
       LC_TRY(compress(PressPhase::kDecode));
     }
@@ -162,26 +217,139 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) {
   return Status::ok();
 }
 
+Expected<std::vector<int32_t>> Context::draft_generate(std::span<const int32_t> prompt, int64_t n, int64_t record) {
+  const int64_t need = static_cast<int64_t>(prompt.size()) + n;
+  if (!draft_ctx_ || draft_ctx_->n_ctx() < need) {
+    ContextParams dp;
+    dp.n_ctx = std::max(params_.n_ctx, need);
+    dp.n_batch = params_.n_batch;
+    dp.n_threads = params_.n_threads;
+    dp.kv_block = params_.kv_block;
+    draft_ctx_.reset();
+    auto d = Context::create(*params_.draft, dp);
+    if (!d) return make_error("draft model " + params_.draft_name + ": " + d.error().message);
+    draft_ctx_ = std::move(*d);
+  }
+  Context& dc = *draft_ctx_;
+  dc.clear();
+  dc.record_queries(record);
+  LC_TRY(dc.decode(prompt, Logits::kLast));
+  std::vector<int32_t> out;
+  const int64_t nv = dc.model().hparams().n_vocab;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* lg = dc.logits(0);
+    const int32_t id = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);  // greedy, lowest id on ties
+    out.push_back(id);
+    if (i + 1 < n) LC_TRY(dc.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
+  }
+  return out;
+}
+
+// SpecKV (Galim et al., arXiv 2506.08373): the draft continues the prompt greedily; this model
+// runs those tokens over its cache so that their queries join the observation window (the
+// approximate future queries), the tokens are removed again (truncate), and the press scores
+// the prompt's keys with the last prompt queries plus the lookahead queries.
+Status Context::lookahead_compress() {
+  const int64_t P = n_past_;
+  const int64_t la = std::min(press_->lookahead(), params_.n_ctx - P);
+  if (la <= 0 || obs_w_ == 0) return compress(PressPhase::kPrefill);
+  const double t0 = now_seconds();  // the draft and the lookahead forward (compress() times itself)
+  LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_generate(tokens_, la, 0));
+  // The window of the real tokens comes back afterwards (later compressions while decoding,
+  // TOVA's last query, must not see the draft's tokens).
+  std::vector<float> saved_q(obs_q_.data(), obs_q_.data() + obs_q_.size());
+  std::vector<int32_t> saved_pos = obs_pos_;
+  const int64_t saved_n = n_obs_;
+  auto restore = [&] {
+    kv_->truncate(P);
+    n_past_ = P;
+    std::copy(saved_q.begin(), saved_q.end(), obs_q_.data());
+    obs_pos_ = saved_pos;
+    n_obs_ = saved_n;
+    observing_ = true;
+  };
+  observing_ = false;  // the draft's tokens are not attention the model really computed
+  for (int64_t i = 0; i < la; i += params_.n_batch) {
+    const int64_t m = std::min(params_.n_batch, la - i);
+    Status st = forward_chunk(drafted.data() + i, m, Logits::kNone, nullptr);
+    if (!st) {
+      restore();
+      return st;
+    }
+  }
+  kv_->truncate(P);  // the lookahead tokens leave the cache; their queries stay in the window
+  n_past_ = P;
+  t_press_ += now_seconds() - t0;
+  Status st = compress(PressPhase::kPrefill);
+  restore();
+  return st;
+}
+
+// SpecPC (Galim et al., arXiv 2506.08373): the draft reads the whole prompt and looks ahead;
+// its attention picks the prompt tokens this model evaluates (press_spec.cpp).
+// Positions: the kept tokens are evaluated as a shorter prompt at contiguous positions 0..k-1
+// (re-assigned), as the authors' implementation does (it gathers the token ids and prefills
+// them as a new prompt). This keeps every later position inside the range the model was
+// trained on (the point of compressing a long prompt), keeps n_past() == tokens held for the
+// runtime and the other presses, and needs no special case in the attention backends.
+Status Context::select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected) {
+  const PromptCompression& pc = *press_->prompt_compression();
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t keep = std::max<int64_t>(1, pc.kept(P));
+  if (keep >= P) {
+    selected.assign(prompt.begin(), prompt.end());
+    for (int64_t j = 0; j < P; ++j) prompt_kept_.push_back(static_cast<int32_t>(j));
+    return Status::ok();
+  }
+  const int64_t la = pc.lookahead;
+  LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_generate(prompt, la, pc.window + la - 1));
+  (void)drafted;
+  const Context& dc = *draft_ctx_;
+  const HParams& dh = dc.model().hparams();
+  const PressShape ds{dh.n_layer, dh.n_head, dh.n_head_kv, dh.head_dim, dh.head_dim_v, 0.0f};
+  const int64_t n_q = dc.n_recorded();
+  const int64_t n_win = n_q - (la - 1);  // the generated tokens fed to the draft come last
+  std::vector<const float*> q(static_cast<size_t>(dh.n_layer));
+  for (int64_t il = 0; il < dh.n_layer; ++il) q[static_cast<size_t>(il)] = dc.recorded_queries(il);
+  const std::vector<float> scores =
+      specpc_scores(dc.kv(), ds, q, dc.recorded_positions(), dc.recorded_positions(), n_q, n_win, P, pc);
+  prompt_kept_ = specpc_select(scores, keep, pc);
+  selected.clear();
+  for (int32_t j : prompt_kept_) selected.push_back(prompt[static_cast<size_t>(j)]);
+  draft_ctx_->clear();
+  return Status::ok();
+}
+
 Status Context::compress(PressPhase phase) {
   if (!press_->schedule().covers(phase)) return Status::ok();
-  const int64_t w = press_->n_obs(), row = hp_.n_head * hp_.head_dim;
+  const double t0 = now_seconds();
+  struct Timer {
+    double t0;
+    double& acc;
+    ~Timer() { acc += now_seconds() - t0; }
+  } timer{t0, t_press_};
+  const int64_t W = obs_w_, row = hp_.n_head * hp_.head_dim;
+  const int64_t m = std::min(n_obs_, press_->n_obs());
   for (int64_t il = 0; il < hp_.n_layer; ++il) {
     PressContext pc;
     pc.kv = kv_.get();
     pc.pool = &pool_;
     pc.phase = phase;
-    pc.queries = w > 0 ? obs_q_.data() + (il * w + (w - n_obs_)) * row : nullptr;
-    pc.query_pos = w > 0 ? obs_pos_.data() + (w - n_obs_) : nullptr;
-    pc.n_obs = n_obs_;
+    pc.queries = m > 0 ? obs_q_.data() + (il * W + (W - m)) * row : nullptr;
+    pc.query_pos = m > 0 ? obs_pos_.data() + (W - m) : nullptr;
+    // Positions are sequence indices in a context (pos = n_past + t); after SpecKV's lookahead
+    // the window's last queries lie past the cache's end, which the indices say explicitly.
+    pc.query_seq = pc.query_pos;
+    pc.n_obs = m;
     LC_TRY(press_->compress(pc, il));
   }
   return Status::ok();
 }
 
-// Keeps the last n_obs() queries of layer il right-aligned in its window: the press reads the
+// Keeps the last obs_w_ queries of layer il right-aligned in its window: the press reads the
 // queries of the latest tokens whatever the chunking.
 void Context::observe(int64_t il, const float* q, int64_t n) {
-  const int64_t w = press_->n_obs(), row = hp_.n_head * hp_.head_dim;
+  const int64_t w = obs_w_, row = hp_.n_head * hp_.head_dim;
   const int64_t take = std::min(n, w);
   float* buf = obs_q_.data() + il * w * row;
   std::memmove(buf, buf + take * row, static_cast<size_t>((w - take) * row) * sizeof(float));
@@ -235,9 +403,16 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       // rotates keys with its table, the backend rotates queries at the positions it uses.
       rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
     });
-    if (press_ && press_->n_obs() > 0) observe(il, q_.data(), n);
+    if (obs_w_ > 0) observe(il, q_.data(), n);
     LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
     LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), pool_));
+    // H2O: the attention these queries just paid, accumulated on the press side (positions are
+    // the sequence indices here).
+    if (observer_ && observing_) {
+      const double t0 = now_seconds();
+      observer_->observe(*kv_, il, q_.data(), pos_.data(), pos_.data(), n, &pool_);
+      t_press_ += now_seconds() - t0;
+    }
     kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
 
@@ -259,6 +434,20 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
   });
   kernels::matmul(model_.output(), cur, n_out, logits, pool_);
+  return Status::ok();
+}
+
+Status Context::set_attention(std::string_view spec) {
+  const AttnShape as = attn_shape_of(hp_);
+  auto attn = make_attention_backend(spec, as);
+  if (!attn) return make_error("--attn: " + attn.error().message);
+  if (press_) {
+    Status st = press_->check_backend((*attn)->spec());
+    if (!st) return make_error("--kv-press: " + st.message());
+  }
+  LC_TRY((*attn)->attach(*kv_));
+  backend_ = std::move(*attn);
+  params_.attn = std::string(spec);
   return Status::ok();
 }
 

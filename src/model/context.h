@@ -32,6 +32,10 @@ struct ContextParams {
   int64_t kv_budget = 0;       // --kv-budget in bytes; 0 = no cap
   std::string kv_spill;        // --kv-spill DIR: cold blocks go to a file there
   std::string kv_press;        // --kv-press spec ("" or "none": no compression)
+  // --draft: a small model with the same vocabulary, for the draft-guided presses (speckv,
+  // specpc); it must outlive the context. Names for error messages: the two files.
+  const Model* draft = nullptr;
+  std::string model_name = "the model", draft_name = "the draft";
 };
 
 enum class Logits { kLast, kAll, kNone };
@@ -45,7 +49,17 @@ class Context {
 
   // Appends tokens to the sequence (positions n_past() ...) and runs the forward pass.
   // kLast keeps the logits of the last token, kAll of every token of this call.
+  // With a press, a prompt (more than one token) is compressed after it is in. With SpecPC a
+  // prompt decoded into an EMPTY context is first compressed by the draft: only the selected
+  // tokens are evaluated, at contiguous positions 0.. (n_past() is then the kept count).
   Status decode(std::span<const int32_t> tokens, Logits which = Logits::kLast);
+  // Query-agnostic compression (a press with query=agnostic): decodes the CONTEXT part of a
+  // prompt and compresses after it; the prompt tokens decoded next with decode() (the question)
+  // are appended without prefill compression, so the question never steers the selection.
+  // Until decode_context() is called (or after a truncate), an agnostic press compresses
+  // after every prompt as an aware one does (runtimes that do not split: perplexity, speed).
+  // No logits are kept.
+  Status decode_context(std::span<const int32_t> tokens);
 
   // Logits of output row i of the last decode() ([n_vocab]); row 0 for kLast.
   const float* logits(int64_t i = 0) const { return logits_.data() + i * hp_.n_vocab; }
@@ -55,17 +69,33 @@ class Context {
   int64_t n_batch() const { return params_.n_batch; }
   void clear() { truncate(0); }
   // Forgets every token after the first n.
-  void truncate(int64_t n) {
-    n_past_ = n < n_past_ ? n : n_past_;
-    kv_->truncate(n_past_);
-    n_obs_ = 0;  // the observation window restarts with the next tokens
+  void truncate(int64_t n);
+  // The tokens the cache holds, in order (after SpecPC: the selected prompt tokens).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
+  const std::vector<int32_t>& prompt_kept() const { return prompt_kept_; }
+  // Seconds spent in press work since the context was last cleared: scoring and compaction,
+  // SpecKV's lookahead, SpecPC's draft pass, H2O's observer (benchmarks).
+  double press_seconds() const { return t_press_; }
+  // Keeps the pre-RoPE queries of the last n tokens of every layer (a draft's attention for
+  // SpecPC). Call on an empty context.
+  void record_queries(int64_t n);
+  int64_t n_recorded() const { return n_obs_; }
+  // [n_recorded(), n_head * head_dim] of layer il, oldest first; positions: [n_recorded()].
+  const float* recorded_queries(int64_t il) const {
+    return obs_q_.data() + (il * obs_w_ + (obs_w_ - n_obs_)) * hp_.n_head * hp_.head_dim;
   }
+  const int32_t* recorded_positions() const { return obs_pos_.data() + (obs_w_ - n_obs_); }
 
   const Model& model() const { return model_; }
   const RopePlan& rope_plan() const { return *rope_plan_; }
   const KvCache& kv() const { return *kv_; }
   KvCache& kv() { return *kv_; }
   const AttentionBackend& attention() const { return *backend_; }
+  // Replaces the attention backend (a spec as --attn takes) for the tokens decoded next; the
+  // cache is kept and the new backend builds what it summarises of it lazily. Benchmarks fill
+  // a deep cache with a cheap backend and time another over it.
+  Status set_attention(std::string_view spec);
   const KvPress* press() const { return press_.get(); }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
@@ -74,6 +104,14 @@ class Context {
   Context(const Model& model, const ContextParams& p);
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
   Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
+  Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
+  // SpecKV: the draft's lookahead run through this model, then the after-prefill compression.
+  Status lookahead_compress();
+  // SpecPC: the prompt tokens to evaluate.
+  Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
+  // Greedy tokens of the draft after `prompt` (read from an empty draft context), recording
+  // its last `record` queries.
+  Expected<std::vector<int32_t>> draft_generate(std::span<const int32_t> prompt, int64_t n, int64_t record);
 
   const Model& model_;
   const HParams& hp_;
@@ -82,9 +120,18 @@ class Context {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<KvPress> press_;  // null: no compression
-  // The press's observation window: pre-RoPE queries of the last n_obs_ tokens per layer.
-  Buffer<float> obs_q_;             // [n_layer, press n_obs, n_head * head_dim]
-  std::vector<int32_t> obs_pos_;    // [press n_obs]
+  AttentionObserver* observer_ = nullptr;  // the press's feed of the real attention (H2O)
+  bool observing_ = true;           // off while the draft's lookahead tokens run (SpecKV)
+  bool context_done_ = false;       // agnostic mode: the context part has been compressed
+  std::vector<int32_t> tokens_;     // the tokens the cache holds
+  std::vector<int32_t> prompt_kept_;
+  std::unique_ptr<Context> draft_ctx_;  // the draft model's context (speckv, specpc)
+  double t_press_ = 0;
+  // The observation window: pre-RoPE queries of the last n_obs_ tokens per layer (the press's
+  // n_obs(), or what record_queries() asked for).
+  int64_t obs_w_ = 0;
+  Buffer<float> obs_q_;             // [n_layer, obs_w_, n_head * head_dim]
+  std::vector<int32_t> obs_pos_;    // [obs_w_]
   int64_t n_obs_ = 0;
   int64_t n_generated_ = 0;         // single-token decodes since the last prompt
   Status compress(PressPhase phase);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/progress.h"
 #include "core/sys.h"
 
 namespace lc {
@@ -121,9 +122,48 @@ double SpeedTest::stddev() const {
   return std::sqrt(s / static_cast<double>(tps.size() - 1));
 }
 
-Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int64_t depth,
-                                int reps, uint64_t seed) {
+Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uint64_t seed) {
+  // Deeper than before and every token still cached (no backend or press evicted any): only
+  // the difference is appended. Otherwise the fill starts over.
+  const KvCache& kv = ctx.kv();
+  bool intact = ctx.n_past() <= depth;
+  for (int64_t il = 0; intact && il < kv.config().n_layer; ++il)
+    for (int64_t h = 0; intact && h < kv.config().n_head_kv; ++h) intact = kv.n_tokens(il, h) == ctx.n_past();
+  if (!intact) ctx.clear();
+  if (depth <= 0) return Status::ok();
+  if (depth > ctx.n_ctx())
+    return make_error(strprintf("bench: depth %lld exceeds the context size %lld (raise --ctx-size)",
+                                (long long)depth, (long long)ctx.n_ctx()));
+  const uint64_t n_vocab = static_cast<uint64_t>(ctx.model().tokenizer().n_vocab());
+  // Token i depends on (seed, i) only, so extending a fill gives the tokens a fill to the
+  // full depth would have had.
+  auto token_at = [&](uint64_t i) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<int32_t>((z ^ (z >> 31)) % n_vocab);
+  };
+  std::vector<int32_t> toks(static_cast<size_t>(std::min(depth, ctx.n_batch())));
+  const std::string own = ctx.attention().spec();
+  if (!fill_attn.empty()) LC_TRY(ctx.set_attention(fill_attn));
+  Progress prog("bench: filling the cache", depth);
+  Status st = Status::ok();
+  for (int64_t done = ctx.n_past(); done < depth && st.is_ok();) {
+    const int64_t n = std::min<int64_t>(depth - done, static_cast<int64_t>(toks.size()));
+    for (int64_t i = 0; i < n; ++i) toks[static_cast<size_t>(i)] = token_at(static_cast<uint64_t>(done + i));
+    prog.update(done);
+    st = ctx.decode(std::span<const int32_t>(toks.data(), static_cast<size_t>(n)), Logits::kNone);
+    done += n;
+  }
+  prog.finish();
+  if (!fill_attn.empty()) LC_TRY(ctx.set_attention(own));  // also after an error
+  return st;
+}
+
+Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int reps, bool warmup,
+                                uint64_t seed) {
   SpeedTest st;
+  const int64_t depth = ctx.n_past();
   st.n_prompt = n_prompt;
   st.n_gen = n_gen;
   st.depth = depth;
@@ -136,13 +176,9 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
   const int32_t n_vocab = ctx.model().tokenizer().n_vocab();
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
-  std::vector<int32_t> toks(static_cast<size_t>(std::max(depth, n_prompt)));
-  for (int r = -1; r < reps; ++r) {  // r = -1 is a warm-up
-    ctx.clear();
-    if (depth > 0) {
-      for (auto& t : toks) t = pick(rng);
-      LC_TRY(ctx.decode(std::span<const int32_t>(toks.data(), static_cast<size_t>(depth)), Logits::kNone));
-    }
+  std::vector<int32_t> toks(static_cast<size_t>(std::max<int64_t>(n_prompt, 1)));
+  for (int r = warmup ? -1 : 0; r < reps; ++r) {
+    ctx.truncate(depth);
     double t0 = now_seconds();
     if (n_prompt > 0) {
       for (auto& t : toks) t = pick(rng);
@@ -156,7 +192,7 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
     const double dt = now_seconds() - t0;
     if (r >= 0) st.tps.push_back(static_cast<double>(n_prompt > 0 ? n_prompt : n_gen) / dt);
   }
-  ctx.clear();
+  ctx.truncate(depth);
   return st;
 }
 

@@ -55,9 +55,16 @@ struct SpeedTest {
   double stddev() const;
 };
 
-// pp tests time a prompt of n_prompt tokens, tg tests n_gen single-token decodes, each after
-// `depth` tokens already in the cache (not timed), repeated `reps` times on random tokens.
-Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int64_t depth,
-                                int reps, uint64_t seed);
+// Fills the context to `depth` random tokens (not timed); a context already filled to a smaller
+// depth, with every token still cached, is extended. With fill_attn not empty the
+// fill runs with that attention backend and the context's own is put back afterwards: a
+// 256K-token cache is filled in minutes by a local-window backend, then timed with dense.
+Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uint64_t seed);
+
+// Times, at the context's current depth, a prompt of n_prompt tokens (pp) or n_gen
+// single-token decodes (tg), on random tokens, `reps` times after an untimed warm-up run
+// (unless warmup is false). Each run starts from the depth (the cache is truncated back).
+Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int reps, bool warmup,
+                                uint64_t seed);
 
 }  // namespace lc

@@ -3,6 +3,8 @@
 // asserts an accuracy figure or a timing.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -107,8 +109,8 @@ TEST(BenchRun, WritesLinesSummaryAndPlots) {
 
   const auto csv = lines(out + "/summary.csv");
   ASSERT_EQ(csv.size(), 1u + 4u + 2u);  // header, 2 tasks x 2 lengths, 2 averages
-  EXPECT_EQ(csv[0], "model,method,rope,attn,press,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib");
-  EXPECT_EQ(csv[1].rfind("stories260K.gguf,baseline,gguf,dense,none,average,512,4,", 0), 0u) << csv[1];
+  EXPECT_EQ(csv[0], "model,method,rope,attn,press,query,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib");
+  EXPECT_EQ(csv[1].rfind("stories260K.gguf,baseline,gguf,dense,none,,average,512,4,", 0), 0u) << csv[1];
   // The average is the mean of the task means, and matches the per-sample scores.
   double sum[2] = {0, 0};
   for (const auto& l : ls) {
@@ -401,3 +403,64 @@ class CairoReset : public ::testing::Environment {
 };
 const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
 }  // namespace
+
+namespace lc::bench {
+namespace {
+
+// Query-aware and query-agnostic runs of one press are recorded apart; in agnostic mode the
+// press compresses the context only (the question and answer prefix stay whole in the cache).
+TEST(BenchRun, QueryModesAreRecordedApart) {
+  const std::string out = fresh_dir("query");
+  RunConfig c = small(out);
+  c.tasks = {"niah_single_1"};
+  c.lengths = {512};
+  c.samples = 1;
+  c.plots = false;
+  c.methods = {MethodSetting{"aware", "gguf", "dense", "knorm:ratio=0.5"},
+               MethodSetting{"agnostic", "gguf", "dense", "knorm:ratio=0.5,query=agnostic"}};
+  auto rep = run_matrix(c);
+  ASSERT_TRUE(rep.has_value()) << rep.error().message;
+  std::set<std::string> modes;
+  std::map<std::string, int64_t> kv;
+  for (const auto& l : lines(out + "/results.jsonl")) {
+    const auto j = nlohmann::json::parse(l);
+    EXPECT_EQ(j["query"], j["method"]) << l;
+    modes.insert(j["query"].get<std::string>());
+    kv[j["method"].get<std::string>()] = j["kv_bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(modes, (std::set<std::string>{"aware", "agnostic"}));
+  // Agnostic halves the context only and keeps the question whole: at least as much is held.
+  EXPECT_GE(kv["agnostic"], kv["aware"]);
+  const auto csv = lines(out + "/summary.csv");
+  bool seen = false;
+  for (const auto& l : csv) seen |= l.find(",agnostic,") != std::string::npos;
+  EXPECT_TRUE(seen);
+  fs::remove_all(out);
+}
+
+// The context/question split of every task: the prompt's tokens up to the context's end.
+TEST(BenchTasks, ContextEndsBeforeTheQuestion) {
+  auto model = Model::load(kModel);
+  ASSERT_TRUE(model.has_value());
+  const PromptRenderer r((*model)->tokenizer(), ChatTemplate::kNone);
+  for (const char* task : {"niah_single_1", "passkey", "qa_1", "vt"}) {
+    SampleSpec sp;
+    sp.task = task;
+    sp.length = 1024;
+    auto s = make_sample(r, sp);
+    ASSERT_TRUE(s.has_value()) << task << ": " << s.error().message;
+    ASSERT_GT(s->n_context_tokens, 0) << task;
+    ASSERT_LT(s->n_context_tokens, s->n_prompt) << task;
+    // The tokens after the split decode to text that holds the end of the user message
+    // (the question), and the split lies at or after the end of the context minus one token.
+    const std::vector<int32_t> tail(s->tokens.begin() + s->n_context_tokens, s->tokens.end());
+    const std::string tail_text = (*model)->tokenizer().decode(tail);
+    const std::string user_tail = s->user.substr(s->user.rfind(s->context) + s->context.size());
+    EXPECT_NE(tail_text.find(user_tail.substr(user_tail.size() > 20 ? user_tail.size() - 20 : 0)), std::string::npos) << task;
+    const std::vector<int32_t> head(s->tokens.begin(), s->tokens.begin() + s->n_context_tokens);
+    EXPECT_LE((*model)->tokenizer().decode(head).size(), s->user.rfind(s->context) + s->context.size() + 1) << task;
+  }
+}
+
+}  // namespace
+}  // namespace lc::bench

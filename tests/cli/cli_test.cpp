@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "model/random_model.h"
+
 namespace {
 
 const std::string kBin = LONGCTX_BINARY;
@@ -151,6 +153,85 @@ TEST(Cli, MethodFlagsAreValidated) {
           testing::TempDir());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("spilled"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
+  Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 1 --no-warmup -a dense -a quest:budget=64 "
+                 "--fill-attn infllm:sinks=4,local=64,topk=0 -o json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t js = r.out.find('[');
+  ASSERT_NE(js, std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(js, r.out.rfind(']') - js + 1));
+  ASSERT_EQ(j.size(), 4u);
+  EXPECT_EQ(j[0]["attn"], "dense");
+  EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2");
+  for (const auto& row : j) {
+    EXPECT_EQ(row["n_depth"], 300);
+    EXPECT_EQ(row["kv_bytes_per_token"], 1280);  // 5 layers x 4 heads x (8 + 8) floats
+    EXPECT_GT(row["avg_ts"].get<double>(), 0.0);
+  }
+  r = run("bench speed -m " + kStories + " -p 16 -n 2 -a nosuch");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("nosuch"), std::string::npos) << r.out;
+  r = run("bench speed -m " + kStories + " -p 16 -n 2 --fill-attn quest:page=0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--fill-attn"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+// Draft-guided presses, query-agnostic mode and bad press input on the command line.
+TEST(Cli, KvPressDraftAndQueryModes) {
+  const std::string gqa = kGolden + "models/llama_gqa_f32.gguf";
+  // A draft press without --draft: exit 1, says what is missing.
+  Result r = run("run -m " + gqa + " -n 2 --kv-press speckv:ratio=0.5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--draft"), std::string::npos) << r.out;
+  r = run("run -m " + gqa + " -n 2 --kv-press specpc:budget=100");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--draft"), std::string::npos) << r.out;
+  // A draft with another vocabulary: exit 1, names both files.
+  lc::RandomModelSpec rs;
+  rs.n_layer = 1, rs.n_embd = 32, rs.n_head = 2, rs.n_head_kv = 1, rs.n_ff = 32, rs.n_ctx_train = 128;
+  rs.vocab_path = std::string(LONGCTX_TEST_DATA) + "/vocab/ggml-vocab-gpt-2.gguf";
+  const std::string other = testing::TempDir() + "cli_gpt2_draft.gguf";
+  ASSERT_TRUE(lc::write_random_model(rs, other).is_ok());
+  r = run("run -m " + gqa + " -n 2 --kv-press speckv:ratio=0.5 --draft " + other);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find(other), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(gqa), std::string::npos) << r.out;
+  std::remove(other.c_str());
+  r = run("run -m " + gqa + " -n 2 --kv-press speckv:ratio=0.5 --draft /nonexistent/draft.gguf");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/draft.gguf"), std::string::npos) << r.out;
+  // Bad keys and values name the press and the key.
+  r = run("run -m " + gqa + " -n 2 --kv-press speckv:lookahead=0 --draft " + kStories);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("lookahead"), std::string::npos) << r.out;
+  r = run("run -m " + gqa + " -n 2 --kv-press specpc:budget=100,pool=3 --draft " + kStories);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("pool"), std::string::npos) << r.out;
+  r = run("run -m " + gqa + " -n 2 --kv-press snapkv:ratio=0.5,query=sideways");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("query"), std::string::npos) << r.out;
+  // A press incompatible with the attention backend.
+  r = run("run -m " + gqa + " -n 2 --kv-press h2o:ratio=0.5 --attn quest");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("quest"), std::string::npos) << r.out;
+  // Valid setups run: a draft of the same vocabulary, and the same model as its own draft.
+  const std::string prompt = "-f " + kGolden + "prompts/p2.txt";
+  r = run("run -m " + gqa + " " + prompt + " -n 4 --temp 0 --kv-press speckv:ratio=0.5,obs=8,lookahead=2 --draft " + kStories);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("run -m " + gqa + " " + prompt + " -n 4 --temp 0 --kv-press specpc:ratio=0.5,window=8 --draft " + gqa);
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Query-agnostic with a question; chat refuses it.
+  r = run("run -m " + gqa + " " + prompt + " --question \" Where?\" -n 4 --temp 0 --kv-press knorm:ratio=0.5,query=agnostic");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("chat -m " + gqa + " --kv-press knorm:ratio=0.5,query=agnostic < /dev/null");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("agnostic"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -15,17 +15,16 @@
 #include "kv/kv_cache.h"
 #include "kv/press.h"
 #include "kv/press_impl.h"
+#include "kv/press_observer.h"
+#include "kv/press_spec.h"
 
-#if __has_include("attention/backend.h")
 #include "attention/backend.h"
-#define LC_PRESS_HAVE_BACKEND 1
-#endif
 
 namespace lc {
 namespace {
 
 const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "h2o", "tova", "knorm",
-                                       "expected_attention", "random", "adakv"};
+                                       "expected_attention", "random", "adakv", "speckv"};
 
 // A cache of n_layer layers holding L tokens, with the pre-RoPE data kept for the oracles.
 struct Fixture {
@@ -151,7 +150,7 @@ TEST(KvPress, SpecErrorsNameThePressAndKey) {
   auto ch = make("knorm:ratio=0.5+snapkv:budget=100,obs=16", s);
   EXPECT_EQ(ch->n_obs(), 16);
   EXPECT_NE(ch->spec().find('+'), std::string::npos);
-  EXPECT_EQ(kv_press_methods().size(), kAll.size());
+  EXPECT_EQ(kv_press_methods().size(), kAll.size() + 1);  // + specpc (a prompt compressor)
 }
 
 // Ratio 0 is the identity: storage, positions and block use unchanged, for every press.
@@ -369,7 +368,7 @@ TEST(KvPressScores, SnapKv) {
 TEST(KvPressScores, H2oCausalNormalisation) {
   Fixture f(1, 2, 1, 8, 30);
   const int64_t w = 5;
-  auto s = scores_of("h2o", "obs=5", f, 0, w, true);
+  auto s = scores_of("h2o", "obs=5,source=window", f, 0, w, true);
   for (int64_t hq = 0; hq < 2; ++hq) {
     const auto P = probs_d(f, 0, hq, w);
     for (int64_t j = 0; j < 30; ++j) {
@@ -468,7 +467,7 @@ TEST(KvPress, GroupReduceMeanAndMax) {
   Fixture f(1, 4, 1, 8, 40);
   for (const std::string red : {"mean", "max"}) {
     Fixture g(1, 4, 1, 8, 40);
-    auto per_q = scores_of("h2o", "obs=8", g, 0, 8, true);
+    auto per_q = scores_of("h2o", "obs=8,source=window", g, 0, 8, true);
     std::vector<int32_t> order(40);
     std::vector<float> r(40);
     for (int j = 0; j < 40; ++j) {
@@ -483,37 +482,13 @@ TEST(KvPress, GroupReduceMeanAndMax) {
     std::vector<int32_t> want(cand.begin(), cand.begin() + 12);
     for (int j = 32; j < 40; ++j) want.push_back(j);
     std::sort(want.begin(), want.end());
-    auto p = make("h2o:budget=20,obs=8,reduce=" + red, g.shape);
+    auto p = make("h2o:budget=20,obs=8,source=window,reduce=" + red, g.shape);
     ASSERT_TRUE(g.compress_all(*p).is_ok());
     EXPECT_EQ(seq_of(*g.kv, 0, 0), want) << red;
   }
 }
 
 // ---- compressed cache + decode == naive attention restricted to the kept tokens ----
-
-// The test's attention of query q (pre-RoPE, head hq, position qp) over head (il, hq/g) of
-// the cache, in float from what the cache holds now (the "engine" side when no backend links).
-void attend_cache(const KvCache& kv, int64_t il, int64_t hq, int64_t g, const float* q, int32_t qp, float* out) {
-  const int64_t d = kv.head_dim(), n = kv.n_tokens(il, hq / g);
-  std::vector<float> K(static_cast<size_t>(n * d)), V(K.size()), qr(q, q + d);
-  kv.read_keys(il, hq / g, 0, n, K.data());
-  kv.read_values(il, hq / g, 0, n, V.data());
-  kv.rope(il).apply(qr.data(), 1, 1, d, &qp);
-  std::vector<double> sc(static_cast<size_t>(n));
-  double mx = -1e300;
-  for (int64_t j = 0; j < n; ++j) {
-    double a = 0;
-    for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * K[static_cast<size_t>(j * d + e)];
-    mx = std::max(mx, sc[static_cast<size_t>(j)] = a / std::sqrt(double(d)));
-  }
-  double sum = 0;
-  for (auto& x : sc) sum += (x = std::exp(x - mx));
-  for (int64_t e = 0; e < d; ++e) {
-    double a = 0;
-    for (int64_t j = 0; j < n; ++j) a += sc[static_cast<size_t>(j)] * V[static_cast<size_t>(j * d + e)];
-    out[e] = static_cast<float>(a / sum);
-  }
-}
 
 TEST(KvPress, DecodeEqualsNaiveOverKeptTokens) {
   for (const auto& n : kAll) {
@@ -527,20 +502,13 @@ TEST(KvPress, DecodeEqualsNaiveOverKeptTokens) {
     auto p = make(n + ":ratio=0.6,window=4,n_sink=2", f.shape);
     for (int64_t il = 0; il < 2; ++il) ASSERT_TRUE(p->compress(f.ctx(il, p->n_obs(), L - 1), il).is_ok()) << n;
     f.append(L - 1, 1);
-#ifdef LC_PRESS_HAVE_BACKEND
     AttnShape as{2, H, Hkv, d, d, 0.0f};
     auto be = make_attention_backend("naive", as);
     ASSERT_TRUE(be.has_value());
     ThreadPool tp(1);
-#endif
     for (int64_t il = 0; il < 2; ++il) {
       std::vector<float> got(static_cast<size_t>(H * d));
-#ifdef LC_PRESS_HAVE_BACKEND
       ASSERT_TRUE((*be)->forward(il, 1, f.qptr(il, L - 1), &f.pos[L - 1], *f.kv, got.data(), tp).is_ok());
-#else
-      for (int64_t hq = 0; hq < H; ++hq)
-        attend_cache(*f.kv, il, hq, H / Hkv, f.qptr(il, L - 1) + hq * d, f.pos[L - 1], got.data() + hq * d);
-#endif
       for (int64_t hq = 0; hq < H; ++hq) {
         const int64_t h = hq / (H / Hkv);
         // Oracle: the original data of the kept sequence indices, keys rotated at the position
@@ -656,6 +624,260 @@ TEST(KvPress, AdaKvHeadBudgetsDiffer) {
   EXPECT_EQ(total, 4 * 30);
   EXPECT_GT(sizes.size(), 1u);
   expect_conserved(*f.kv);
+}
+
+}  // namespace
+}  // namespace lc
+
+namespace lc {
+namespace {
+
+// ---- draft-guided presses and the attention observer, against naive recomputation ----
+
+// Naive causal softmax of one pre-RoPE query (head hq, position qp, sequence index qs) over the
+// keys of KV head hq / g that `held` lists (sequence indices), in double; 0 for the others.
+std::vector<double> naive_probs(const Fixture& f, int64_t il, const float* q, int64_t hq, int32_t qp, int32_t qs,
+                                const std::vector<int32_t>& held, int64_t n_seq) {
+  const RopeTable& rt = f.kv->rope(il);
+  const int64_t d = f.d, g = f.H / f.Hkv;
+  std::vector<double> qr(static_cast<size_t>(d)), kr(static_cast<size_t>(d)), p(static_cast<size_t>(n_seq), 0.0);
+  rope_d(q + hq * d, d, rt, qp, qr.data());
+  double mx = -1e300;
+  std::vector<int32_t> vis;
+  for (int32_t j : held)
+    if (j <= qs) vis.push_back(j);
+  for (int32_t j : vis) {
+    rope_d(f.kptr(il, j) + (hq / g) * d, d, rt, f.pos[static_cast<size_t>(j)], kr.data());
+    double a = 0;
+    for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * kr[static_cast<size_t>(e)];
+    p[static_cast<size_t>(j)] = a / std::sqrt(static_cast<double>(d));
+    mx = std::max(mx, p[static_cast<size_t>(j)]);
+  }
+  double sum = 0;
+  for (int32_t j : vis) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx));
+  for (int32_t j : vis) p[static_cast<size_t>(j)] /= sum;
+  return p;
+}
+
+// SpecKV: SnapKV's formula over the last obs prompt queries AND lookahead queries that lie
+// after the cache's end (their sequence indices given), max-pooled, window +max.
+TEST(KvPressScores, SpecKvUsesLookaheadQueries) {
+  const int64_t L = 40, obs = 5, la = 3;  // kernel 3
+  Fixture f(1, 4, 2, 8, L + la);  // the last la tokens play the draft's tokens...
+  f.kv->truncate(L);              // ...run through the model and removed again
+  std::vector<int32_t> seq;
+  for (int64_t t = L - obs; t < L + la; ++t) seq.push_back(static_cast<int32_t>(t));
+  PressContext c;
+  c.kv = f.kv.get();
+  c.queries = f.qptr(0, L - obs);
+  c.query_pos = f.pos.data() + (L - obs);
+  c.query_seq = seq.data();
+  c.n_obs = obs + la;
+  auto args = press::Args::parse("speckv", "obs=5,lookahead=3,kernel=3");
+  ASSERT_TRUE(args.has_value());
+  auto sc = press::make_speckv(*args, f.shape);
+  ASSERT_TRUE(sc.has_value());
+  EXPECT_EQ((*sc)->n_obs(), obs + la);
+  EXPECT_EQ((*sc)->lookahead(), la);
+  PressScores s;
+  ASSERT_TRUE((*sc)->score(c, 0, f.shape, s).is_ok());
+  std::vector<int32_t> held;
+  for (int32_t j = 0; j < L; ++j) held.push_back(j);
+  for (int64_t hq = 0; hq < 4; ++hq) {
+    std::vector<double> a(static_cast<size_t>(L), 0.0);
+    for (int64_t t = 0; t < obs + la; ++t) {
+      const auto p = naive_probs(f, 0, f.qptr(0, L - obs + t), hq, f.pos[static_cast<size_t>(L - obs + t)], seq[static_cast<size_t>(t)], held, L);
+      for (int64_t j = 0; j < L; ++j) a[static_cast<size_t>(j)] += p[static_cast<size_t>(j)] / static_cast<double>(obs + la);
+    }
+    for (int64_t j = 0; j < L - obs; ++j) {
+      double m = 0;
+      for (int64_t i = std::max<int64_t>(0, j - 1); i <= std::min<int64_t>(L - obs - 1, j + 1); ++i) m = std::max(m, a[static_cast<size_t>(i)]);
+      EXPECT_NEAR(s.by_query_head[static_cast<size_t>(hq)][static_cast<size_t>(j)], m, 1e-5) << hq << " " << j;
+    }
+    for (int64_t j = L - obs; j < L; ++j) EXPECT_EQ(s.by_query_head[static_cast<size_t>(hq)][static_cast<size_t>(j)], FLT_MAX);
+  }
+  // Defaults as the authors': max over the group, kernel 7, max-pool, 32 + 8 queries.
+  auto p = make("speckv:ratio=0.5", f.shape);
+  ASSERT_TRUE(p);
+  EXPECT_NE(p->spec().find("reduce=max"), std::string::npos) << p->spec();
+  EXPECT_NE(p->spec().find("kernel=7"), std::string::npos);
+  EXPECT_EQ(p->n_obs(), 40);
+  EXPECT_EQ(p->lookahead(), 8);
+  EXPECT_TRUE(p->needs_draft());
+  for (const char* bad : {"speckv:chunk=1,ratio=0.5", "speckv:interval=8,target=64", "speckv:lookahead=0"})
+    EXPECT_FALSE(make_kv_press(bad, f.shape).has_value()) << bad;
+}
+
+// The observer accumulates the exact softmax of every query the "forward" evaluated, over the
+// tokens each head held at that moment (an eviction between chunks changes what later queries
+// see), and H2O's forward score is sum / (group size * queries that saw the token).
+TEST(KvPressObserver, AccumulatesNaiveSoftmaxOfTheForward) {
+  const int64_t L = 37;
+  Fixture f(2, 4, 2, 8, L, 8, 5);
+  f.kv->clear();
+  auto press = make("h2o:ratio=0.5", f.shape);
+  ASSERT_TRUE(press);
+  AttentionObserver* obs = press->observer();
+  ASSERT_NE(obs, nullptr);
+  EXPECT_EQ(press->n_obs(), 0);  // no observation window needed
+  // Oracle state: per (il, h) the held sequence indices; sums per (il, h, j); counts per (il, j).
+  std::vector<std::vector<int32_t>> held(4);
+  std::vector<std::vector<double>> sum(4, std::vector<double>(L, 0.0)), cnt(2, std::vector<double>(L, 0.0));
+  auto feed = [&](int64_t first, int64_t n) {
+    f.append(first, n);
+    std::vector<int32_t> seq;
+    for (int64_t t = first; t < first + n; ++t) seq.push_back(static_cast<int32_t>(t));
+    for (int64_t il = 0; il < 2; ++il) {
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t t = first; t < first + n; ++t) held[static_cast<size_t>(il * 2 + h)].push_back(static_cast<int32_t>(t));
+      obs->observe(*f.kv, il, f.qptr(il, first), f.pos.data() + first, seq.data(), n, nullptr);
+      for (int64_t t = first; t < first + n; ++t) {
+        for (int64_t j = 0; j <= t; ++j) cnt[static_cast<size_t>(il)][static_cast<size_t>(j)] += 1;
+        for (int64_t hq = 0; hq < 4; ++hq) {
+          const auto p = naive_probs(f, il, f.qptr(il, t), hq, f.pos[static_cast<size_t>(t)], static_cast<int32_t>(t),
+                                     held[static_cast<size_t>(il * 2 + hq / 2)], L);
+          for (int64_t j = 0; j < L; ++j) sum[static_cast<size_t>(il * 2 + hq / 2)][static_cast<size_t>(j)] += p[static_cast<size_t>(j)];
+        }
+      }
+    }
+  };
+  feed(0, 16);
+  // Head (0, 1) drops its even tokens: later queries must not see them.
+  std::vector<int32_t> keep;
+  for (int32_t j = 1; j < 16; j += 2) keep.push_back(j);
+  ASSERT_TRUE(f.kv->retain(0, 1, keep).is_ok());
+  held[1] = keep;
+  feed(16, 20);
+  feed(36, 1);  // a decode step
+  for (int64_t il = 0; il < 2; ++il)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < L; ++j) {
+        auto* acc = dynamic_cast<AttentionAccumulator*>(obs);
+        ASSERT_NE(acc, nullptr);
+        EXPECT_NEAR(acc->sum(il, h, j), sum[static_cast<size_t>(il * 2 + h)][static_cast<size_t>(j)], 1e-4) << il << h << j;
+        EXPECT_EQ(acc->count(il, j), cnt[static_cast<size_t>(il)][static_cast<size_t>(j)]);
+      }
+  // H2O's scores from the observer: kept = the top (sum / (2 * count)) outside the window.
+  auto p = make("h2o:budget=20,window=6", f.shape);
+  AttentionObserver* o2 = p->observer();
+  // Replay the same forward into the new press's observer.
+  Fixture g(2, 4, 2, 8, L, 8, 5);
+  g.kv->clear();
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, 16}, {16, 20}, {36, 1}}) {
+    g.append(first, n);  // no eviction here: every token stays visible
+    std::vector<int32_t> seq;
+    for (int64_t t = first; t < first + n; ++t) seq.push_back(static_cast<int32_t>(t));
+    for (int64_t il = 0; il < 2; ++il) o2->observe(*g.kv, il, g.qptr(il, first), g.pos.data() + first, seq.data(), n, nullptr);
+  }
+  ASSERT_TRUE(p->compress(g.ctx(0, 0), 0).is_ok());
+  // Oracle for layer 0, head 0 (no eviction there): recompute sums with every token held.
+  std::vector<double> sc(L, 0.0);
+  std::vector<int32_t> all;
+  for (int32_t j = 0; j < L; ++j) all.push_back(j);
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t hq = 0; hq < 2; ++hq) {
+      const auto pr = naive_probs(g, 0, g.qptr(0, t), hq, g.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all, L);
+      for (int64_t j = 0; j < L; ++j) sc[static_cast<size_t>(j)] += pr[static_cast<size_t>(j)];
+    }
+  for (int64_t j = 0; j < L; ++j) sc[static_cast<size_t>(j)] /= 2.0 * static_cast<double>(L - j);
+  std::vector<int32_t> cand;
+  for (int32_t j = 0; j < L - 6; ++j) cand.push_back(j);
+  std::stable_sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) { return sc[static_cast<size_t>(a)] > sc[static_cast<size_t>(b)]; });
+  std::vector<int32_t> want(cand.begin(), cand.begin() + 14);
+  for (int32_t j = L - 6; j < L; ++j) want.push_back(j);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(seq_of(*g.kv, 0, 0), want);
+  // The observer recomputes dense attention: a sparse backend is refused, dense accepted.
+  EXPECT_FALSE(p->check_backend("quest:budget=64").is_ok());
+  EXPECT_TRUE(p->check_backend("dense").is_ok());
+  EXPECT_TRUE(make("h2o:ratio=0.5,source=window", f.shape)->check_backend("quest").is_ok());
+  EXPECT_FALSE(make_kv_press("h2o:ratio=0.5,reduce=max", f.shape).has_value());
+  // truncate drops the statistics of removed tokens.
+  o2->truncate(10);
+  auto* a2 = dynamic_cast<AttentionAccumulator*>(o2);
+  EXPECT_EQ(a2->sum(0, 0, 12), 0.0f);
+  EXPECT_EQ(a2->count(0, 12), 0.0f);
+  EXPECT_GT(a2->count(0, 3), 0.0f);
+}
+
+// SpecPC's draft-attention aggregation against a naive recomputation: max over layers >=
+// start_layer, query heads and queries of w_t * softmax, w_t linear over the window queries.
+TEST(KvPressSpecPc, ScoresAreMaxOfWeightedDraftAttention) {
+  const int64_t P = 30, la = 4, win = 6;
+  Fixture f(3, 4, 2, 8, P + la - 1, 8, 9);  // the draft's cache: prompt + the la-1 generated tokens fed
+  PromptCompression pc;
+  pc.start_layer = 1;
+  pc.window = win;
+  pc.lookahead = la;
+  const int64_t n_q = win + la - 1, first = P - win;
+  std::vector<const float*> q(3, nullptr);
+  for (int64_t il = 0; il < 3; ++il) q[static_cast<size_t>(il)] = f.qptr(il, first);
+  std::vector<int32_t> seq;
+  for (int64_t t = first; t < first + n_q; ++t) seq.push_back(static_cast<int32_t>(t));
+  for (int reduce_max = 0; reduce_max < 2; ++reduce_max)
+    for (int weighted = 0; weighted < 2; ++weighted) {
+      pc.reduce_max = reduce_max == 1;
+      pc.weighted = weighted == 1;
+      const auto s = specpc_scores(*f.kv, f.shape, q, f.pos.data() + first, seq.data(), n_q, win, P, pc);
+      ASSERT_EQ(static_cast<int64_t>(s.size()), P);
+      std::vector<double> want(P, 0.0);
+      std::vector<int32_t> all;
+      for (int32_t j = 0; j < P + la - 1; ++j) all.push_back(j);
+      for (int64_t il = 1; il < 3; ++il)
+        for (int64_t t = 0; t < n_q; ++t) {
+          const double w = t < win && pc.weighted ? static_cast<double>(t) / (win - 1) : 1.0;
+          for (int64_t hq = 0; hq < 4; ++hq) {
+            const auto p = naive_probs(f, il, f.qptr(il, first + t), hq, f.pos[static_cast<size_t>(first + t)], seq[static_cast<size_t>(t)], all, P + la - 1);
+            for (int64_t j = 0; j < P; ++j)
+              want[static_cast<size_t>(j)] = pc.reduce_max ? std::max(want[static_cast<size_t>(j)], w * p[static_cast<size_t>(j)])
+                                                           : want[static_cast<size_t>(j)] + w * p[static_cast<size_t>(j)];
+          }
+        }
+      for (int64_t j = 0; j < P; ++j) EXPECT_NEAR(s[static_cast<size_t>(j)], want[static_cast<size_t>(j)], 1e-5) << j;
+    }
+  // A draft shallower than start_layer votes with its last layer.
+  EXPECT_EQ(specpc_first_layer(PromptCompression{}, 5), 4);
+}
+
+// SpecPC's selection on a hand-worked case: pooled peaks, neighbours nearest first, the window
+// first, cut at the budget.
+TEST(KvPressSpecPc, SelectionByHand) {
+  std::vector<float> s(20, 0.0f);
+  s[5] = 1.0f;
+  s[12] = 0.5f;
+  PromptCompression pc;
+  pc.kernel = 3;
+  pc.neighbours = 3;
+  pc.window = 2;
+  // pooled: 4,5,6 -> 1; 11,12,13 -> 0.5; top-8 = 4,5,6,11,12,13,0,1; with neighbours (0,-1,+1):
+  // 4,3,5 | 6 | 7 | 11 ...; after the window 18,19 the first 8 are 18,19,4,3,5,6,7,11.
+  EXPECT_EQ(specpc_select(s, 8, pc), (std::vector<int32_t>{3, 4, 5, 6, 7, 11, 18, 19}));
+  EXPECT_EQ(specpc_select(s, 25, pc).size(), 20u);  // keep >= n: everything
+  pc.kernel = 1;
+  pc.neighbours = 1;
+  EXPECT_EQ(specpc_select(s, 4, pc), (std::vector<int32_t>{5, 12, 18, 19}));
+  // The budget and ratio.
+  PromptCompression r;
+  r.ratio = 0.75;
+  EXPECT_EQ(r.kept(101), 25);
+  r.ratio = -1, r.budget = 40;
+  EXPECT_EQ(r.kept(30), 30);
+  // Registry: specpc parses, prints its parameters and needs a draft; errors name the key.
+  PressShape sh{2, 4, 2, 8, 8, 0};
+  auto p = make_kv_press("specpc:budget=100,window=16", sh);
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  EXPECT_TRUE((*p)->needs_draft());
+  ASSERT_NE((*p)->prompt_compression(), nullptr);
+  EXPECT_EQ((*p)->prompt_compression()->budget, 100);
+  auto again = make_kv_press((*p)->spec(), sh);
+  ASSERT_TRUE(again.has_value()) << (*p)->spec();
+  EXPECT_EQ((*again)->spec(), (*p)->spec());
+  for (const char* bad : {"specpc:budget=8,window=16", "specpc:foo=1", "specpc:ratio=2", "specpc:reduce=mean",
+                          "specpc:ratio=0.5,budget=10"}) {
+    auto e = make_kv_press(bad, sh);
+    ASSERT_FALSE(e.has_value()) << bad;
+    EXPECT_NE(e.error().message.find("specpc"), std::string::npos) << e.error().message;
+  }
 }
 
 }  // namespace

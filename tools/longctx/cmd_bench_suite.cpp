@@ -228,7 +228,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     struct O {
       std::vector<std::string> models, tasks, lengths;
       std::vector<int> depths;
-      std::string config, suite, out, tmpl, data_dir;
+      std::string config, suite, out, tmpl, data_dir, draft;
       int64_t samples = 0, max_new = -1, obs = -1, batch = 0;
       int threads = -1;
       int64_t seed = -1;
@@ -255,6 +255,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("-t,--threads", o->threads, "threads (0 = all cores)");
     app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
     app->add_flag("--no-plots", o->no_plots, "skip the SVG/PNG plots");
+    app->add_option("--draft", o->draft, "draft model GGUF for --kv-press speckv / specpc (same vocabulary)");
     o->mo.add(app);
     cmds.push_back({app, [o]() -> int {
                       try {
@@ -289,6 +290,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         if (o->batch > 0) cfg.n_batch = o->batch;
                         if (o->threads >= 0) cfg.n_threads = o->threads;
                         if (o->no_plots) cfg.plots = false;
+                        if (!o->draft.empty()) cfg.draft = o->draft;
                         if (o->mo.given()) {
                           auto ms = o->mo.settings();
                           if (!ms) return fail(ms.error().message);

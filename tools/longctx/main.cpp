@@ -1,14 +1,19 @@
 // longctx: the command-line front end. Subcommands: run, chat, info, tokenize, perplexity,
-// bench speed, make-model.
+// bench speed, bench press, make-model.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <random>
+#include <algorithm>
+#include <memory>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench/text.h"
 #include "core/log.h"
 #include "command.h"
 #include "embedded_model.h"
@@ -53,8 +58,9 @@ struct CommonOpts {
   std::string rope;
   std::string attn = "dense";
   int64_t kv_block = 64;
-  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill, kv_press;
+  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill, kv_press, draft;
   bool verbose = false;
+  mutable std::shared_ptr<lc::Model> draft_model;  // --draft, loaded by ctx_params()
   void add(CLI::App* app) {
     app->add_option("-m,--model", model, "GGUF model file (default: the embedded stories260K)");
     app->add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's training context)")
@@ -71,7 +77,10 @@ struct CommonOpts {
     app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM, e.g. 512M, 2G (default: none)");
     app->add_option("--kv-spill", kv_spill, "directory for a spill file that takes cold KV blocks past the budget");
     app->add_option("--kv-press", kv_press, "KV-cache compression NAME:key=value,...[+NAME...] (streaming_llm, "
-                    "snapkv, h2o, tova, knorm, pyramidkv, adakv, expected_attention, random; see docs/kv-press.md)");
+                    "snapkv, h2o, tova, knorm, pyramidkv, adakv, expected_attention, random, speckv, specpc; "
+                    "see docs/kv-press.md)");
+    app->add_option("--draft", draft, "draft model GGUF for --kv-press speckv / specpc (a small model with the same "
+                    "vocabulary)");
     app->add_flag("-v,--verbose", verbose, "log more");
   }
   Expected<lc::ContextParams> ctx_params() const {
@@ -89,9 +98,26 @@ struct CommonOpts {
     }
     p.kv_spill = kv_spill;
     p.kv_press = kv_press;
+    p.model_name = model.empty() ? kEmbeddedModelName : model;
+    if (!draft.empty()) {
+      if (!draft_model) {
+        LC_ASSIGN_OR_RETURN(std::unique_ptr<lc::Model> d, lc::Model::load(draft));
+        draft_model = std::move(d);
+      }
+      p.draft = draft_model.get();
+      p.draft_name = draft;
+    }
     return p;
   }
 };
+
+// Tokens that tokenizing `head` and `head + tail` have in common: where the tail starts in
+// the tokens of the whole text (a token that straddles the boundary belongs to the tail).
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
 
 struct SamplingOpts {
   lc::SamplerParams p;
@@ -143,7 +169,8 @@ void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
 }
 
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
-            const std::string& file, int64_t n_predict, bool no_special_bos, bool parse_special) {
+            const std::string& file, const std::string& question, int64_t n_predict, bool no_special_bos,
+            bool parse_special) {
   if (!prompt_arg.empty() && !file.empty()) return fail("give either -p or -f, not both");
   if (n_predict < 0) return fail("-n must be >= 0");
   std::string prompt = prompt_arg;
@@ -159,15 +186,37 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   auto ctx = make_context(**model, co.ctx_params());
   if (!ctx) return fail(ctx.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
-  std::vector<int32_t> ids = tok.encode(prompt, !no_special_bos, parse_special);
+  // --question: appended after the prompt; with a query-agnostic press the prompt (the
+  // context) is compressed before the question is read.
+  std::vector<int32_t> ids = tok.encode(prompt + question, !no_special_bos, parse_special);
+  size_t n_context = ids.size();
+  if (!question.empty()) n_context = common_prefix(tok.encode(prompt, !no_special_bos, parse_special), ids);
   if (static_cast<int64_t>(ids.size()) > (*ctx)->n_ctx())
     return fail(lc::strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
                               ids.size(), (long long)(*ctx)->n_ctx()));
   if (ids.empty()) return fail("the prompt is empty and the model adds no BOS token");
   lc::Sampler sampler(*sp);
-  std::fputs(prompt.size() > 2000 ? "" : prompt.c_str(), stdout);
+  const std::string shown = prompt + question;
+  std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
   std::fflush(stdout);
   lc::GenerateStats st;
+  const lc::KvPress* press = (*ctx)->press();
+  if (press && !press->schedule().query_aware) {
+    // Query-agnostic: everything before the question is the context (without --question, all
+    // but the last prompt token, which generation needs to evaluate).
+    if (question.empty() || n_context >= ids.size()) n_context = ids.size() - 1;
+    if (n_context > 0) {
+      const double t0 = lc::now_seconds();
+      Status s = (*ctx)->decode_context(std::span<const int32_t>(ids.data(), n_context));
+      if (!s) return fail(s.message());
+      st.n_prompt += static_cast<int64_t>(n_context);
+      st.t_prompt += lc::now_seconds() - t0;
+      // The cache holds the (possibly compressed, with specpc) context; the question follows.
+      std::vector<int32_t> rest(ids.begin() + static_cast<std::ptrdiff_t>(n_context), ids.end());
+      ids = (*ctx)->tokens();
+      ids.insert(ids.end(), rest.begin(), rest.end());
+    }
+  }
   Status s = lc::generate(**ctx, sampler, ids, n_predict,
                           [](int32_t, std::string_view text) {
                             std::fwrite(text.data(), 1, text.size(), stdout);
@@ -195,6 +244,13 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
   }
   auto ctx = make_context(**model, co.ctx_params());
   if (!ctx) return fail(ctx.error().message);
+  if (const lc::KvPress* press = (*ctx)->press()) {
+    if (!press->schedule().query_aware)
+      return fail("--kv-press query=agnostic needs to know where the question starts: use run --question or bench run "
+                  "(chat compresses each turn query-aware)");
+    if (press->prompt_compression())
+      return fail("--kv-press specpc compresses one prompt before prefill; chat reuses the cache across turns (use run)");
+  }
   std::fprintf(stderr, "chat template: %s. Type a message; an empty line or Ctrl-D ends.\n",
                lc::chat_template_name(tmpl));
   lc::Sampler sampler(*sp);
@@ -393,8 +449,17 @@ std::vector<int64_t> parse_list(const std::string& s, const char* flag, std::str
   return out;
 }
 
+// One row of `bench speed`: a test at a depth with one attention backend.
+struct SpeedRow {
+  std::string attn;
+  lc::SpeedTest t;
+  lc::KvMemory kv;  // at the depth the test started from
+  int64_t peak_rss = 0;  // the process's peak so far
+};
+
 int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::string& n_list,
-                    const std::string& d_list, int reps, const std::string& output) {
+                    const std::string& d_list, int reps, const std::string& output,
+                    std::vector<std::string> attns, const std::string& fill_attn, bool warmup) {
   std::string err;
   auto ps = parse_list(p_list, "-p", err);
   auto ns = parse_list(n_list, "-n", err);
@@ -402,6 +467,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   if (!err.empty()) return fail(err);
   if (reps < 1) return fail("-r must be >= 1");
   if (output != "md" && output != "json") return fail("-o must be md or json");
+  if (attns.empty()) attns.push_back(co.attn);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
   int64_t need = 0;
@@ -413,22 +479,40 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   if (!cpe) return fail(cpe.error().message);
   lc::ContextParams cp = *cpe;
   cp.n_ctx = std::max(cp.n_ctx, need);
+  cp.attn = attns[0];
   auto ctx = lc::Context::create(**model, cp);
   if (!ctx) return fail(ctx.error().message);
-  const int threads = (*ctx)->pool().size();
-  std::vector<lc::SpeedTest> results;
+  lc::Context& c = **ctx;
+  // Every spec is checked before the first (possibly long) fill.
+  for (const auto& a : attns)
+    if (auto st = c.set_attention(a); !st.is_ok()) return fail(st.message());
+  if (!fill_attn.empty())
+    if (auto st = c.set_attention(fill_attn); !st.is_ok()) return fail("--fill-attn: " + st.message());
+  const int threads = c.pool().size();
+  std::vector<SpeedRow> rows;
   for (auto d : ds) {
-    for (auto p : ps) {
-      if (p == 0) continue;
-      auto r = lc::bench_speed(**ctx, p, 0, d, reps, 1234);
-      if (!r) return fail(r.error().message);
-      results.push_back(*r);
-    }
-    for (auto n : ns) {
-      if (n == 0) continue;
-      auto r = lc::bench_speed(**ctx, 0, n, d, reps, 1234);
-      if (!r) return fail(r.error().message);
-      results.push_back(*r);
+    // One fill per depth, shared by every backend (each truncates back to it); ascending
+    // depths extend the previous fill unless a backend (streaming) evicted tokens.
+    for (const auto& a : attns) {
+      // A no-op when the cache still holds the depth; a refill after a backend that evicts.
+      if (auto st = c.set_attention(a); !st.is_ok()) return fail(st.message());
+      if (auto st = lc::bench_fill(c, d, fill_attn, 1234); !st.is_ok()) return fail(st.message());
+      auto one = [&](int64_t p, int64_t n) -> bool {
+        const lc::KvMemory kv = c.kv().memory();
+        auto r = lc::bench_speed(c, p, n, reps, warmup, 1234);
+        if (!r) {
+          fail(r.error().message);
+          return false;
+        }
+        rows.push_back(SpeedRow{c.attention().spec(), *r, kv, lc::peak_rss_bytes()});
+        if (output == "md")
+          std::fprintf(stderr, "%s %s: %.2f t/s\n", rows.back().attn.c_str(), r->name.c_str(), r->mean());
+        return true;
+      };
+      for (auto p : ps)
+        if (p > 0 && !one(p, 0)) return 1;
+      for (auto n : ns)
+        if (n > 0 && !one(0, n)) return 1;
     }
   }
   const auto& m = **model;
@@ -437,21 +521,94 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
     if (t.n_dims == 2) types[lc::dtype_name(t.type)]++;
   std::string type_str;
   for (const auto& [k, v] : types) type_str += (type_str.empty() ? "" : "+") + k;
+  const std::string model_name = co.model.empty() ? kEmbeddedModelName : co.model;
   if (output == "json") {
     nlohmann::json j = nlohmann::json::array();
-    for (const auto& r : results) {
-      j.push_back({{"model", co.model.empty() ? kEmbeddedModelName : co.model}, {"weights", type_str}, {"size_bytes", m.weight_bytes()},
-                   {"threads", threads}, {"n_batch", co.n_batch}, {"test", r.name}, {"n_prompt", r.n_prompt},
-                   {"n_gen", r.n_gen}, {"n_depth", r.depth}, {"samples_ts", r.tps}, {"avg_ts", r.mean()},
-                   {"stddev_ts", r.stddev()}, {"peak_rss_bytes", lc::peak_rss_bytes()}});
+    for (const auto& r : rows) {
+      j.push_back({{"model", model_name}, {"weights", type_str}, {"size_bytes", m.weight_bytes()},
+                   {"threads", threads}, {"n_batch", co.n_batch}, {"attn", r.attn}, {"fill_attn", fill_attn},
+                   {"test", r.t.name}, {"n_prompt", r.t.n_prompt}, {"n_gen", r.t.n_gen}, {"n_depth", r.t.depth},
+                   {"samples_ts", r.t.tps}, {"avg_ts", r.t.mean()}, {"stddev_ts", r.t.stddev()},
+                   {"kv_bytes_per_token", r.kv.bytes_per_token}, {"kv_in_use_bytes", r.kv.in_use_bytes},
+                   {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss}});
     }
     std::printf("%s\n", j.dump(1).c_str());
   } else {
-    std::printf("| model | weights | size | threads | test | t/s |\n|---|---|---:|---:|---|---:|\n");
-    for (const auto& r : results)
-      std::printf("| %s | %s | %.2f MiB | %d | %s | %.2f ± %.2f |\n", (co.model.empty() ? kEmbeddedModelName : co.model.c_str()), type_str.c_str(),
-                  mib(static_cast<int64_t>(m.weight_bytes())), threads, r.name.c_str(), r.mean(), r.stddev());
-    std::printf("\npeak RSS: %.1f MiB\n", mib(lc::peak_rss_bytes()));
+    std::printf("| model | weights | threads | attn | test | t/s | KV B/token | KV in use | peak RSS |\n"
+                "|---|---|---:|---|---|---:|---:|---:|---:|\n");
+    for (const auto& r : rows)
+      std::printf("| %s | %s | %d | %s | %s | %.2f ± %.2f | %zu | %.1f MiB | %.1f MiB |\n", model_name.c_str(),
+                  type_str.c_str(), threads, r.attn.c_str(), r.t.name.c_str(), r.t.mean(), r.t.stddev(),
+                  r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
+    if (!fill_attn.empty()) std::printf("\ncache filled to each depth with --fill-attn %s (not timed)\n", fill_attn.c_str());
+  }
+  return 0;
+}
+
+// KV-cache compression cost on random tokens: one press, one context length per row (run it
+// once per press so that the peak RSS is the press's own). KV bytes are token-exact: held
+// tokens x bytes per token (K + V of one (layer, head) slot), before (the whole prompt) and
+// after compression; `in use` is the block-granular memory the cache really holds.
+int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n_gen, bool header,
+                    uint64_t seed) {
+  if (n_gen < 1) return fail("-n must be >= 1");
+  std::string err;
+  std::vector<int64_t> lens;
+  {
+    std::stringstream ss(len_list);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const int64_t v = lc::bench::parse_length(item);
+      if (v <= 1) return fail(lc::strprintf("-L: '%s' is not a length (e.g. 16K)", item.c_str()));
+      lens.push_back(v);
+    }
+  }
+  if (lens.empty()) return fail("-L: no length given");
+  auto model = load_model(co);
+  if (!model) return fail(model.error().message);
+  const std::string press_name = co.kv_press.empty() ? "none" : co.kv_press;
+  if (header)
+    std::printf("| press | context | KV before (MiB) | KV after (MiB) | KV in use (MiB) | prefill (s) | compression (s) | "
+                "decode (tok/s) | peak RSS (MiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int64_t L : lens) {
+    auto cpe = co.ctx_params();
+    if (!cpe) return fail(cpe.error().message);
+    lc::ContextParams cp = *cpe;
+    cp.n_ctx = std::max(cp.n_ctx, L + n_gen + 64);
+    auto ctx = lc::Context::create(**model, cp);
+    if (!ctx) return fail(ctx.error().message);
+    lc::Context& c = **ctx;
+    const int32_t nv = (*model)->tokenizer().n_vocab();
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int32_t> pick(0, nv - 1);
+    std::vector<int32_t> toks(static_cast<size_t>(L));
+    for (auto& t : toks) t = pick(rng);
+    double t0 = lc::now_seconds();
+    Status s = c.decode(toks, lc::Logits::kLast);
+    if (!s) return fail(s.message());
+    const double t_prefill = lc::now_seconds() - t0;
+    const lc::KvCache& kv = c.kv();
+    const lc::KvMemory mem = kv.memory();
+    int64_t held = 0;
+    for (int64_t il = 0; il < kv.n_layer(); ++il)
+      for (int64_t h = 0; h < kv.n_head_kv(); ++h) held += kv.n_tokens(il, h);
+    const double slot = static_cast<double>(mem.bytes_per_token) / static_cast<double>(kv.n_layer() * kv.n_head_kv());
+    const double before = static_cast<double>(L) * static_cast<double>(mem.bytes_per_token);
+    const double after = static_cast<double>(held) * slot;
+    // Greedy decoding over the compressed cache.
+    t0 = lc::now_seconds();
+    for (int64_t i = 0; i < n_gen; ++i) {
+      const float* lg = c.logits(0);
+      const int32_t id = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);
+      s = c.decode(std::span<const int32_t>(&id, 1), lc::Logits::kLast);
+      if (!s) return fail(s.message());
+    }
+    const double t_dec = lc::now_seconds() - t0;
+    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f |\n", press_name.c_str(), (long long)L,
+                mib(static_cast<int64_t>(before)), mib(static_cast<int64_t>(after)),
+                mib(static_cast<int64_t>(mem.in_use_bytes)), t_prefill - c.press_seconds(), c.press_seconds(),
+                static_cast<double>(n_gen) / t_dec, mib(lc::peak_rss_bytes()));
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -480,7 +637,7 @@ int main(int argc, char** argv) {
 
   CommonOpts run_co;
   SamplingOpts run_so;
-  std::string run_prompt = "Once upon a time", run_file;
+  std::string run_prompt = "Once upon a time", run_file, run_question;
   int64_t run_n = 128;
   bool run_no_bos = false, run_special = false;
   auto* run = app.add_subcommand("run", "generate a continuation of a prompt, streamed as it is produced");
@@ -488,6 +645,8 @@ int main(int argc, char** argv) {
   run_so.add(run);
   run->add_option("-p,--prompt", run_prompt, "prompt text")->capture_default_str();
   run->add_option("-f,--file", run_file, "read the prompt from a file");
+  run->add_option("--question", run_question, "text appended after the prompt; a query-agnostic press "
+                  "(--kv-press ...,query=agnostic) compresses the prompt before reading it");
   run->add_option("-n,--n-predict", run_n, "tokens to generate")->capture_default_str();
   run->add_flag("--no-bos", run_no_bos, "do not add the BOS/EOS tokens the model asks for");
   run->add_flag("--parse-special", run_special, "turn special-token text in the prompt into those tokens");
@@ -539,6 +698,29 @@ int main(int argc, char** argv) {
   bspeed->add_option("-d,--n-depth", bs_d, "context depths, comma-separated")->capture_default_str();
   bspeed->add_option("-r,--repetitions", bs_r, "repetitions")->capture_default_str();
   bspeed->add_option("-o,--output", bs_o, "md or json")->capture_default_str();
+  std::vector<std::string> bs_attns;
+  std::string bs_fill;
+  bool bs_no_warmup = false;
+  bspeed->add_option("-a,--attn-each", bs_attns,
+                     "attention backends to time in turn over the same filled cache (repeat the flag; "
+                     "default: --attn)");
+  bspeed->add_option("--fill-attn", bs_fill,
+                     "attention backend that fills the cache to each depth (not timed; default: the timed one), "
+                     "e.g. infllm:sinks=4,local=64,topk=0 to fill 256K tokens in minutes");
+  bspeed->add_flag("--no-warmup", bs_no_warmup, "skip the untimed warm-up run of each test");
+
+  CommonOpts bp_co;
+  std::string bp_len = "16K";
+  int64_t bp_n = 32;
+  bool bp_header = false;
+  uint64_t bp_seed = 1234;
+  auto* bpress = bench->add_subcommand("press", "KV-cache compression: KV bytes before/after, compression time, "
+                                       "decode tokens/s after it (one --kv-press per run)");
+  bp_co.add(bpress);
+  bpress->add_option("-L,--length", bp_len, "context lengths, comma-separated, e.g. 16K,64K")->capture_default_str();
+  bpress->add_option("-n,--n-gen", bp_n, "tokens decoded after compression")->capture_default_str();
+  bpress->add_flag("--header", bp_header, "print the table header first");
+  bpress->add_option("--seed", bp_seed, "seed of the random prompt")->capture_default_str();
 
   CommonOpts cal_co;
   std::string cal_file, cal_out = "retrieval-heads.txt";
@@ -568,13 +750,16 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    if (*run) return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_n, run_no_bos, run_special);
+    if (*run)
+      return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_question, run_n, run_no_bos,
+                     run_special);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_out);
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
-    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o);
+    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup);
+    if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed);
     for (const auto& c : extra)
       if (*c.app) return c.run();

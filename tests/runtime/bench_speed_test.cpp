@@ -1,0 +1,92 @@
+// bench fill / bench speed: the depth is what the cache holds, a fill extended to a depth
+// equals a fill made to it at once, an evicting backend forces a refill, and the timed
+// backend is the context's own again after a fill with another.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/context.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+
+namespace lc {
+namespace {
+
+const std::string kModel = std::string(LONGCTX_TEST_DATA) + "/golden/models/stories260K.gguf";
+
+std::vector<float> probe(Context& ctx) {
+  const int32_t tok = 42;
+  EXPECT_TRUE(ctx.decode(std::span<const int32_t>(&tok, 1), Logits::kLast).is_ok());
+  const float* l = ctx.logits(0);
+  return std::vector<float>(l, l + ctx.model().hparams().n_vocab);
+}
+
+bool all_heads_hold(const Context& ctx, int64_t n) {
+  const KvCache& kv = ctx.kv();
+  for (int64_t il = 0; il < kv.config().n_layer; ++il)
+    for (int64_t h = 0; h < kv.config().n_head_kv; ++h)
+      if (kv.n_tokens(il, h) != n) return false;
+  return true;
+}
+
+TEST(BenchSpeed, ExtendedFillEqualsOneFill) {
+  auto model = Model::load(kModel);
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  ContextParams cp;
+  cp.n_ctx = 1024;
+  cp.n_batch = 128;
+  cp.n_threads = 2;
+  auto a = Context::create(**model, cp);
+  auto b = Context::create(**model, cp);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  ASSERT_TRUE(bench_fill(**a, 200, "", 7).is_ok());
+  ASSERT_TRUE(bench_fill(**a, 600, "", 7).is_ok());
+  ASSERT_TRUE(bench_fill(**b, 600, "", 7).is_ok());
+  EXPECT_EQ((*a)->n_past(), 600);
+  EXPECT_TRUE(all_heads_hold(**a, 600));
+  const auto la = probe(**a), lb = probe(**b);
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, double(std::abs(la[i] - lb[i])));
+  EXPECT_LT(worst, 1e-4);
+  // A shallower depth than the context holds starts over.
+  ASSERT_TRUE(bench_fill(**a, 100, "", 7).is_ok());
+  EXPECT_EQ((*a)->n_past(), 100);
+}
+
+TEST(BenchSpeed, FillAttnIsUndoneAndEvictionForcesARefill) {
+  auto model = Model::load(kModel);
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  ContextParams cp;
+  cp.n_ctx = 2048;
+  cp.n_batch = 256;
+  cp.n_threads = 2;
+  cp.attn = "quest:budget=128,page=16,dense_layers=0";
+  auto c = Context::create(**model, cp);
+  ASSERT_TRUE(c.has_value());
+  Context& ctx = **c;
+  const std::string own = ctx.attention().spec();
+  ASSERT_TRUE(bench_fill(ctx, 700, "infllm:sinks=4,local=64,topk=0", 3).is_ok());
+  EXPECT_EQ(ctx.attention().spec(), own);
+  EXPECT_TRUE(all_heads_hold(ctx, 700));
+  auto pp = bench_speed(ctx, 64, 0, 2, true, 1);
+  ASSERT_TRUE(pp.has_value()) << pp.error().message;
+  EXPECT_EQ(pp->depth, 700);
+  EXPECT_EQ(pp->tps.size(), 2u);
+  EXPECT_EQ(ctx.n_past(), 700);  // truncated back after the runs
+  EXPECT_TRUE(all_heads_hold(ctx, 700));
+  EXPECT_FALSE(bench_speed(ctx, 2000, 0, 1, false, 1).has_value());  // 700 + 2000 > 2048
+
+  ASSERT_TRUE(ctx.set_attention("streaming:sinks=4,window=100").is_ok());
+  auto tg = bench_speed(ctx, 0, 4, 1, false, 1);
+  ASSERT_TRUE(tg.has_value()) << tg.error().message;
+  EXPECT_FALSE(all_heads_hold(ctx, 700));  // streaming evicted
+  ASSERT_TRUE(bench_fill(ctx, 700, "infllm:sinks=4,local=64,topk=0", 3).is_ok());
+  EXPECT_TRUE(all_heads_hold(ctx, 700));   // so the fill started over
+  EXPECT_EQ(ctx.attention().spec(), "streaming:sinks=4,window=100");
+
+  EXPECT_FALSE(ctx.set_attention("nosuch").is_ok());
+  EXPECT_FALSE(bench_fill(ctx, 5000, "", 3).is_ok());  // beyond the context size
+}
+
+}  // namespace
+}  // namespace lc
