@@ -54,8 +54,8 @@ class QuestBackend final : public ExecBackend {
     const int64_t k_pages = std::max<int64_t>(1, budget_ / page_);
     pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
       attn::Runner& run = attn::thread_runner();
-      thread_local std::vector<float> ub;          // [n_pages] bound of one head
-      thread_local std::vector<float> qlo, qhi;    // [head_dim] the query box of one head
+      thread_local std::vector<float> ub;          // [scored heads, own_first] page bounds
+      thread_local std::vector<float> box;         // [g, 2, head_dim] each head's query box
       thread_local std::vector<int32_t> order;     // [n_pages]
       thread_local std::vector<uint64_t> mask;     // [n_pages]
       for (int64_t i = b; i < e; ++i) {
@@ -67,10 +67,12 @@ class QuestBackend final : public ExecBackend {
         const int64_t n_pages = (max_vis + page_ - 1) / page_;
         // Pages holding one of the tile's own tokens: always attended (causality trims them).
         const int64_t own_first = (min_vis - 1) / page_;
+        const int64_t want = k_pages - (n_pages - own_first);  // pages to choose by bound
         mask.assign(static_cast<size_t>(n_pages), 0);
-        ub.resize(static_cast<size_t>(n_pages));
-        qlo.resize(static_cast<size_t>(d));
-        qhi.resize(static_cast<size_t>(d));
+        box.resize(static_cast<size_t>(it.g * 2 * d));
+        int64_t scored[attn::kMaxRows];  // heads of the group that choose pages by bound
+        uint64_t scored_rows[attn::kMaxRows];
+        int64_t n_scored = 0;
         for (int64_t hg = 0; hg < it.g; ++hg) {
           uint64_t head_rows = 0, dense_rows = 0;
           for (int64_t r = hg; r < rows; r += it.g) {
@@ -78,39 +80,56 @@ class QuestBackend final : public ExecBackend {
             const int64_t vis = run.vis(r);
             if (vis <= budget_ || (vis + page_ - 1) / page_ <= k_pages) dense_rows |= uint64_t{1} << r;
           }
-          for (int64_t p = 0; p < n_pages; ++p)
-            if (dense_rows) mask[static_cast<size_t>(p)] |= dense_rows;
+          if (dense_rows)
+            for (int64_t p = 0; p < n_pages; ++p) mask[static_cast<size_t>(p)] |= dense_rows;
           const uint64_t sparse_rows = head_rows & ~dense_rows;
           if (!sparse_rows) continue;
           for (int64_t p = own_first; p < n_pages; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
-          const int64_t want = k_pages - (n_pages - own_first);
           if (want <= 0 || own_first == 0) continue;
-          // The tile's queries of this head as a box [qlo, qhi]: the page bound becomes
-          // sum_i max(qlo_i m_i, qlo_i M_i, qhi_i m_i, qhi_i M_i) >= q . k for every query of
-          // the box and every key of the page. One query (decoding) is Quest's own bound.
-          std::fill(qlo.begin(), qlo.end(), std::numeric_limits<float>::infinity());
-          std::fill(qhi.begin(), qhi.end(), -std::numeric_limits<float>::infinity());
-          for (int64_t r = hg; r < rows; r += it.g) {
-            if (!(sparse_rows >> r & 1)) continue;
-            const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
-            for (int64_t c = 0; c < d; ++c) {
-              qlo[static_cast<size_t>(c)] = std::min(qlo[static_cast<size_t>(c)], qr[c]);
-              qhi[static_cast<size_t>(c)] = std::max(qhi[static_cast<size_t>(c)], qr[c]);
-            }
-          }
-          for (int64_t p = 0; p < own_first; ++p)
-            ub[static_cast<size_t>(p)] = attn::box_bound(qlo.data(), qhi.data(), hs.mn.data() + p * d, hs.mx.data() + p * d, d);
           if (want >= own_first) {
             for (int64_t p = 0; p < own_first; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
             continue;
           }
+          // The tile's queries of this head as a box [lo, hi]: the page bound becomes
+          // sum_i max(lo_i m_i, lo_i M_i, hi_i m_i, hi_i M_i) >= q . k for every query of the
+          // box and every key of the page. One query (decoding) is Quest's own bound.
+          float* lo = box.data() + hg * 2 * d;
+          float* hi = lo + d;
+          std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
+          std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
+          for (int64_t r = hg; r < rows; r += it.g) {
+            if (!(sparse_rows >> r & 1)) continue;
+            const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
+            for (int64_t c = 0; c < d; ++c) {
+              lo[c] = std::min(lo[c], qr[c]);
+              hi[c] = std::max(hi[c], qr[c]);
+            }
+          }
+          scored[n_scored] = hg;
+          scored_rows[n_scored++] = sparse_rows;
+        }
+        if (n_scored > 0) {
+          // Pages outer, heads inner: a page's bounds are read from memory once for every head
+          // of the group (they are a quarter of the keys' bytes; reading them once per head
+          // cost as much as half of dense attention at 64K).
+          ub.resize(static_cast<size_t>(n_scored * own_first));
+          for (int64_t p = 0; p < own_first; ++p) {
+            const float* mn = hs.mn.data() + p * d;
+            const float* mx = hs.mx.data() + p * d;
+            for (int64_t s = 0; s < n_scored; ++s) {
+              const float* lo = box.data() + scored[s] * 2 * d;
+              ub[static_cast<size_t>(s * own_first + p)] = attn::box_bound(lo, lo + d, mn, mx, d);
+            }
+          }
           order.resize(static_cast<size_t>(own_first));
-          for (int64_t p = 0; p < own_first; ++p) order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
-          const float* u = ub.data();
-          // Ties broken by page index so the choice is deterministic.
-          auto better = [u](int32_t a, int32_t c) { return u[a] > u[c] || (u[a] == u[c] && a < c); };
-          std::nth_element(order.begin(), order.begin() + (want - 1), order.end(), better);
-          for (int64_t j = 0; j < want; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= sparse_rows;
+          for (int64_t s = 0; s < n_scored; ++s) {
+            for (int64_t p = 0; p < own_first; ++p) order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+            const float* u = ub.data() + s * own_first;
+            // Ties broken by page index so the choice is deterministic.
+            auto better = [u](int32_t x, int32_t y) { return u[x] > u[y] || (u[x] == u[y] && x < y); };
+            std::nth_element(order.begin(), order.begin() + (want - 1), order.end(), better);
+            for (int64_t j = 0; j < want; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= scored_rows[s];
+          }
         }
         for (int64_t p = 0; p < n_pages; ++p)
           if (mask[static_cast<size_t>(p)])
