@@ -7,6 +7,7 @@ namespace {
 bool default_rope(const std::string& s) { return s.empty() || s == "gguf"; }
 bool default_attn(const std::string& s) { return s.empty() || s == "dense"; }
 bool default_press(const std::string& s) { return s.empty() || s == "none"; }
+bool default_qttt(const std::string& s) { return s.empty() || s == "none"; }
 }  // namespace
 
 std::string MethodSetting::label() const {
@@ -19,6 +20,7 @@ std::string MethodSetting::label() const {
   if (!default_rope(rope)) add("rope " + rope);
   if (!default_attn(attn)) add("attn " + attn);
   if (!default_press(press)) add("press " + press);
+  if (!default_qttt(qttt)) add("qttt " + qttt);
   return s.empty() ? "baseline" : s;
 }
 
@@ -33,16 +35,17 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     if (part.empty()) continue;
     const size_t eq = part.find('=');
     if (eq == std::string_view::npos)
-      return make_error(strprintf("method '%.*s': expected key=value parts (rope=, attn=, press=, name=) separated by ';'",
+      return make_error(strprintf("method '%.*s': expected key=value parts (rope=, attn=, press=, qttt=, name=) separated by ';'",
                                   static_cast<int>(text.size()), text.data()));
     const std::string key(part.substr(0, eq));
     const std::string val(part.substr(eq + 1));
     if (key == "rope") m.rope = val;
     else if (key == "attn") m.attn = val;
     else if (key == "press" || key == "kv-press") m.press = val;
+    else if (key == "qttt") m.qttt = val;
     else if (key == "name") m.name = val;
     else
-      return make_error(strprintf("method '%.*s': unknown key '%s' (rope, attn, press, name)",
+      return make_error(strprintf("method '%.*s': unknown key '%s' (rope, attn, press, qttt, name)",
                                   static_cast<int>(text.size()), text.data(), key.c_str()));
   }
   return m;
@@ -55,9 +58,17 @@ Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const Me
   q.rope = default_rope(m.rope) ? "" : m.rope;
   q.attn = default_attn(m.attn) ? "dense" : m.attn;
   q.kv_press = default_press(m.press) ? "" : m.press;
+  auto qp = qttt_params(m);
+  if (!qp) return make_error(strprintf("method %s: %s", m.label().c_str(), qp.error().message.c_str()));
   auto ctx = Context::create(model, q);
   if (!ctx) return make_error(strprintf("method %s: %s", m.label().c_str(), ctx.error().message.c_str()));
+  if (qp->enabled()) {
+    Status st = check_qttt_context(**ctx);
+    if (!st) return make_error(strprintf("method %s: %s", m.label().c_str(), st.message().c_str()));
+  }
   return ctx;
 }
+
+Expected<QtttParams> qttt_params(const MethodSetting& m) { return parse_qttt(default_qttt(m.qttt) ? "" : m.qttt); }
 
 }  // namespace lc::bench

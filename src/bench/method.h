@@ -1,8 +1,8 @@
 // A method setting of the run matrix: the registry names of a RoPE scaling, an attention
 // backend and a KV press, with their parameters ("yarn:factor=8", "topk:k=16", "snapkv:ratio=0.5").
 // make_context_for() is the one place that turns a setting into a Context: RoPE and attention
-// specs go to their registries through ContextParams; KV presses plug in here when they are
-// wired into Context (until then only "none" is accepted).
+// specs go to their registries through ContextParams, and so do KV presses; a qTTT setting is
+// checked against the context made (it needs dense attention and no press).
 #pragma once
 
 #include <memory>
@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "model/context.h"
 #include "model/model.h"
+#include "model/qttt.h"
 
 namespace lc::bench {
 
@@ -20,11 +21,15 @@ struct MethodSetting {
   std::string rope = "gguf";   // "" or "gguf": the scaling the GGUF file asks for
   std::string attn = "dense";
   std::string press = "none";
+  std::string qttt = "none";   // "steps=N,lr=X,span=S": query-only test-time training (model/qttt.h)
   std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"
 };
 
-// "rope=yarn:factor=8;attn=dense;press=none;name=yarn8" (any subset, ';'-separated).
+// "rope=yarn:factor=8;attn=dense;press=none;qttt=steps=8,lr=1e-3,span=128;name=yarn8" (any
+// subset, ';'-separated).
 Expected<MethodSetting> parse_method(std::string_view text);
+// The setting's qTTT parameters (steps == 0: off).
+Expected<QtttParams> qttt_params(const MethodSetting& m);
 Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const MethodSetting& m,
                                                     const ContextParams& p);
 

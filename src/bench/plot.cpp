@@ -202,7 +202,7 @@ void draw(cairo_t* cr, const Chart& c) {
     }
     cairo_stroke(cr);
     cairo_set_dash(cr, nullptr, 0, 0);
-    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+    for (size_t i = 0; s.markers && i < s.x.size() && i < s.y.size(); ++i) {
       if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i]) || (a.lx && s.x[i] <= 0) || (a.ly && s.y[i] <= 0)) continue;
       cairo_arc(cr, a.px(s.x[i]), a.py(s.y[i]), 3.5, 0, 2 * M_PI);
       cairo_fill(cr);
@@ -241,8 +241,10 @@ void draw(cairo_t* cr, const Chart& c) {
     }
     cairo_move_to(cr, R + 14, ly), cairo_line_to(cr, R + 40, ly), cairo_stroke(cr);
     cairo_set_dash(cr, nullptr, 0, 0);
-    cairo_arc(cr, R + 27, ly, 3.5, 0, 2 * M_PI);
-    cairo_fill(cr);
+    if (s.markers) {
+      cairo_arc(cr, R + 27, ly, 3.5, 0, 2 * M_PI);
+      cairo_fill(cr);
+    }
     cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
     std::string lab = s.label.size() > 30 ? s.label.substr(0, 29) + "…" : s.label;
     text_at(cr, lab, R + 46, ly, 0.0, 0.5);

@@ -15,6 +15,7 @@ struct Series {
   std::vector<double> x, y;  // same size; points are drawn in the order given
   bool dashed = false;
   int colour = -1;           // palette index; -1: the series' position
+  bool markers = true;       // a dot at every point (off for long curves, e.g. a loss per step)
 };
 
 struct Chart {

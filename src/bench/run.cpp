@@ -79,11 +79,12 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
             if (k == "rope") s.rope = v;
             else if (k == "attn") s.attn = v;
             else if (k == "press") s.press = v;
+            else if (k == "qttt") s.qttt = v;
             else if (k == "name") s.name = v;
-            else return make_error(strprintf("config: unknown method field \"%s\" (rope, attn, press, name)", k.c_str()));
+            else return make_error(strprintf("config: unknown method field \"%s\" (rope, attn, press, qttt, name)", k.c_str()));
           }
         } else {
-          return make_error("config: a method is an object {rope, attn, press, name} or a string");
+          return make_error("config: a method is an object {rope, attn, press, qttt, name} or a string");
         }
         cfg.methods.push_back(s);
       }
@@ -170,6 +171,12 @@ json SampleRecord::to_json() const {
   j["kv_bytes"] = kv_bytes;
   j["kv_alloc_bytes"] = kv_alloc_bytes;
   j["needle_depth"] = needle_depth;
+  if (!qttt.empty()) {
+    j["qttt"] = qttt;
+    j["t_qttt"] = t_qttt;
+    j["qttt_loss_before"] = qttt_loss_before;
+    j["qttt_loss_after"] = qttt_loss_after;
+  }
   return j;
 }
 
@@ -202,6 +209,10 @@ Expected<SampleRecord> SampleRecord::from_json(const json& j) {
     r.kv_bytes = j.value("kv_bytes", int64_t{0});
     r.kv_alloc_bytes = j.value("kv_alloc_bytes", int64_t{0});
     r.needle_depth = j.value("needle_depth", -1.0);
+    r.qttt = j.value("qttt", "");
+    r.t_qttt = j.value("t_qttt", 0.0);
+    r.qttt_loss_before = j.value("qttt_loss_before", 0.0);
+    r.qttt_loss_after = j.value("qttt_loss_after", 0.0);
   } catch (const json::exception& e) {
     return make_error(strprintf("bad result record: %s", e.what()));
   }
@@ -553,6 +564,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       cp.draft = draft.get();
       cp.draft_name = cfg.draft;
       LC_ASSIGN_OR_RETURN(std::unique_ptr<Context> ctx, make_context_for(*model, method, cp));
+      LC_ASSIGN_OR_RETURN(const QtttParams qttt, qttt_params(method));
       const bool agnostic = ctx->press() && !ctx->press()->schedule().query_aware;
       const std::string query_mode = !ctx->press() ? "" : agnostic ? "agnostic" : "aware";
       for (const Cell& cell : cells) {
@@ -576,6 +588,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         rec.model = model_name;
         rec.method = mlabel;
         rec.rope = method.rope, rec.attn = method.attn, rec.press = method.press;
+        rec.qttt = qttt.enabled() ? qttt.spec() : "";
         rec.query = query_mode;
         rec.task = cell.task;
         rec.metric = metric_name(find_task(cell.task)->metric);
@@ -611,6 +624,23 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
           history = ctx->tokens();  // SpecPC may have kept fewer tokens
           history.insert(history.end(), rest.begin(), rest.end());
         }
+        if (qttt.enabled()) {
+          // qTTT: one prefill of the context, a few steps on its queries, then the question and
+          // the answer with the trained W_q (the press is refused with qTTT, so no agnostic split
+          // happened above).
+          const int64_t nc = sample->n_context_tokens;
+          const double t0 = now_seconds();
+          LC_TRY(ctx->decode(std::span<const int32_t>(history.data(), static_cast<size_t>(nc)), Logits::kNone));
+          st.n_prompt += nc;
+          st.t_prompt += now_seconds() - t0;
+          auto q = run_qttt(*ctx, qttt, sample->seed, nc);
+          if (!q)
+            return make_error(strprintf("bench run: method %s, task %s at length %lld: %s", mlabel.c_str(),
+                                        cell.task.c_str(), (long long)cell.length, q.error().message.c_str()));
+          rec.t_qttt = q->seconds;
+          rec.qttt_loss_before = q->loss_before;
+          rec.qttt_loss_after = q->loss_after;
+        }
         SamplerParams sp;
         sp.temp = 0;  // greedy
         sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.repeat_penalty = 1;
@@ -622,6 +652,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
                           return true;
                         },
                         st));
+        ctx->clear_query_weights();  // qTTT: back to the model's W_q for the next sample
         rec.output = postprocess_prediction(text);
         rec.score = score_prediction(find_task(cell.task)->metric, rec.output, rec.answers);
         rec.n_gen = st.n_gen;

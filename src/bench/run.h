@@ -46,7 +46,7 @@ struct RunConfig {
   std::function<void(const std::string&)> note;  // messages for the user (default: stderr)
 };
 
-// Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"name":..}],
+// Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"qttt":..,"name":..}],
 // "tasks": [...], "lengths": [4096, "8K"], "depths": [...], "samples": N, "seed": N,
 // "threshold": X, "max_new_tokens": N, "observations": N, "chat_template": "auto",
 // "batch": N, "threads": N, "out": "dir", "draft": "draft.gguf"}) over `cfg`: fields present
@@ -57,6 +57,7 @@ Status load_config_file(const std::string& path, RunConfig& cfg);
 // One sample's line in results.jsonl.
 struct SampleRecord {
   std::string model, method, rope, attn, press, task, metric, chat_template;
+  std::string qttt;                    // the qTTT spec, "" when off
   // "aware" (compressed after the whole prompt), "agnostic" (after the context, before the
   // question) or "" (no press): the two are reported apart (METHODS.md §2).
   std::string query;
@@ -73,6 +74,9 @@ struct SampleRecord {
   int64_t kv_bytes = 0;                // bytes of the KV blocks holding tokens at the end
   int64_t kv_alloc_bytes = 0;          // bytes the cache has committed (pooled blocks, metadata)
   double needle_depth = -1;            // where the queried needle landed, 0..1 (-1: none)
+  // qTTT: seconds of the whole adaptation (not in t_prefill), and the loss of its first span
+  // before and after.
+  double t_qttt = 0, qttt_loss_before = 0, qttt_loss_after = 0;
   std::string key() const;             // model|method|task|length|depth|index
   nlohmann::json to_json() const;
   static Expected<SampleRecord> from_json(const nlohmann::json& j);

@@ -118,11 +118,15 @@ const std::vector<int>& ruler_depths() {
 }
 
 std::string PromptRenderer::text(const std::string& user, const std::string& answer_prefix) const {
-  if (tmpl_ == ChatTemplate::kNone) return user + answer_prefix;
+  // A prompt never ends in a space (RULER's variable-tracking prefix does): the space would be
+  // a lone token that sub-word models hardly ever see before a word, because they learn the
+  // space as part of the next word's token. The answer then starts with its space.
+  std::string_view prefix = answer_prefix;
+  while (!prefix.empty() && prefix.back() == ' ') prefix.remove_suffix(1);
+  if (tmpl_ == ChatTemplate::kNone) return user + std::string(prefix);
   // The prefix opens the assistant's turn, where a leading space would be out of place.
-  size_t i = 0;
-  while (i < answer_prefix.size() && answer_prefix[i] == ' ') ++i;
-  return apply_chat_template(tmpl_, {{"user", user}}, true) + answer_prefix.substr(i);
+  while (!prefix.empty() && prefix.front() == ' ') prefix.remove_prefix(1);
+  return apply_chat_template(tmpl_, {{"user", user}}, true) + std::string(prefix);
 }
 
 std::vector<int32_t> PromptRenderer::tokens(const std::string& user, const std::string& answer_prefix) const {

@@ -383,7 +383,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
     rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
-    kernels::matmul(L.wq, cur, n, q_.data(), pool_);
+    kernels::matmul(wq_views_.empty() ? L.wq : wq_views_[static_cast<size_t>(il)], cur, n, q_.data(), pool_);
     kernels::matmul(L.wk, cur, n, k_.data(), pool_);
     kernels::matmul(L.wv, cur, n, v_.data(), pool_);
     rows(n, [&](int64_t t) {
@@ -435,6 +435,25 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   });
   kernels::matmul(model_.output(), cur, n_out, logits, pool_);
   return Status::ok();
+}
+
+void Context::set_query_weights(Buffer<float> wq) {
+  const int64_t q_dim = hp_.n_head * hp_.head_dim;
+  LC_CHECK(wq.size() == static_cast<size_t>(hp_.n_layer * q_dim * hp_.n_embd));
+  wq_override_ = std::move(wq);
+  wq_views_.assign(static_cast<size_t>(hp_.n_layer), TensorView{});
+  for (int64_t il = 0; il < hp_.n_layer; ++il) {
+    TensorView& v = wq_views_[static_cast<size_t>(il)];
+    v.data = wq_override_.data() + il * q_dim * hp_.n_embd;
+    v.type = DType::F32;
+    v.ne[0] = hp_.n_embd;
+    v.ne[1] = q_dim;
+  }
+}
+
+void Context::clear_query_weights() {
+  wq_views_.clear();
+  wq_override_.resize(0);
 }
 
 Status Context::set_attention(std::string_view spec) {

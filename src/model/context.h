@@ -99,6 +99,12 @@ class Context {
   const KvPress* press() const { return press_.get(); }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
+  // qTTT (model/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,
+  // by the f32 rows of wq: [n_layer, n_head * head_dim, n_embd]. The model's weights are never
+  // written; clear_query_weights() goes back to them.
+  void set_query_weights(Buffer<float> wq);
+  void clear_query_weights();
+  bool has_query_weights() const { return !wq_views_.empty(); }
 
  private:
   Context(const Model& model, const ContextParams& p);
@@ -137,6 +143,8 @@ class Context {
   Status compress(PressPhase phase);
   void observe(int64_t il, const float* q /*[n, n_head * head_dim]*/, int64_t n);
   std::unique_ptr<RopePlan> rope_plan_;
+  Buffer<float> wq_override_;         // qTTT: [n_layer, n_head * head_dim, n_embd]
+  std::vector<TensorView> wq_views_;  // [n_layer] views of wq_override_; empty: the model's
   RopeTable rope_;        // the table in use (recomputed per chunk for dynamic scalings)
   int64_t n_past_ = 0;
   int64_t n_outputs_ = 0;

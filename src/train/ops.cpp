@@ -198,7 +198,7 @@ double cross_entropy_forward(const T* logits, const int32_t* targets, T* lse, T*
       double s = 0;
       for (int64_t i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(l[i] - mx));
       lse[t] = mx + static_cast<T>(std::log(s));
-      losses[t] = lse[t] - l[targets[t]];
+      losses[t] = targets[t] < 0 ? T(0) : lse[t] - l[targets[t]];
     }
   });
   double total = 0;
@@ -212,6 +212,10 @@ void cross_entropy_backward(T* logits, const int32_t* targets, const T* lse, int
   parallel_rows(pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       T* l = logits + t * vocab;
+      if (targets[t] < 0) {  // an ignored position: no gradient
+        std::fill(l, l + vocab, T(0));
+        continue;
+      }
       for (int64_t i = 0; i < vocab; ++i) l[i] = std::exp(l[i] - lse[t]) * scale;
       l[targets[t]] -= scale;
     }

@@ -1,4 +1,4 @@
-// The loss curve as CSV and as an SVG drawn by hand (the train module does not link cairo).
+// The loss curve as CSV, and drawn as SVG and PNG by the benchmark's line charts (bench/plot.h).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,8 @@ struct StepRecord {
 };
 
 std::string loss_csv(const std::vector<StepRecord>& h);
-std::string loss_svg(const std::vector<StepRecord>& h, const std::string& title);
+// Writes <stem>.svg and <stem>.png (the same picture: loss against step, the axis from 0).
+Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& title, const std::string& stem);
 // Writes `text` to a temporary file next to `path`, then renames it into place.
 Status write_text_file(const std::string& path, const std::string& text);
 

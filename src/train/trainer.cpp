@@ -72,11 +72,15 @@ std::string format_duration(double s) {
 Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
   TrainOptions o = in;
   if (o.vocab_path.empty()) return make_error("no vocabulary GGUF given (--vocab)");
-  if (o.data_path.empty()) return make_error("no training data given (--data)");
+  if (o.data_path.empty() && o.curriculum.empty())
+    return make_error("no training data given (--data or --curriculum)");
   if (o.seq_len < 1 || o.seq_len > (1 << 16))
     return make_error(strprintf("sequence length %lld is out of range [1, 65536]", (long long)o.seq_len));
   if (o.batch < 1 || o.batch > (1 << 16))
     return make_error(strprintf("batch %lld is out of range [1, 65536]", (long long)o.batch));
+  if (o.chunk < 0 || o.chunk > o.seq_len)
+    return make_error(strprintf("--chunk %lld must be in [1, --seq-len = %lld] (0: the whole window at once)",
+                                (long long)o.chunk, (long long)o.seq_len));
   if (o.checkpoint_every < 0) return make_error("checkpoint interval must be >= 0");
   if (o.n_threads < 0 || o.n_threads > 1024)
     return make_error(strprintf("thread count %d is out of range [0, 1024]", o.n_threads));
@@ -96,20 +100,38 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
     return make_error(strprintf("sequence length %lld exceeds the model context %lld", (long long)o.seq_len,
                                 (long long)o.model.n_ctx));
   LC_ASSIGN_OR_RETURN(o.model, resolve_config(o.model));
-  LC_ASSIGN_OR_RETURN(tr->data_, TokenData::load(o.data_path, o.data_format, *tr->tok_));
-  if (tr->data_.size() < o.seq_len + 1)
+  if (!o.data_path.empty()) {
+    LC_ASSIGN_OR_RETURN(tr->data_, TokenData::load(o.data_path, o.data_format, *tr->tok_));
+  }
+  if (!o.curriculum.empty()) {
+    CurriculumOptions co;
+    LC_ASSIGN_OR_RETURN(co.tasks, parse_curriculum(o.curriculum));
+    co.min_len = std::min(o.cur_min_len, o.seq_len);
+    co.max_len = o.seq_len;
+    co.ramp = o.cur_ramp;
+    co.lm_fraction = o.cur_lm;
+    co.total_steps = o.optim.steps;
+    LC_ASSIGN_OR_RETURN(tr->cur_, Curriculum::create(*tr->tok_, co, o.data_path.empty() ? nullptr : &tr->data_));
+  } else if (tr->data_.size() < o.seq_len + 1)
     return make_error(strprintf("data '%s' has %lld tokens; one training window needs seq_len + 1 = %lld",
                                 o.data_path.c_str(), (long long)tr->data_.size(), (long long)(o.seq_len + 1)));
 
   tr->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
-  LC_ASSIGN_OR_RETURN(tr->model_, Transformer<float>::create(o.model, o.seq_len));
+  // Chunk-recurrent: chunked_ keeps one chunk's activations and the K/V pool; the model then
+  // holds the parameters and gradients, its whole-window buffers sized for a single token (at
+  // the chunk size they would be ~40 MiB that nothing uses, at 512 tokens and n_embd 128).
+  LC_ASSIGN_OR_RETURN(tr->model_, Transformer<float>::create(o.model, o.chunk > 0 ? 1 : o.seq_len));
+  if (o.chunk > 0) {
+    LC_ASSIGN_OR_RETURN(tr->chunked_, ChunkRecurrent<float>::create(*tr->model_, o.chunk, o.seq_len));
+    LC_TRY(tr->chunked_->reserve(o.seq_len));
+  }
   try {
     tr->adam_ = std::make_unique<AdamW>(tr->model_->n_params());
   } catch (const std::bad_alloc&) {
     return make_error("out of memory allocating the optimizer state");
   }
-  tr->inputs_.assign(static_cast<size_t>(o.seq_len), 0);
-  tr->targets_.assign(static_cast<size_t>(o.seq_len), 0);
+  tr->inputs_.assign(static_cast<size_t>(o.seq_len * o.batch), 0);
+  tr->targets_.assign(static_cast<size_t>(o.seq_len * o.batch), 0);
   tr->o_ = o;
   tr->model_->init(o.seed);
   tr->rng_ = Rng(o.seed ^ 0xDA7A5EEDull);  // data order: its own stream, saved in checkpoints
@@ -125,13 +147,50 @@ StepRecord Trainer::step() {
   Transformer<float>& m = *model_;
   m.zero_grads();
   double loss = 0;
-  const float scale = 1.0f / static_cast<float>(B * T);  // mean over every token of the batch
+  // The loss is the mean over the batch's windows of each window's mean over its scored tokens,
+  // so that a task sequence whose only scored tokens are a short answer counts as much as a
+  // window of plain text. (With plain data every token is scored and this is the plain mean.)
+  std::vector<int64_t> lens(static_cast<size_t>(B), T);
+  int64_t windows = 0;
   for (int64_t b = 0; b < B; ++b) {
-    data_.sample(rng_, T, inputs_.data(), targets_.data());
-    loss += m.forward(inputs_.data(), targets_.data(), T, *pool_);
-    m.backward(scale, *pool_);
+    int32_t* in = inputs_.data() + b * T;
+    int32_t* tg = targets_.data() + b * T;
+    ++windows;
+    if (!cur_) {
+      data_.sample(rng_, T, in, tg);
+      continue;
+    }
+    for (int attempt = 0;; ++attempt) {
+      auto cs = cur_->sample(rng_, step_, in, tg);
+      if (cs && cs->n_scored > 0) {
+        lens[static_cast<size_t>(b)] = cs->n;
+        break;
+      }
+      if (attempt == 16) {  // create() drew every task: this does not happen in practice
+        if (data_error_.ok()) data_error_ = cs ? make_error("curriculum: no scored tokens") : cs.error();
+        lens[static_cast<size_t>(b)] = 0;
+        --windows;
+        break;
+      }
+    }
   }
-  loss /= static_cast<double>(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens[static_cast<size_t>(b)];
+    if (n == 0) continue;
+    const int32_t* in = inputs_.data() + b * T;
+    const int32_t* tg = targets_.data() + b * T;
+    int64_t scored = 0;
+    for (int64_t t = 0; t < n; ++t) scored += tg[t] >= 0;
+    const float scale = 1.0f / static_cast<float>(windows * scored);
+    if (chunked_) {
+      loss += chunked_->forward(in, tg, n, *pool_);
+      chunked_->backward(scale, *pool_);
+    } else {
+      loss += m.forward(in, tg, n, *pool_);
+      m.backward(scale, *pool_);
+    }
+  }
+  loss /= static_cast<double>(std::max<int64_t>(windows, 1));
   const double norm = global_norm(m.grads(), m.n_params(), *pool_);
   if (o_.optim.grad_clip > 0 && norm > o_.optim.grad_clip) {
     const float f = static_cast<float>(o_.optim.grad_clip / norm);
@@ -148,7 +207,10 @@ StepRecord Trainer::step() {
   r.loss = loss;
   r.lr = lr;
   r.grad_norm = norm;
-  r.tokens_per_s = static_cast<double>(B * T) / std::max(t1 - t0, 1e-9);
+  int64_t tokens = 0;
+  for (int64_t n : lens) tokens += n;
+  tokens_done_ += tokens;
+  r.tokens_per_s = static_cast<double>(tokens) / std::max(t1 - t0, 1e-9);
   r.elapsed_s = elapsed_before_ + (t1 - t_start_);
   history_.push_back(r);
   return r;
@@ -290,9 +352,13 @@ std::string Trainer::loss_file_stem(const std::string& out_path) {
 Status Trainer::write_loss_files(const std::string& out_path) const {
   const std::string stem = loss_file_stem(out_path);
   LC_TRY(write_text_file(stem + ".loss.csv", loss_csv(history_)));
-  const std::string title = strprintf("longctx train: %s, seq %lld x batch %lld", describe(model_->config()).c_str(),
-                                      (long long)o_.seq_len, (long long)o_.batch);
-  return write_text_file(stem + ".loss.svg", loss_svg(history_, title));
+  // Short enough for the chart's width: layers, width, window, batch (and chunk).
+  const ModelConfig& c = model_->config();
+  const std::string title =
+      strprintf("%lld layers, n_embd %lld, seq %lld x batch %lld%s", (long long)c.n_layer, (long long)c.n_embd,
+                (long long)o_.seq_len, (long long)o_.batch,
+                o_.chunk > 0 ? strprintf(", chunk %lld", (long long)o_.chunk).c_str() : "");
+  return write_loss_chart(history_, title, stem + ".loss");
 }
 
 Status Trainer::run() {
@@ -305,35 +371,46 @@ Status Trainer::run() {
   const bool tty = o_.verbose && stderr_is_terminal();
   const int64_t log_every = std::max<int64_t>(1, total / 20);
   if (o_.verbose) {
-    std::fprintf(stderr, "train: %s; %zu parameters; %lld tokens of data; seq %lld x batch %lld; %d threads%s\n",
-                 describe(model_->config()).c_str(), model_->n_params(), (long long)data_.size(),
+    const std::string data = cur_ ? strprintf("curriculum %s, %lld..%lld tokens",
+                                              curriculum_to_string(cur_->options().tasks).c_str(),
+                                              (long long)cur_->options().min_len, (long long)cur_->options().max_len)
+                                  : strprintf("%lld tokens of data", (long long)data_.size());
+    std::fprintf(stderr, "train: %s; %zu parameters; %s; seq %lld x batch %lld; %d threads%s\n",
+                 describe(model_->config()).c_str(), model_->n_params(), data.c_str(),
                  (long long)o_.seq_len, (long long)o_.batch, pool_->size(),
                  step_ > 0 ? strprintf("; resuming at step %lld", (long long)step_).c_str() : "");
   }
   const int64_t first = step_;
   const double t0 = now_seconds();
   double last_print = 0;
-  while (step_ < total) {
+  // --stop-at: end this process at that step (checkpoint and export as at the end); the
+  // schedule still follows --steps, so a later --resume continues the same run.
+  const int64_t last = o_.stop_at > 0 ? std::min(o_.stop_at, total) : total;
+  while (step_ < last) {
     const StepRecord r = step();
+    if (!data_error_.ok()) return data_error_;
     const double el = now_seconds() - t0;
-    const double tps = static_cast<double>((step_ - first) * o_.batch * o_.seq_len) / std::max(el, 1e-9);
-    const double eta = el / static_cast<double>(step_ - first) * static_cast<double>(total - step_);
+    const double tps = static_cast<double>(tokens_done_) / std::max(el, 1e-9);
+    const double eta = el / static_cast<double>(step_ - first) * static_cast<double>(last - step_);
     if (!std::isfinite(r.loss))
       return make_error(strprintf("the loss diverged (%g) at step %lld: lower --lr or raise --warmup", r.loss,
                                   (long long)r.step));
     const std::string line = strprintf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", (long long)r.step,
                                        (long long)total, r.loss, static_cast<double>(r.lr), tps,
                                        format_duration(eta).c_str());
-    if (tty && (el - last_print >= 0.2 || step_ == total)) {
+    if (tty && (el - last_print >= 0.2 || step_ == last)) {
       std::fprintf(stderr, "\r\033[Ktrain: %s", line.c_str());
       std::fflush(stderr);
       last_print = el;
-    } else if (o_.verbose && !tty && (r.step % log_every == 0 || step_ == total)) {
+    } else if (o_.verbose && !tty && (r.step % log_every == 0 || step_ == last)) {
       std::fprintf(stderr, "train: %s\n", line.c_str());
     }
-    if (!o_.checkpoint_dir.empty() && o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0 && step_ < total) {
+    if (!o_.checkpoint_dir.empty() && o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0 && step_ < last) {
       LC_TRY(save_checkpoint(checkpoint_path()));
-      if (!o_.out_path.empty()) LC_TRY(write_loss_files(o_.out_path));
+      if (!o_.out_path.empty()) {  // the model so far, so that a long run can be evaluated as it goes
+        LC_TRY(export_model(o_.out_path));
+        LC_TRY(write_loss_files(o_.out_path));
+      }
     }
   }
   if (tty) std::fprintf(stderr, "\n");
@@ -343,8 +420,7 @@ Status Trainer::run() {
     LC_TRY(write_loss_files(o_.out_path));
     if (o_.verbose) {
       const std::string stem = loss_file_stem(o_.out_path);
-      std::fprintf(stderr, "train: wrote %s, %s.loss.csv, %s.loss.svg\n", o_.out_path.c_str(), stem.c_str(),
-                   stem.c_str());
+      std::fprintf(stderr, "train: wrote %s, %s.loss.csv, .svg, .png\n", o_.out_path.c_str(), stem.c_str());
     }
   }
   return Status::ok();

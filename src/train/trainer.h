@@ -1,5 +1,5 @@
 // The training loop: data windows, forward/backward with batch accumulation, AdamW, checkpoints
-// that resume bit for bit, a progress line, the loss curve (CSV + SVG) and the GGUF export.
+// that resume bit for bit, a progress line, the loss curve (CSV, SVG, PNG) and the GGUF export.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,9 @@
 #include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "train/chunked.h"
 #include "train/config.h"
+#include "train/curriculum.h"
 #include "train/data.h"
 #include "train/optimizer.h"
 #include "train/plot.h"
@@ -22,18 +24,26 @@ namespace lc::train {
 
 struct TrainOptions {
   std::string vocab_path;      // GGUF whose tokenizer gives n_vocab and is copied on export
-  std::string data_path;       // text or token file (see TokenData)
+  std::string data_path;       // text or token file (see TokenData); optional with a curriculum
+  // Synthetic curriculum (curriculum.h): "" = off (windows of data_path), "default" or
+  // "task=weight,...". Sequences are cur_min_len..seq_len tokens, ramped over cur_ramp of the run.
+  std::string curriculum;
+  int64_t cur_min_len = 256;
+  double cur_ramp = 0.3;
+  double cur_lm = 0.5;  // fraction of task sequences scored on every token
   DataFormat data_format = DataFormat::kAuto;
   std::string out_path;        // exported GGUF; the loss curve goes next to it. "" = no export
   std::string checkpoint_dir;  // "" = no checkpoints
   ModelConfig model;           // n_vocab is taken from the vocabulary; n_ctx 0 = seq_len
   int64_t seq_len = 256;       // tokens per training window
   int64_t batch = 8;           // windows per optimizer step (gradients accumulated)
+  int64_t chunk = 0;           // > 0: chunk-recurrent training in chunks of this many tokens (chunked.h)
   OptimConfig optim;
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
   uint64_t seed = 1337;        // initialisation and data order
   int n_threads = 0;           // 0 = all cores
   bool resume = false;         // continue from checkpoint_dir/checkpoint.bin
+  int64_t stop_at = 0;         // > 0: stop this process after that step (the schedule keeps --steps)
   bool verbose = true;         // progress line on a terminal, log lines otherwise
 };
 
@@ -62,7 +72,7 @@ class Trainer {
   Status save_checkpoint(const std::string& path) const;
   Status load_checkpoint(const std::string& path);
   Status export_model(const std::string& path) const;
-  // <out without .gguf>.loss.csv and .loss.svg.
+  // <out without .gguf>.loss.csv, .loss.svg and .loss.png.
   Status write_loss_files(const std::string& out_path) const;
   static std::string loss_file_stem(const std::string& out_path);
 
@@ -75,13 +85,17 @@ class Trainer {
   TokenData data_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<ChunkRecurrent<float>> chunked_;  // with chunk > 0 (model_ then has no window buffers)
   std::unique_ptr<AdamW> adam_;
   Rng rng_;
   int64_t step_ = 0;
+  int64_t tokens_done_ = 0;    // tokens trained on by this process (the progress line's speed)
   double elapsed_before_ = 0;  // seconds trained before this process (resume)
   double t_start_ = 0;
   std::vector<StepRecord> history_;
-  std::vector<int32_t> inputs_, targets_;  // [seq_len]
+  std::unique_ptr<Curriculum> cur_;
+  Status data_error_ = Status::ok();  // a curriculum failure inside step(); run() returns it
+  std::vector<int32_t> inputs_, targets_;  // [batch, seq_len]
 };
 
 }  // namespace lc::train

@@ -162,12 +162,14 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
                 H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
   n_ = n;
   have_targets_ = targets != nullptr;
+  n_targets_ = 0;
   for (int64_t t = 0; t < n; ++t) {
     LC_CHECK(tokens[t] >= 0 && tokens[t] < V);
     tokens_[static_cast<size_t>(t)] = tokens[t];
     if (targets) {
-      LC_CHECK(targets[t] >= 0 && targets[t] < V);
+      LC_CHECK(targets[t] >= -1 && targets[t] < V);
       targets_[static_cast<size_t>(t)] = targets[t];
+      n_targets_ += targets[t] >= 0;
     }
   }
   const T* W = params_.data();
@@ -213,7 +215,7 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
   linear_forward<T>(lnf_.data(), W + output_, logits_.data(), n, E, V, pool);
   if (!targets) return 0.0;
   const double sum = cross_entropy_forward<T>(logits_.data(), targets_.data(), lse_.data(), losses_.data(), n, V, pool);
-  return sum / static_cast<double>(n);
+  return n_targets_ > 0 ? sum / static_cast<double>(n_targets_) : 0.0;
 }
 
 template <class T>

@@ -49,10 +49,14 @@ class Transformer {
   void zero_grads();
 
   // tokens, targets: [n] (n <= max_tokens; targets may be null: logits only). Token t sits at
-  // position t. Returns the mean cross-entropy over the n tokens (0 without targets).
+  // position t. A target of -1 ignores that position (no loss, no gradient): the curriculum
+  // scores answers only. Returns the mean cross-entropy over the scored tokens (0 without
+  // targets or when none is scored).
   double forward(const int32_t* tokens, const int32_t* targets, int64_t n, ThreadPool& pool);
   // [n, n_vocab] logits of the last forward(); backward() overwrites them.
   const T* logits() const { return logits_.data(); }
+  // Scored positions (target >= 0) of the last forward().
+  int64_t n_targets() const { return n_targets_; }
   // Adds loss_scale * d(sum of the last forward's token losses)/d(params) to grads(). Needs a
   // forward() with targets just before.
   void backward(T loss_scale, ThreadPool& pool);
@@ -75,6 +79,7 @@ class Transformer {
   std::vector<int32_t> pos_, tokens_, targets_;  // [max_tokens]
   int64_t n_ = 0;                                // tokens of the last forward
   bool have_targets_ = false;
+  int64_t n_targets_ = 0;                        // targets >= 0 of the last forward
 
   // Saved activations; per-layer slots are max_tokens rows long.
   Buffer<T> resid_;        // [n_layer + 1, T, n_embd] input of each layer, then the final one

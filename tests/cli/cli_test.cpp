@@ -9,30 +9,18 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/run_cli.h"
+
 #include "model/random_model.h"
 
 namespace {
 
-const std::string kBin = LONGCTX_BINARY;
+using lc_cli::kBin;
 const std::string kGolden = std::string(LONGCTX_TEST_DATA) + "/golden/";
 const std::string kStories = kGolden + "models/stories260K.gguf";
 
-struct Result {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = kBin + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using lc_cli::Result;
+using lc_cli::run;
 
 std::string write_file(const std::string& name, const std::string& bytes) {
   const std::string path = testing::TempDir() + name;

@@ -56,19 +56,24 @@ lc::Expected<std::unique_ptr<lc::Model>> load(const bench::ModelRef& r) {
 // Options shared by the three commands.
 struct MethodOpts {
   std::vector<std::string> rope, attn, press, method;
+  std::vector<std::string> qttt;  // bench run only (add_qttt)
   void add(CLI::App* app) {
     app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
     app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
     app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5");
     app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;name=..' (repeatable)");
   }
-  bool given() const { return !rope.empty() || !attn.empty() || !press.empty() || !method.empty(); }
-  // --method settings, else the cross product of --rope x --attn x --kv-press.
+  void add_qttt(CLI::App* app) {
+    app->add_option("--qttt", qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S, or none "
+                    "(repeat the flag for several; see docs/qttt.md)");
+  }
+  bool given() const { return !rope.empty() || !attn.empty() || !press.empty() || !method.empty() || !qttt.empty(); }
+  // --method settings, else the cross product of --rope x --attn x --kv-press x --qttt.
   lc::Expected<std::vector<bench::MethodSetting>> settings() const {
     std::vector<bench::MethodSetting> out;
     if (!method.empty()) {
-      if (!rope.empty() || !attn.empty() || !press.empty())
-        return lc::make_error("give either --method or --rope/--attn/--kv-press, not both");
+      if (!rope.empty() || !attn.empty() || !press.empty() || !qttt.empty())
+        return lc::make_error("give either --method or --rope/--attn/--kv-press/--qttt, not both");
       for (const auto& m : method) {
         LC_ASSIGN_OR_RETURN(auto s, bench::parse_method(m));
         out.push_back(s);
@@ -78,9 +83,15 @@ struct MethodOpts {
     const std::vector<std::string> r = rope.empty() ? std::vector<std::string>{"gguf"} : rope;
     const std::vector<std::string> a = attn.empty() ? std::vector<std::string>{"dense"} : attn;
     const std::vector<std::string> p = press.empty() ? std::vector<std::string>{"none"} : press;
+    const std::vector<std::string> q = qttt.empty() ? std::vector<std::string>{"none"} : qttt;
     for (const auto& x : r)
       for (const auto& y : a)
-        for (const auto& z : p) out.push_back({"", x, y, z});
+        for (const auto& z : p)
+          for (const auto& w : q) {
+            auto qp = lc::parse_qttt(w == "none" ? "" : w);
+            if (!qp) return qp.error();
+            out.push_back({"", x, y, z, w});
+          }
     return out;
   }
 };
@@ -257,6 +268,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_flag("--no-plots", o->no_plots, "skip the SVG/PNG plots");
     app->add_option("--draft", o->draft, "draft model GGUF for --kv-press speckv / specpc (same vocabulary)");
     o->mo.add(app);
+    o->mo.add_qttt(app);
     cmds.push_back({app, [o]() -> int {
                       try {
                         if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
@@ -363,6 +375,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           toks.resize(static_cast<size_t>(len));
                           const std::string name = ref.image ? ref.name : std::filesystem::path(mp).filename().string();
                           for (const auto& m : *ms) {
+                            if (!m.qttt.empty() && m.qttt != "none")
+                              return fail("bench ppl does not run qTTT (method " + m.label() +
+                                          "): use bench run or run --qttt");
                             lc::ContextParams cp;
                             cp.n_ctx = len;
                             cp.n_batch = o->batch;

@@ -22,12 +22,22 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
   args->output = o.model.tied ? "tied" : "separate";
   auto* t = app->add_subcommand("train", "train a small Llama-architecture model and export it as GGUF");
   t->add_option("--vocab", o.vocab_path, "GGUF whose tokenizer is used (and copied into the output)")->required();
-  t->add_option("--data", o.data_path, "training data: a text file, or little-endian int32 token ids (.bin/.tok/.tokens)")->required();
+  t->add_option("--data", o.data_path, "training data: a text file, or little-endian int32 token ids (.bin/.tok/.tokens); "
+                 "with --curriculum, the plain text of its 'text' task (default: the shipped essay)");
+  t->add_option("--curriculum", o.curriculum, "synthetic long-context curriculum: 'default' or task=weight,... "
+                 "(bench tasks, recall, copy, repeat, text); answers are scored, prompts are not");
+  t->add_option("--cur-min-len", o.cur_min_len, "curriculum: shortest sequence in tokens")->capture_default_str();
+  t->add_option("--cur-ramp", o.cur_ramp, "curriculum: fraction of the steps over which the longest sequence "
+                 "grows from --cur-min-len to --seq-len")->capture_default_str();
+  t->add_option("--cur-lm", o.cur_lm, "curriculum: fraction of task sequences scored on every token "
+                 "(the rest score the answer only)")->capture_default_str();
   t->add_option("--data-format", args->data_format, "auto, text or tokens")->capture_default_str();
-  t->add_option("-o,--out", o.out_path, "output GGUF; the loss curve goes next to it (.loss.csv, .loss.svg)")->required();
+  t->add_option("-o,--out", o.out_path, "output GGUF; the loss curve goes next to it (.loss.csv, .loss.svg, .loss.png)")->required();
   t->add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoint.bin (saved at the end and every --checkpoint-every steps)");
   t->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only at the end)")->capture_default_str();
   t->add_flag("--resume", o.resume, "continue from --checkpoint-dir/checkpoint.bin");
+  t->add_option("--stop-at", o.stop_at, "stop this run after that step, with a checkpoint and an export; "
+                 "the learning-rate schedule still follows --steps, so --resume continues it (0: off)")->capture_default_str();
   t->add_option("--n-layer", o.model.n_layer, "transformer blocks")->capture_default_str();
   t->add_option("--n-embd", o.model.n_embd, "embedding width")->capture_default_str();
   t->add_option("--n-head", o.model.n_head, "attention heads")->capture_default_str();
@@ -39,6 +49,8 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
       ->check(CLI::IsMember({"tied", "separate"}));
   t->add_option("--seq-len", o.seq_len, "tokens per training window")->capture_default_str();
   t->add_option("--batch", o.batch, "windows per optimizer step (gradients accumulated)")->capture_default_str();
+  t->add_option("--chunk", o.chunk, "chunk-recurrent training: process each window in chunks of this many tokens, "
+                 "recomputing activations, so memory grows only by the K/V pool (0: whole window)")->capture_default_str();
   t->add_option("--steps", o.optim.steps, "optimizer steps")->capture_default_str();
   t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
   t->add_option("--min-lr-ratio", o.optim.min_lr_ratio, "final learning rate of the cosine, as a fraction of --lr")->capture_default_str();

@@ -23,6 +23,7 @@
 #include "kv/block_pool.h"
 #include "model/context.h"
 #include "model/model.h"
+#include "model/qttt.h"
 #include "model/random_model.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
@@ -170,9 +171,11 @@ void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
 
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
             const std::string& file, const std::string& question, int64_t n_predict, bool no_special_bos,
-            bool parse_special) {
+            bool parse_special, const std::string& qttt_spec) {
   if (!prompt_arg.empty() && !file.empty()) return fail("give either -p or -f, not both");
   if (n_predict < 0) return fail("-n must be >= 0");
+  auto qttt = lc::parse_qttt(qttt_spec);
+  if (!qttt) return fail(qttt.error().message);
   std::string prompt = prompt_arg;
   if (!file.empty()) {
     auto t = read_file(file);
@@ -185,6 +188,10 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   if (!model) return fail(model.error().message);
   auto ctx = make_context(**model, co.ctx_params());
   if (!ctx) return fail(ctx.error().message);
+  if (qttt->enabled()) {
+    Status s = lc::check_qttt_context(**ctx);
+    if (!s) return fail(s.message());
+  }
   const lc::Tokenizer& tok = (*model)->tokenizer();
   // --question: appended after the prompt; with a query-agnostic press the prompt (the
   // context) is compressed before the question is read.
@@ -195,6 +202,10 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
     return fail(lc::strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
                               ids.size(), (long long)(*ctx)->n_ctx()));
   if (ids.empty()) return fail("the prompt is empty and the model adds no BOS token");
+  // qTTT trains on everything before the question (without --question, all but the last prompt
+  // token, which generation evaluates).
+  const size_t n_qttt_context = question.empty() || n_context >= ids.size() ? ids.size() - 1 : n_context;
+  if (Status s = lc::check_qttt_span(*qttt, static_cast<int64_t>(n_qttt_context)); !s) return fail(s.message());
   lc::Sampler sampler(*sp);
   const std::string shown = prompt + question;
   std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
@@ -217,6 +228,20 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
       ids.insert(ids.end(), rest.begin(), rest.end());
     }
   }
+  lc::QtttStats qst;
+  if (qttt->enabled()) {
+    // qTTT: one prefill of the context (everything before the question; without --question,
+    // all but the last prompt token), a few steps on the query projections, then the rest of
+    // the prompt and the answer with the trained W_q.
+    const double t0 = lc::now_seconds();
+    Status s = (*ctx)->decode(std::span<const int32_t>(ids.data(), n_qttt_context), lc::Logits::kNone);
+    if (!s) return fail(s.message());
+    st.n_prompt += static_cast<int64_t>(n_qttt_context);
+    st.t_prompt += lc::now_seconds() - t0;
+    auto r = lc::run_qttt(**ctx, *qttt, sp->seed, static_cast<int64_t>(n_qttt_context));
+    if (!r) return fail(r.error().message);
+    qst = std::move(*r);
+  }
   Status s = lc::generate(**ctx, sampler, ids, n_predict,
                           [](int32_t, std::string_view text) {
                             std::fwrite(text.data(), 1, text.size(), stdout);
@@ -224,8 +249,10 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
                             return true;
                           },
                           st);
+  (*ctx)->clear_query_weights();  // qTTT: the model's own W_q again
   if (!s) return fail(s.message());
   print_summary(st, **ctx);
+  if (!qttt_spec.empty()) std::fprintf(stderr, "%s\n", lc::qttt_summary(qst).c_str());
   return 0;
 }
 
@@ -650,6 +677,9 @@ int main(int argc, char** argv) {
   run->add_option("-n,--n-predict", run_n, "tokens to generate")->capture_default_str();
   run->add_flag("--no-bos", run_no_bos, "do not add the BOS/EOS tokens the model asks for");
   run->add_flag("--parse-special", run_special, "turn special-token text in the prompt into those tokens");
+  std::string run_qttt;
+  run->add_option("--qttt", run_qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S "
+                  "(Adam on W_q over spans of the context; see docs/qttt.md)");
 
   CommonOpts chat_co;
   SamplingOpts chat_so;
@@ -752,7 +782,7 @@ int main(int argc, char** argv) {
   try {
     if (*run)
       return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_question, run_n, run_no_bos,
-                     run_special);
+                     run_special, run_qttt);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_out);

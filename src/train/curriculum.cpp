@@ -1,0 +1,351 @@
+#include "train/curriculum.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <set>
+
+#include "bench/haystack.h"
+#include "bench/text.h"
+
+namespace lc::train {
+
+namespace {
+
+// Tasks trained on and their default weights. The needle tasks with many distractors and
+// variable tracking (multi-hop) are the hardest to learn and get the most weight; the
+// counting/state tasks are in the mix at a low weight (a model of this size is not expected
+// to master them); recall and copy teach the copying circuit quickly; text keeps a prior.
+const std::vector<CurriculumTask>& default_mix() {
+  static const std::vector<CurriculumTask> mix = {
+      {"niah_single_1", 1.0},   {"niah_single_2", 1.0},   {"niah_single_3", 1.0},
+      {"niah_multikey_1", 1.0}, {"niah_multikey_2", 1.5}, {"niah_multikey_3", 1.5},
+      {"niah_multivalue", 0.5}, {"niah_multiquery", 0.5}, {"vt", 2.0},
+      {"passkey", 0.5},         {"dense_count", 0.25},    {"dense_state", 0.25},
+      {"recall", 1.0},          {"copy", 0.5},            {"text", 0.5},
+  };
+  return mix;
+}
+
+bool is_own_task(const std::string& n) { return n == "recall" || n == "copy" || n == "text" || n == "repeat"; }
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out(1);
+  for (char c : s) {
+    if (c == ',') out.emplace_back();
+    else out.back() += c;
+  }
+  return out;
+}
+
+// The text the model should produce after a bench task's prompt, in the form the scorer
+// accepts (every reference contained in the output).
+std::string answer_text(const bench::Sample& s) {
+  std::string a = " ";  // (appending rather than " " + ... sidesteps a GCC 12 -Wrestrict false positive)
+  a += bench::join(s.answers, s.spec.task == "vt" ? " " : ", ");
+  if (s.spec.task != "vt") a += '.';
+  return a;
+}
+
+}  // namespace
+
+Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) {
+  if (spec == "default") return default_mix();
+  std::vector<CurriculumTask> out;
+  std::set<std::string> seen;
+  for (const std::string& item : split_commas(spec)) {
+    const std::string it = trim(item);
+    if (it.empty()) return make_error(strprintf("--curriculum '%s': empty entry", spec.c_str()));
+    CurriculumTask t;
+    const size_t eq = it.find('=');
+    t.name = trim(it.substr(0, eq));
+    if (eq != std::string::npos) {
+      const std::string w = trim(it.substr(eq + 1));
+      char* end = nullptr;
+      t.weight = std::strtod(w.c_str(), &end);
+      if (w.empty() || *end != '\0' || !(t.weight > 0) || t.weight > 1e6)
+        return make_error(strprintf("--curriculum: weight '%s' of '%s' must be a positive number", w.c_str(), t.name.c_str()));
+    }
+    if (!is_own_task(t.name) && !bench::find_task(t.name))
+      return make_error(strprintf("--curriculum: unknown task '%s' (bench tasks, recall, copy, repeat, text)", t.name.c_str()));
+    if (!seen.insert(t.name).second)
+      return make_error(strprintf("--curriculum: task '%s' is listed twice", t.name.c_str()));
+    out.push_back(t);
+  }
+  if (out.empty()) return make_error("--curriculum: no tasks");
+  return out;
+}
+
+std::string curriculum_to_string(const std::vector<CurriculumTask>& tasks) {
+  std::string s;
+  for (const auto& t : tasks) s += (s.empty() ? "" : ",") + t.name + "=" + strprintf("%g", t.weight);
+  return s;
+}
+
+Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, const CurriculumOptions& o,
+                                                         const TokenData* text) {
+  if (o.tasks.empty()) return make_error("curriculum: no tasks");
+  if (o.min_len < 64 || o.min_len > o.max_len)
+    return make_error(strprintf("curriculum: lengths must satisfy 64 <= min_len (%lld) <= max_len (%lld)",
+                                (long long)o.min_len, (long long)o.max_len));
+  if (!(o.ramp >= 0 && o.ramp <= 1)) return make_error(strprintf("curriculum: ramp %g is not in [0, 1]", o.ramp));
+  if (!(o.lm_fraction >= 0 && o.lm_fraction <= 1))
+    return make_error(strprintf("curriculum: lm fraction %g is not in [0, 1]", o.lm_fraction));
+  if (tok.eos() < 0) return make_error("curriculum: the vocabulary has no end-of-sequence token");
+  std::unique_ptr<Curriculum> c(new Curriculum(tok));
+  c->o_ = o;
+  c->o_.total_steps = std::max<int64_t>(1, o.total_steps);
+  double acc = 0;
+  bool need_text = false;
+  for (const auto& t : o.tasks) {
+    acc += t.weight;
+    c->cdf_.push_back(acc);
+    need_text |= t.name == "text";
+  }
+  for (int32_t id = 0; id < tok.n_vocab(); ++id) {  // pieces of text, for "repeat"
+    const std::string p = tok.token_to_piece(id);
+    if (!p.empty() && !(p.size() == 1 && static_cast<unsigned char>(p[0]) >= 0x80) && id != tok.bos() && id != tok.eos())
+      c->plain_ids_.push_back(id);
+  }
+  if (c->plain_ids_.empty()) return make_error("curriculum: the vocabulary has no text pieces");
+  if (need_text) {
+    if (text) {
+      c->text_tokens_ = text->tokens();
+    } else {
+      LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, bench::essay_words());
+      c->text_tokens_ = tok.encode(bench::join(*words, " "), false, false);
+    }
+    if (static_cast<int64_t>(c->text_tokens_.size()) < o.max_len + 1)
+      return make_error(strprintf("curriculum: the plain text has %zu tokens, fewer than max_len + 1 = %lld",
+                                  c->text_tokens_.size(), (long long)(o.max_len + 1)));
+  }
+  // Each task's shortest workable length (a task with four needles needs more room than
+  // min_len may give), found now rather than in the middle of a run; then it must also work at
+  // max_len.
+  std::vector<int32_t> tk(static_cast<size_t>(o.max_len)), tg(static_cast<size_t>(o.max_len));
+  for (const auto& t : o.tasks) {
+    int64_t len = o.min_len;
+    if (t.name != "text") {
+      for (;; len = std::min(o.max_len, len + 32)) {
+        auto s = c->draw(t.name, len, 1, tk.data(), tg.data());
+        if (s && s->n_scored > 0) break;
+        if (len == o.max_len)
+          return make_error(strprintf("curriculum: task %s does not fit in %lld tokens (--seq-len): %s", t.name.c_str(),
+                                      (long long)o.max_len, s ? "nothing to score" : s.error().message.c_str()));
+      }
+      auto s = c->draw(t.name, o.max_len, 1, tk.data(), tg.data());
+      if (!s) return make_error(strprintf("curriculum: task %s at %lld tokens: %s", t.name.c_str(), (long long)o.max_len,
+                                          s.error().message.c_str()));
+    }
+    c->min_len_.push_back(len);
+  }
+  return c;
+}
+
+int64_t Curriculum::max_len_at(int64_t step) const {
+  const double ramp_steps = o_.ramp * static_cast<double>(o_.total_steps);
+  const double f = ramp_steps <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step) / ramp_steps);
+  return o_.min_len + static_cast<int64_t>(f * static_cast<double>(o_.max_len - o_.min_len));
+}
+
+Expected<CurriculumSample> Curriculum::sample(Rng& rng, int64_t step, int32_t* tokens, int32_t* targets) const {
+  const double u = rng.uniform() * cdf_.back();
+  size_t ti = 0;
+  while (ti + 1 < cdf_.size() && u >= cdf_[ti]) ++ti;
+  const std::string& task = o_.tasks[ti].name;
+  const int64_t hi = max_len_at(step);
+  const int64_t len = std::max(min_len_[ti], o_.min_len + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi - o_.min_len + 1))));
+  const uint64_t seed = rng.next();
+  if (task == "text") return text(rng, len, tokens, targets);
+  // A task's room depends on its draws (keys of different token lengths): where the sample
+  // does not fit, the same sample is asked for again with more room.
+  const bool lm = rng.uniform() < o_.lm_fraction;
+  for (int64_t l = len;; l = std::min(o_.max_len, l + 32)) {
+    auto s = draw(task, l, seed, tokens, targets);
+    if (!s && l < o_.max_len) continue;
+    if (s && lm) {  // score the whole sequence
+      for (int64_t t = 0; t + 1 < s->n; ++t) targets[t] = tokens[t + 1];
+      if (targets[s->n - 1] < 0) {  // the sequence was cut: its last target is the next token
+        s->n -= 1;
+      }
+      s->n_scored = 0;
+      for (int64_t t = 0; t < s->n; ++t) s->n_scored += targets[t] >= 0;
+    }
+    return s;
+  }
+}
+
+Expected<CurriculumSample> Curriculum::draw(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
+                                            int32_t* targets) const {
+  CurriculumSample s;
+  if (task == "repeat") {
+    s = repeat(len, seed, tokens, targets);
+  } else if (task == "recall") {
+    LC_ASSIGN_OR_RETURN(s, recall(len, seed, tokens, targets));
+  } else if (task == "copy") {
+    LC_ASSIGN_OR_RETURN(s, copy(len, seed, tokens, targets));
+  } else {
+    LC_ASSIGN_OR_RETURN(s, bench_task(task, len, seed, tokens, targets));
+  }
+  s.task = task;
+  return s;
+}
+
+Expected<CurriculumSample> Curriculum::bench_task(const std::string& task, int64_t len, uint64_t seed,
+                                                  int32_t* tokens, int32_t* targets) const {
+  bench::SampleSpec spec;
+  spec.task = task;
+  spec.length = len;
+  spec.depth = -1;
+  spec.index = -1;  // never an evaluation index
+  spec.seed = seed;
+  spec.opts.max_new_tokens = 48;  // room for the longest answer (a UUID, or four numbers)
+  LC_ASSIGN_OR_RETURN(bench::Sample smp, bench::make_sample(render_, spec));
+  const std::string prompt = render_.text(smp.user, smp.answer_prefix);
+  std::vector<int32_t> full = tok_.encode(prompt + answer_text(smp), true, false);
+  // The answer must continue the prompt's tokens, as generation will.
+  if (full.size() <= smp.tokens.size() || !std::equal(smp.tokens.begin(), smp.tokens.end(), full.begin()))
+    return make_error(strprintf("curriculum: task %s: the answer's tokens do not continue the prompt's", task.c_str()));
+  full.push_back(tok_.eos());
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(full.size()) - 1, o_.max_len);
+  CurriculumSample s;
+  s.n = n;
+  for (int64_t t = 0; t < n; ++t) {
+    tokens[t] = full[static_cast<size_t>(t)];
+    const bool scored = t + 1 >= smp.n_prompt;  // predicts an answer token or the EOS
+    targets[t] = scored ? full[static_cast<size_t>(t + 1)] : -1;
+    s.n_scored += scored;
+  }
+  return s;
+}
+
+Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
+                                                     const std::vector<std::pair<size_t, size_t>>& scored, bool eos,
+                                                     int64_t len, int32_t* tokens, int32_t* targets) const {
+  std::vector<int32_t> ids = tok_.encode(text, true, false);
+  // Byte offsets of the tokens: their pieces concatenated are the text, after a space the
+  // SentencePiece vocabularies put in front.
+  std::vector<size_t> start(ids.size() + 1, 0);
+  std::string joined;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    start[i] = joined.size();
+    joined += tok_.token_to_piece(ids[i]);
+  }
+  start[ids.size()] = joined.size();
+  size_t shift = 0;
+  if (joined.size() == text.size() + 1 && joined[0] == ' ' && joined.compare(1, std::string::npos, text) == 0)
+    shift = 1;
+  else if (joined != text)
+    return make_error("curriculum: the tokenizer does not reproduce the generated text byte for byte");
+  if (eos) {
+    ids.push_back(tok_.eos());
+    start.push_back(start.back());
+  }
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()) - 1, std::min(len, o_.max_len));
+  CurriculumSample s;
+  s.n = n;
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t i = static_cast<size_t>(t + 1);  // the token predicted at t
+    bool sc = eos && i + 1 == ids.size();
+    const size_t b = start[i] >= shift ? start[i] - shift : 0, e = start[i + 1] >= shift ? start[i + 1] - shift : 0;
+    for (const auto& r : scored) sc |= b < r.second && e > r.first;
+    tokens[t] = ids[i - 1];
+    targets[t] = sc ? ids[i] : -1;
+    s.n_scored += sc;
+  }
+  return s;
+}
+
+// Multi-query associative recall (in the spirit of the MQAR task of Arora et al., 2023,
+// "Zoology"): key-value lines, then some keys again, each followed by its value. Every queried
+// value is scored, which gives many retrieval targets per sequence.
+Expected<CurriculumSample> Curriculum::recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
+  bench::Rng rng(bench::mix64(seed));
+  // About 12 tokens per line, each key twice; the text is cut at len tokens anyway.
+  const int64_t n_pairs = std::max<int64_t>(2, len / 26);
+  std::set<std::string> used;
+  std::vector<std::pair<std::string, std::string>> kv;
+  while (static_cast<int64_t>(kv.size()) < n_pairs) {
+    std::string k = bench::random_key_word(rng);
+    if (used.insert(k).second) kv.emplace_back(k, bench::random_number(rng, 4));
+  }
+  std::string text = "Remember the number of each key.\n";
+  for (const auto& [k, v] : kv) text += k + ": " + v + "\n";
+  text += "Recall the numbers.\n";
+  std::vector<std::pair<size_t, size_t>> scored;
+  std::vector<int64_t> order = bench::sample_without_replacement(rng, n_pairs, n_pairs);
+  for (int64_t q : order) {
+    const auto& [k, v] = kv[static_cast<size_t>(q)];
+    text += k + ":";
+    scored.emplace_back(text.size(), text.size() + 1 + v.size());
+    text += " " + v + "\n";
+  }
+  return encode_scored(text, scored, false, len, tokens, targets);
+}
+
+// Copying: a list of words, then the same list again; the copy is scored.
+Expected<CurriculumSample> Curriculum::copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
+  bench::Rng rng(bench::mix64(seed ^ 0xC0C0C0C0ull));
+  const int64_t n_words = std::max<int64_t>(4, len / 11);
+  std::vector<std::string> words;
+  for (int64_t i = 0; i < n_words; ++i)
+    words.push_back(bench::uniform(rng, 0, 1) ? bench::random_key_word(rng) : bench::random_number(rng, 3));
+  const std::string list = bench::join(words, " ");
+  std::string text = "Copy the list.\n" + list + "\nCopy:";
+  std::vector<std::pair<size_t, size_t>> scored = {{text.size(), text.size() + 1 + list.size()}};
+  text += " " + list + ".";
+  return encode_scored(text, scored, true, len, tokens, targets);
+}
+
+// Random pieces repeated: blocks of 8 to 64 uniformly random vocabulary pieces (no control or
+// byte tokens), each written twice, the second time scored. Nothing but copying predicts the
+// second copy, so this is the quickest way to grow induction heads (Olsson et al., 2022, "In-
+// context Learning and Induction Heads"); words and numbers of the other tasks have unigram
+// statistics a model learns first, which slows that down.
+CurriculumSample Curriculum::repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
+  Rng rng(seed);
+  const int64_t n = std::min(len, o_.max_len);
+  std::vector<int32_t> ids;
+  std::vector<bool> sc;
+  ids.push_back(tok_.bos() >= 0 ? tok_.bos() : 0);
+  sc.push_back(false);
+  while (static_cast<int64_t>(ids.size()) < n + 1) {
+    const int64_t b = 8 + static_cast<int64_t>(rng.below(57));
+    std::vector<int32_t> blk;
+    for (int64_t i = 0; i < b; ++i) blk.push_back(plain_ids_[rng.below(plain_ids_.size())]);
+    for (int32_t id : blk) ids.push_back(id), sc.push_back(false);
+    for (int32_t id : blk) ids.push_back(id), sc.push_back(true);
+  }
+  CurriculumSample s;
+  s.task = "repeat";
+  s.n = n;
+  for (int64_t t = 0; t < n; ++t) {
+    tokens[t] = ids[static_cast<size_t>(t)];
+    targets[t] = sc[static_cast<size_t>(t + 1)] ? ids[static_cast<size_t>(t + 1)] : -1;
+    s.n_scored += targets[t] >= 0;
+  }
+  return s;
+}
+
+CurriculumSample Curriculum::text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const {
+  const int64_t n = std::min(len, o_.max_len);
+  const uint64_t span = text_tokens_.size() - static_cast<size_t>(n);
+  const size_t at = static_cast<size_t>(rng.below(span));
+  CurriculumSample s;
+  s.task = "text";
+  s.n = n;
+  s.n_scored = n;
+  tokens[0] = tok_.bos() >= 0 ? tok_.bos() : text_tokens_[at];
+  for (int64_t t = 1; t < n; ++t) tokens[t] = text_tokens_[at + static_cast<size_t>(t) - 1];
+  for (int64_t t = 0; t < n; ++t) targets[t] = text_tokens_[at + static_cast<size_t>(t)];
+  return s;
+}
+
+}  // namespace lc::train

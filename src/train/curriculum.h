@@ -1,0 +1,96 @@
+// The synthetic long-context curriculum: training sequences drawn from the benchmark's own
+// task generators (src/bench: passkey, RULER needles with distractors, variable tracking,
+// counting and state tracking) with seeds of their own, plus three generators that exist for
+// training only (multi-query associative recall, copying of words, repeated random pieces, and
+// plain text that keeps a language prior). A task sequence scores either only its answer (and the end-of-sequence
+// token that stops generation; the prompt's targets are -1) or, with probability lm_fraction,
+// every token. Plain text scores every token.
+//
+// Disjoint from evaluation: an evaluation sample's generator is seeded with
+// sample_seed(run seed, task, length, depth, index >= 0); a training sample is the bench
+// sample with index -1, which evaluation never uses, under a fresh 64-bit run seed drawn from
+// the trainer's generator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/tasks.h"
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+#include "train/data.h"
+#include "train/rng.h"
+
+namespace lc::train {
+
+struct CurriculumTask {
+  std::string name;  // a bench task, or "recall", "copy", "repeat", "text"
+  double weight = 1;
+};
+
+// "default" (the mix the shipped model is trained on), or "name=weight,..." / "name,...".
+// Unknown names and non-positive weights are errors that name them.
+Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec);
+std::string curriculum_to_string(const std::vector<CurriculumTask>& tasks);
+
+struct CurriculumOptions {
+  std::vector<CurriculumTask> tasks;
+  int64_t min_len = 256;  // shortest sequence, tokens (a task that needs more gets its minimum)
+  int64_t max_len = 1024; // longest sequence (the training window)
+  // The longest length drawn grows linearly from min_len to max_len over this fraction of
+  // the run's steps; lengths are uniform in [min_len, current longest].
+  double ramp = 0.3;
+  int64_t total_steps = 1;
+  // Fraction of task sequences that score every token (prompt and answer) instead of the answer
+  // only. Predicting a haystack of repeated sentences and needles is what grows the copying
+  // (induction) circuits that retrieval needs; the answer-only sequences then weigh the answer
+  // fully (a window's loss is the mean over its scored tokens).
+  double lm_fraction = 0.5;
+};
+
+struct CurriculumSample {
+  std::string task;
+  int64_t n = 0;         // tokens (<= max_len)
+  int64_t n_scored = 0;  // targets >= 0
+};
+
+class Curriculum {
+ public:
+  // text: plain text for the "text" task (its tokens); null = the shipped essay text.
+  static Expected<std::unique_ptr<Curriculum>> create(const Tokenizer& tok, const CurriculumOptions& o,
+                                                      const TokenData* text = nullptr);
+  // One training sequence for optimizer step `step`: tokens and targets (both [max_len];
+  // targets[t] is the token after tokens[t], or -1 where not scored). Draws only from rng.
+  Expected<CurriculumSample> sample(Rng& rng, int64_t step, int32_t* tokens, int32_t* targets) const;
+  // The length bound at a step (the ramp).
+  int64_t max_len_at(int64_t step) const;
+  const CurriculumOptions& options() const { return o_; }
+
+ private:
+  Curriculum(const Tokenizer& tok) : tok_(tok), render_(tok, ChatTemplate::kNone) {}
+  // A sequence of a task other than "text".
+  Expected<CurriculumSample> draw(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
+                                  int32_t* targets) const;
+  Expected<CurriculumSample> bench_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
+                                        int32_t* targets) const;
+  Expected<CurriculumSample> recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
+  CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  // Tokenizes `text` (with BOS) and scores the tokens that lie inside the byte ranges `scored`,
+  // plus EOS at the end when eos is set; cut to `len` tokens.
+  Expected<CurriculumSample> encode_scored(const std::string& text, const std::vector<std::pair<size_t, size_t>>& scored,
+                                           bool eos, int64_t len, int32_t* tokens, int32_t* targets) const;
+
+  const Tokenizer& tok_;
+  bench::PromptRenderer render_;
+  CurriculumOptions o_;
+  std::vector<double> cdf_;          // cumulative task weights
+  std::vector<int64_t> min_len_;     // per task: its shortest workable length (>= o_.min_len)
+  std::vector<int32_t> text_tokens_; // the plain text
+  std::vector<int32_t> plain_ids_;   // vocabulary pieces that are text (not control, not a lone byte)
+};
+
+}  // namespace lc::train
