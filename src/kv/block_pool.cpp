@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace lc {
@@ -85,8 +86,7 @@ Status BlockPool::grow_ram() {
     ram_ptr_.push_back(base + static_cast<size_t>(i) * block_bytes_);
     ram_owner_.push_back(-1);
   }
-  // Hand slots out in ascending order (pop from the back).
-  for (int64_t i = n - 1; i >= 0; --i) free_ram_.push_back(static_cast<int32_t>(ram_slots_total_ + i));
+  for (int64_t i = 0; i < n; ++i) push_free_ram(static_cast<int32_t>(ram_slots_total_ + i));
   ram_slots_total_ += n;
   return Status::ok();
 }
@@ -125,7 +125,7 @@ Status BlockPool::spill_one() {
     uint8_t* dst = file_ptr_[static_cast<size_t>(fs)];
     std::memcpy(dst, l.ptr, block_bytes_);
     ram_owner_[static_cast<size_t>(l.slot)] = -1;
-    free_ram_.push_back(l.slot);
+    push_free_ram(l.slot);
     l.ptr = dst;
     l.slot = fs;
     l.spilled = true;
@@ -161,8 +161,7 @@ Expected<int32_t> BlockPool::allocate() {
     locs_.emplace_back();
     alloc_stamp_.push_back(0);
   }
-  const int32_t slot = free_ram_.back();
-  free_ram_.pop_back();
+  const int32_t slot = pop_free_ram();
   ram_owner_[static_cast<size_t>(slot)] = id;
   Loc& l = locs_[static_cast<size_t>(id)];
   l = Loc{ram_ptr_[static_cast<size_t>(slot)], slot, false, true};
@@ -183,11 +182,28 @@ void BlockPool::release(int32_t id) {
     --n_spilled_;
   } else {
     ram_owner_[static_cast<size_t>(l.slot)] = -1;
-    free_ram_.push_back(l.slot);
+    push_free_ram(l.slot);
   }
   l = Loc{};
   free_ids_.push_back(id);
   --n_used_;
+}
+
+// Free RAM slots form a min-heap: the lowest slot goes out first, whatever order blocks were
+// released in. After an eviction (streaming, a press, truncation) frees scattered blocks, the
+// blocks of the next tokens are then taken in address order, as in a freshly filled cache,
+// instead of in reverse release order: decode streams each head's blocks, and at 64K tokens a
+// scattered layout read 2.6x slower than a fresh fill (docs/performance.md).
+void BlockPool::push_free_ram(int32_t slot) {
+  free_ram_.push_back(slot);
+  std::push_heap(free_ram_.begin(), free_ram_.end(), std::greater<int32_t>());
+}
+
+int32_t BlockPool::pop_free_ram() {
+  std::pop_heap(free_ram_.begin(), free_ram_.end(), std::greater<int32_t>());
+  const int32_t s = free_ram_.back();
+  free_ram_.pop_back();
+  return s;
 }
 
 void BlockPool::poison_free() {

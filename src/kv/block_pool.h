@@ -77,6 +77,8 @@ class BlockPool {
   Status grow_ram();
   Status grow_file();
   Status spill_one();  // moves the oldest RAM-resident block to the file
+  void push_free_ram(int32_t slot);
+  int32_t pop_free_ram();  // the lowest free slot
 
   size_t block_bytes_ = 0;
   int64_t budget_ = 0;
@@ -86,7 +88,7 @@ class BlockPool {
   std::vector<std::unique_ptr<void, AlignedFree>> slabs_;
   std::vector<uint8_t*> ram_ptr_;      // [ram_slots_total_]
   std::vector<int32_t> ram_owner_;     // [ram_slots_total_] id in the slot, -1 if free
-  std::vector<int32_t> free_ram_;
+  std::vector<int32_t> free_ram_;      // min-heap of free slots (push_free_ram / pop_free_ram)
   int64_t ram_slots_total_ = 0;
   // Allocation order of RAM-resident ids (oldest first): the spill victims. Entries whose id
   // has since been released or spilled are skipped lazily.

@@ -306,4 +306,32 @@ TEST(KvCache, QuantisedTypesRoundTripWithinTolerance) {
 }
 
 }  // namespace
+// Blocks freed in any order are handed out again lowest slot first, i.e. in the order a fresh
+// pool first gave them, so a cache refilled after an eviction is laid out like a fresh one.
+TEST(BlockPool, FreedBlocksComeBackInAddressOrder) {
+  auto pool = BlockPool::create(256, 0, "");
+  ASSERT_TRUE(pool);
+  BlockPool& p = **pool;
+  std::vector<int32_t> ids;
+  std::vector<const uint8_t*> first;  // pointer of the i-th block handed out
+  for (int i = 0; i < 96; ++i) {
+    auto id = p.allocate();
+    ASSERT_TRUE(id);
+    ids.push_back(*id);
+    first.push_back(p.data(*id));
+  }
+  // Release every third block, in a scrambled order.
+  std::vector<int> freed;
+  for (int i = 0; i < 96; i += 3) freed.push_back(i);
+  std::vector<int> order = freed;
+  for (size_t i = 0; i < order.size(); ++i) std::swap(order[i], order[(i * 7 + 5) % order.size()]);
+  for (int i : order) p.release(ids[static_cast<size_t>(i)]);
+  for (size_t k = 0; k < freed.size(); ++k) {
+    auto id = p.allocate();
+    ASSERT_TRUE(id);
+    EXPECT_EQ(p.data(*id), first[static_cast<size_t>(freed[k])]) << k;
+  }
+  EXPECT_EQ(p.ram_slots_free(), p.ram_slots() - 96);
+}
+
 }  // namespace lc
