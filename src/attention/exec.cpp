@@ -77,6 +77,71 @@ void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
   for (; j < nk; ++j) sc[j] = kernels::dot_f32(q, k + j * d, d);
 }
 
+#if LC_ATTN_AVX2 && defined(__F16C__)
+#define LC_ATTN_F16 1
+inline __m256 load_h8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// scores() and accumulate_values() reading f16 K/V rows straight from the cache: each row is
+// widened in registers as it is used, instead of into a scratch block that is then read back.
+// The arithmetic and its order are those of the f32 kernels (widening is exact), so results
+// are bit-identical to the dequantise-then-f32 path. Requires d % 8 == 0 and d <= kMaxD.
+constexpr int64_t kMaxD = 512;
+
+void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float* sc) {
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    const uint16_t* k0 = k + j * d;
+    // The next four rows are usually in the same block: ask for them while these compute.
+    _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 qc = _mm256_loadu_ps(q + c);
+      s0 = _mm256_fmadd_ps(qc, load_h8(k0 + c), s0);
+      s1 = _mm256_fmadd_ps(qc, load_h8(k0 + d + c), s1);
+      s2 = _mm256_fmadd_ps(qc, load_h8(k0 + 2 * d + c), s2);
+      s3 = _mm256_fmadd_ps(qc, load_h8(k0 + 3 * d + c), s3);
+    }
+    const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
+    const __m256 h = _mm256_hadd_ps(h01, h23);
+    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(sc + j, r);
+  }
+  alignas(32) float row[kMaxD];
+  for (; j < nk; ++j) {
+    for (int64_t c = 0; c < d; c += 8) _mm256_store_ps(row + c, load_h8(k + j * d + c));
+    sc[j] = kernels::dot_f32(q, row, d);
+  }
+}
+
+void accumulate_values_f16(float* o, const float* p, const uint16_t* v, int64_t nk, int64_t dv) {
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) {
+    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
+    __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
+    const uint16_t* vc = v + c;
+    for (int64_t j = 0; j < nk; ++j, vc += dv) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      a0 = _mm256_fmadd_ps(pj, load_h8(vc), a0);
+      a1 = _mm256_fmadd_ps(pj, load_h8(vc + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, load_h8(vc + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, load_h8(vc + 24), a3);
+    }
+    _mm256_storeu_ps(o + c, a0);
+    _mm256_storeu_ps(o + c + 8, a1);
+    _mm256_storeu_ps(o + c + 16, a2);
+    _mm256_storeu_ps(o + c + 24, a3);
+  }
+  for (; c < dv; c += 8) {
+    __m256 a0 = _mm256_loadu_ps(o + c);
+    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_h8(v + j * dv + c), a0);
+    _mm256_storeu_ps(o + c, a0);
+  }
+}
+#endif
+
 }  // namespace
 
 float dot(const float* a, const float* b, int64_t n) { return kernels::dot_f32(a, b, n); }
@@ -260,7 +325,16 @@ void Runner::run(const Span& s, float* lse) {
     if ((mask >> r & 1) && vis(r) <= s.first) mask &= ~(uint64_t{1} << r);
   if (!mask || s.count <= 0) return;
   const KvCache& kv = *c.kv;
-  const float* K = kv.keys_f32(c.il, item_.hk, s.first, s.count, kbuf_.data());
+#if LC_ATTN_F16
+  // f16 storage (what llama.cpp caches by default) is read in place by the fused kernels.
+  const bool fused = c.d % 8 == 0 && c.d <= kMaxD && c.dv % 8 == 0;
+  const uint16_t* Kh = fused && !s.unrotate ? kv.keys_f16(c.il, item_.hk, s.first) : nullptr;
+  const uint16_t* Vh = fused ? kv.values_f16(c.il, item_.hk, s.first) : nullptr;
+#else
+  const uint16_t* Kh = nullptr;
+  const uint16_t* Vh = nullptr;
+#endif
+  const float* K = Kh ? nullptr : kv.keys_f32(c.il, item_.hk, s.first, s.count, kbuf_.data());
   if (s.unrotate) {
     const RopeTable& rt = kv.rope(c.il);
     if (K != kbuf_.data()) std::memcpy(kbuf_.data(), K, static_cast<size_t>(s.count * c.d) * sizeof(float));
@@ -268,7 +342,7 @@ void Runner::run(const Span& s, float* lse) {
     unrotate_rows(kbuf_.data(), s.count, c.d, kv.positions(c.il, item_.hk) + s.first, rt);
     K = kbuf_.data();
   }
-  const float* V = kv.values_f32(c.il, item_.hk, s.first, s.count, vbuf_.data());
+  const float* V = Vh ? nullptr : kv.values_f32(c.il, item_.hk, s.first, s.count, vbuf_.data());
   const QueryVariant& qv = c.var[s.var];
   float* sc = sc_.data();
   for (int64_t r = 0; r < rows; ++r) {
@@ -276,7 +350,12 @@ void Runner::run(const Span& s, float* lse) {
     const int64_t t = token_of(r), h = head_of(r);
     const int64_t lim = std::min<int64_t>(s.count, vis(r) - s.first);
     const float* q = qv.q + (t * c.n_head + h) * c.d;
-    scores(q, K, lim, c.d, sc);
+#if LC_ATTN_F16
+    if (Kh)
+      scores_f16(q, Kh, lim, c.d, sc);
+    else
+#endif
+      scores(q, K, lim, c.d, sc);
     float mx = kNegInf;
     for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, sc[j]);
     const float mnew = std::max(m_[r], mx);
@@ -284,7 +363,12 @@ void Runner::run(const Span& s, float* lse) {
     const float sum = kernels::exp_sub_sum(sc, lim, mnew);
     float* o = o_.data() + r * c.dv;
     if (corr != 1.0f) kernels::scale_inplace(o, corr, c.dv);
-    accumulate_values(o, sc, V, lim, c.dv);
+#if LC_ATTN_F16
+    if (Vh)
+      accumulate_values_f16(o, sc, Vh, lim, c.dv);
+    else
+#endif
+      accumulate_values(o, sc, V, lim, c.dv);
     l_[r] = l_[r] * corr + sum;
     m_[r] = mnew;
     if (lse) lse[r] = mnew + std::log(sum);

@@ -72,6 +72,7 @@ class QuestBackend final : public ExecBackend {
         box.resize(static_cast<size_t>(it.g * 2 * d));
         int64_t scored[attn::kMaxRows];  // heads of the group that choose pages by bound
         uint64_t scored_rows[attn::kMaxRows];
+        bool single[attn::kMaxRows];  // the box is one query (decoding): lo == hi
         int64_t n_scored = 0;
         for (int64_t hg = 0; hg < it.g; ++hg) {
           uint64_t head_rows = 0, dense_rows = 0;
@@ -106,6 +107,7 @@ class QuestBackend final : public ExecBackend {
             }
           }
           scored[n_scored] = hg;
+          single[n_scored] = __builtin_popcountll(sparse_rows) == 1;
           scored_rows[n_scored++] = sparse_rows;
         }
         if (n_scored > 0) {
@@ -118,7 +120,9 @@ class QuestBackend final : public ExecBackend {
             const float* mx = hs.mx.data() + p * d;
             for (int64_t s = 0; s < n_scored; ++s) {
               const float* lo = box.data() + scored[s] * 2 * d;
-              ub[static_cast<size_t>(s * own_first + p)] = attn::box_bound(lo, lo + d, mn, mx, d);
+              // One query: Quest's bound, half the arithmetic of the box's and the same value.
+              ub[static_cast<size_t>(s * own_first + p)] =
+                  single[s] ? attn::page_bound(lo, mn, mx, d) : attn::box_bound(lo, lo + d, mn, mx, d);
             }
           }
           order.resize(static_cast<size_t>(own_first));

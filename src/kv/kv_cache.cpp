@@ -294,6 +294,16 @@ const float* KvCache::values_f32(int64_t il, int64_t h, int64_t first, int64_t c
   return scratch;
 }
 
+const uint16_t* KvCache::keys_f16(int64_t il, int64_t h, int64_t first) const {
+  if (cfg_.type_k != DType::F16) return nullptr;
+  return reinterpret_cast<const uint16_t*>(k_row(head(il, h), first));
+}
+
+const uint16_t* KvCache::values_f16(int64_t il, int64_t h, int64_t first) const {
+  if (cfg_.type_v != DType::F16) return nullptr;
+  return reinterpret_cast<const uint16_t*>(v_row(head(il, h), first));
+}
+
 void KvCache::read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
   const Head& hd = head(il, h);
   for (int64_t i = 0; i < count; ++i)

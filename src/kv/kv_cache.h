@@ -150,6 +150,10 @@ class KvCache {
   // scratch: [count * head_dim] (keys) / [count * head_dim_v] (values).
   const float* keys_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const;
   const float* values_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const;
+  // The same rows in storage when it holds f16 ([count, head_dim(_v)] half floats, contiguous
+  // within a block), for kernels that convert as they read; nullptr for any other type.
+  const uint16_t* keys_f16(int64_t il, int64_t h, int64_t first) const;
+  const uint16_t* values_f16(int64_t il, int64_t h, int64_t first) const;
   // Any rows, any blocks, copied out as f32 (tests, summaries). out: [count, head_dim(_v)].
   void read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
   void read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;

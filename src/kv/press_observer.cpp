@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/kernels.h"
 #include "kv/press_impl.h"
 
 namespace lc {
@@ -34,36 +35,36 @@ void AttentionAccumulator::observe(const KvCache& kv, int64_t il, const float* q
       cnt[j] += static_cast<float>(run);
     }
   }
-  std::vector<float> qr(q, q + n * H * d);
+  // Rotated queries, pre-multiplied by the attention scale (as the attention backends do).
+  qr_.assign(q, q + n * H * d);
   const RopeTable& rt = kv.rope(il);
-  if (rt.n_rot > 0) rt.apply(qr.data(), n, H, d, q_pos);
+  if (rt.n_rot > 0) rt.apply(qr_.data(), n, H, d, q_pos);
+  kernels::scale_inplace(qr_.data(), scale, n * H * d);
   auto head = [&](int64_t h) {
     auto& s = sum_[static_cast<size_t>(il * Hkv + h)];
     if (s.size() < need) s.resize(need, 0.0f);
-    std::vector<float> K;
+    // Per-thread scratch, grown to the longest head seen, never allocated per query.
+    thread_local std::vector<float> K, z, acc;
     press::read_head_keys(kv, il, h, K);
     const int64_t nk = kv.n_tokens(il, h);
     const int32_t* idx = kv.seq_index(il, h);
-    std::vector<double> acc(static_cast<size_t>(nk), 0.0), z(static_cast<size_t>(nk));
+    if (z.size() < static_cast<size_t>(nk)) z.resize(static_cast<size_t>(nk));
+    acc.assign(static_cast<size_t>(nk), 0.0f);
     for (int64_t t = 0; t < n; ++t) {
       const int64_t vis = std::upper_bound(idx, idx + nk, q_seq[t]) - idx;
       if (vis == 0) continue;
       for (int64_t hq = h * g; hq < (h + 1) * g; ++hq) {
-        const float* qv = qr.data() + (t * H + hq) * d;
-        double mx = -std::numeric_limits<double>::infinity();
+        const float* qv = qr_.data() + (t * H + hq) * d;
+        float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < vis; ++j) {
-          const float* k = K.data() + j * d;
-          double a = 0;
-          for (int64_t e = 0; e < d; ++e) a += static_cast<double>(qv[e]) * k[e];
-          z[static_cast<size_t>(j)] = a * scale;
+          z[static_cast<size_t>(j)] = kernels::dot_f32(qv, K.data() + j * d, d);
           mx = std::max(mx, z[static_cast<size_t>(j)]);
         }
-        double tot = 0;
-        for (int64_t j = 0; j < vis; ++j) tot += (z[static_cast<size_t>(j)] = std::exp(z[static_cast<size_t>(j)] - mx));
-        for (int64_t j = 0; j < vis; ++j) acc[static_cast<size_t>(j)] += z[static_cast<size_t>(j)] / tot;
+        const float tot = kernels::exp_sub_sum(z.data(), vis, mx);
+        kernels::axpy(1.0f / tot, z.data(), acc.data(), vis);
       }
     }
-    for (int64_t j = 0; j < nk; ++j) s[static_cast<size_t>(idx[j])] += static_cast<float>(acc[static_cast<size_t>(j)]);
+    for (int64_t j = 0; j < nk; ++j) s[static_cast<size_t>(idx[j])] += acc[static_cast<size_t>(j)];
   };
   if (pool && pool->size() > 1 && Hkv > 1) {
     pool->parallel_for(Hkv, [&](int64_t b, int64_t e, int) {

@@ -10,8 +10,9 @@
 //
 // The probabilities are recomputed exactly from the cached (post-RoPE) keys and the layer's
 // pre-RoPE queries rotated with kv.rope(il): the same q.k, scale and causal visibility as a
-// dense backend, in double, without touching the attention code. Cost: one more pass of
-// O(n_queries * n_held * head_dim) per query head, only when a press asks for it.
+// dense backend, with the same SIMD dot and exp kernels, without touching the attention code.
+// Cost: one more pass of O(n_queries * n_held * head_dim) per query head, only when a press
+// asks for it.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,7 @@ class AttentionAccumulator final : public AttentionObserver {
   PressShape shape_;
   std::vector<std::vector<float>> sum_;  // [n_layer * n_head_kv][seq]
   std::vector<std::vector<float>> cnt_;  // [n_layer][seq]
+  std::vector<float> qr_;                // scratch: rotated, scaled queries of one call
 };
 
 }  // namespace lc

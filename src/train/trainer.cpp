@@ -133,7 +133,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
   tr->inputs_.assign(static_cast<size_t>(o.seq_len * o.batch), 0);
   tr->targets_.assign(static_cast<size_t>(o.seq_len * o.batch), 0);
   tr->o_ = o;
-  tr->model_->init(o.seed);
+  tr->model_->init(o.seed, o.init_std);
   tr->rng_ = Rng(o.seed ^ 0xDA7A5EEDull);  // data order: its own stream, saved in checkpoints
   if (o.resume) LC_TRY(tr->load_checkpoint(tr->checkpoint_path()));
   tr->t_start_ = now_seconds();

@@ -41,6 +41,7 @@ struct TrainOptions {
   OptimConfig optim;
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0 = only at the end
   uint64_t seed = 1337;        // initialisation and data order
+  double init_std = 0.02;      // std of the weight matrices at initialisation (residual outputs: / sqrt(2 n_layer))
   int n_threads = 0;           // 0 = all cores
   bool resume = false;         // continue from checkpoint_dir/checkpoint.bin
   int64_t stop_at = 0;         // > 0: stop this process after that step (the schedule keeps --steps)

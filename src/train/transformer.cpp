@@ -134,9 +134,9 @@ const ParamTensor* Transformer<T>::find(const std::string& name) const {
 }
 
 template <class T>
-void Transformer<T>::init(uint64_t seed) {
+void Transformer<T>::init(uint64_t seed, double std) {
   Rng rng(seed);
-  const double std0 = 0.02, std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c_.n_layer));
+  const double std0 = std, std_resid = std / std::sqrt(2.0 * static_cast<double>(c_.n_layer));
   for (const auto& t : tensors_) {
     T* p = params_.data() + t.offset;
     if (t.ne.size() == 1) {

@@ -45,7 +45,9 @@ class Transformer {
 
   // GPT-2 style: matrices ~ N(0, 0.02), the residual projections (attn_output, ffn_down)
   // scaled by 1/sqrt(2 n_layer), norm weights 1.
-  void init(uint64_t seed);
+  // Norm weights 1; matrices N(0, std), the residual outputs (attn_output, ffn_down) scaled by
+  // 1/sqrt(2 n_layer) as in GPT-2.
+  void init(uint64_t seed, double std = 0.02);
   void zero_grads();
 
   // tokens, targets: [n] (n <= max_tokens; targets may be null: logits only). Token t sits at

@@ -267,6 +267,36 @@ TEST_F(TrainerTest, BadInputsGiveClearErrors) {
   expect_error(o, "truncated");
 }
 
+// --init-std: matrices drawn with that standard deviation, the residual outputs with it over
+// sqrt(2 n_layer), norm weights 1 (sample statistics over thousands of weights).
+TEST_F(TrainerTest, InitStdSetsTheWeightScale) {
+  for (double sd : {0.02, 0.125}) {
+    TrainOptions o = tiny();
+    o.init_std = sd;
+    auto tr = Trainer::create(o);
+    ASSERT_TRUE(tr) << tr.error().message;
+    const auto& m = (*tr)->model();
+    for (const auto& t : m.tensors()) {
+      const float* p = m.params() + t.offset;
+      double s2 = 0, mean = 0;
+      for (size_t i = 0; i < t.size; ++i) {
+        mean += p[i];
+        s2 += static_cast<double>(p[i]) * p[i];
+      }
+      mean /= static_cast<double>(t.size);
+      const double rms = std::sqrt(s2 / static_cast<double>(t.size));
+      if (t.ne.size() == 1) {
+        EXPECT_EQ(mean, 1.0) << t.name;
+        continue;
+      }
+      const bool resid = t.name.find("attn_output") != std::string::npos || t.name.find("ffn_down") != std::string::npos;
+      const double want = resid ? sd / std::sqrt(2.0 * o.model.n_layer) : sd;
+      // n >= 1024 samples: the sample rms is within ~5 / sqrt(2n) of sigma with overwhelming odds.
+      EXPECT_NEAR(rms / want, 1.0, 5.0 / std::sqrt(2.0 * static_cast<double>(t.size))) << t.name << " sd " << sd;
+    }
+  }
+}
+
 TEST(Schedule, WarmupThenCosine) {
   OptimConfig o;
   o.lr = 1.0f;

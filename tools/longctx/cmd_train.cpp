@@ -57,6 +57,9 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
   t->add_option("--warmup", o.optim.warmup, "steps of linear learning-rate warm-up")->capture_default_str();
   t->add_option("--weight-decay", o.optim.weight_decay, "AdamW decoupled weight decay (matrices only)")->capture_default_str();
   t->add_option("--grad-clip", o.optim.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  t->add_option("--init-std", o.init_std, "std of the weight matrices at initialisation (residual outputs scaled by "
+                 "1/sqrt(2 n_layer)); 0.02 suits wide models, about 1/sqrt(n_embd) lets narrow ones learn attention sooner")
+      ->capture_default_str()->check(CLI::Range(1e-6, 10.0));
   t->add_option("--seed", o.seed, "seed of initialisation and data order")->capture_default_str();
   t->add_option("-t,--threads", o.n_threads, "threads (0: all cores)")->capture_default_str();
 
