@@ -9,6 +9,8 @@
 #include <iterator>
 
 #include "core/sys.h"
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
 #include "train/export.h"
 
 namespace lc::train {
@@ -135,6 +137,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
   tr->o_ = o;
   tr->model_->init(o.seed, o.init_std);
   tr->rng_ = Rng(o.seed ^ 0xDA7A5EEDull);  // data order: its own stream, saved in checkpoints
+  if (!o.init_from.empty()) {
+    if (o.resume) return make_error("--init-from and --resume exclude each other (a checkpoint holds the weights)");
+    LC_TRY(tr->load_weights(o.init_from));
+  }
   if (o.resume) LC_TRY(tr->load_checkpoint(tr->checkpoint_path()));
   tr->t_start_ = now_seconds();
   return tr;
@@ -260,6 +266,39 @@ Status Trainer::save_checkpoint(const std::string& path) const {
   if (std::fclose(f) != 0 || !ok) return make_error(strprintf("write error on checkpoint '%s'", tmp.c_str()));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return make_error(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(errno)));
+  return Status::ok();
+}
+
+// Weights of an earlier stage (any exported or converted `llama` GGUF of exactly this shape),
+// dequantised to f32; the optimizer state and the step start afresh.
+Status Trainer::load_weights(const std::string& path) {
+  LC_ASSIGN_OR_RETURN(auto f, gguf::File::open(path));
+  auto& m = *model_;
+  std::vector<float> row;
+  for (const auto& t : m.tensors()) {
+    const gguf::TensorInfo* ti = f->find_tensor(t.name);
+    if (!ti) return make_error(strprintf("--init-from '%s' has no tensor '%s'", path.c_str(), t.name.c_str()));
+    bool same = ti->n_dims == static_cast<int>(t.ne.size());
+    for (size_t i = 0; same && i < t.ne.size(); ++i) same = ti->ne[i] == t.ne[i];
+    if (!same) {
+      std::string want, have;
+      for (int64_t v : t.ne) want += (want.empty() ? "" : " x ") + std::to_string(v);
+      for (int i = 0; i < ti->n_dims; ++i) have += (have.empty() ? "" : " x ") + std::to_string(ti->ne[i]);
+      return make_error(strprintf("--init-from '%s': tensor '%s' is %s, this model's is %s", path.c_str(),
+                                  t.name.c_str(), have.c_str(), want.c_str()));
+    }
+    const int64_t cols = t.ne[0], rows = static_cast<int64_t>(t.size) / cols;
+    const size_t rb = row_bytes(ti->type, cols);
+    if (rb == 0 || ti->n_bytes < rb * static_cast<size_t>(rows))
+      return make_error(strprintf("--init-from '%s': tensor '%s' has an unsupported type or too few bytes",
+                                  path.c_str(), t.name.c_str()));
+    float* dst = m.params() + t.offset;
+    for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row(ti->type, ti->data + r * rb, dst + r * cols, cols);
+  }
+  for (const auto& ti : f->tensors())
+    if (!m.find(ti.name))
+      return make_error(strprintf("--init-from '%s' has tensor '%s', which this model does not (another shape?)",
+                                  path.c_str(), ti.name.c_str()));
   return Status::ok();
 }
 

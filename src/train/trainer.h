@@ -44,6 +44,7 @@ struct TrainOptions {
   double init_std = 0.02;      // std of the weight matrices at initialisation (residual outputs: / sqrt(2 n_layer))
   int n_threads = 0;           // 0 = all cores
   bool resume = false;         // continue from checkpoint_dir/checkpoint.bin
+  std::string init_from;       // GGUF of the same shape whose weights replace the random initialisation
   int64_t stop_at = 0;         // > 0: stop this process after that step (the schedule keeps --steps)
   bool verbose = true;         // progress line on a terminal, log lines otherwise
 };
@@ -72,6 +73,7 @@ class Trainer {
   std::string checkpoint_path() const;  // checkpoint_dir/checkpoint.bin
   Status save_checkpoint(const std::string& path) const;
   Status load_checkpoint(const std::string& path);
+  Status load_weights(const std::string& gguf_path);
   Status export_model(const std::string& path) const;
   // <out without .gguf>.loss.csv, .loss.svg and .loss.png.
   Status write_loss_files(const std::string& out_path) const;

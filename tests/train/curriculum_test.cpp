@@ -119,7 +119,9 @@ TEST(Curriculum, BenchTasksScoreTheAnswerOnly) {
       ASSERT_LE(s->n, 640);
       ASSERT_GT(s->n_scored, 1);
       for (int64_t t = 0; t + 1 < s->n; ++t)
-        if (tg[t] >= 0) ASSERT_EQ(tg[t], tk[t + 1]) << task << " t=" << t;
+        if (tg[t] >= 0) {
+          ASSERT_EQ(tg[t], tk[t + 1]) << task << " t=" << t;
+        }
       const Split sp = split(tk, tg, s->n);
       EXPECT_TRUE(sp.eos_last) << task;
       ASSERT_FALSE(sp.scored.empty());
@@ -133,7 +135,9 @@ TEST(Curriculum, BenchTasksScoreTheAnswerOnly) {
         size_t e = ans.find_first_of(", ", pos);
         if (e == std::string::npos) e = ans.size();
         const std::string v = ans.substr(pos, e - pos);
-        if (!v.empty() && v != "and") EXPECT_NE(sp.prompt.find(v), std::string::npos) << task << ": " << v;
+        if (!v.empty() && v != "and") {
+          EXPECT_NE(sp.prompt.find(v), std::string::npos) << task << ": " << v;
+        }
         pos = e + 1;
       }
       // The prompt is the bench prompt: it does not end in a space and holds the question.

@@ -297,6 +297,50 @@ TEST_F(TrainerTest, InitStdSetsTheWeightScale) {
   }
 }
 
+// --init-from: a later stage starts from an earlier stage's exported weights, bit for bit,
+// at step 0; a file of another shape, a missing file and --resume with it are refused.
+TEST_F(TrainerTest, InitFromStartsFromAnExportedStage) {
+  TrainOptions a = tiny();
+  a.optim.steps = 4;
+  a.optim.warmup = 1;
+  a.out_path = (dir_ / "stage1.gguf").string();
+  auto t1 = Trainer::create(a);
+  ASSERT_TRUE(t1) << t1.error().message;
+  ASSERT_TRUE((*t1)->run().is_ok());
+  TrainOptions b = tiny();
+  b.seed = 99;  // another random initialisation, replaced by the file
+  b.seq_len = 16;  // a stage may change the window
+  b.init_from = a.out_path;
+  auto t2 = Trainer::create(b);
+  ASSERT_TRUE(t2) << t2.error().message;
+  const auto& m1 = (*t1)->model();
+  const auto& m2 = (*t2)->model();
+  ASSERT_EQ(m1.n_params(), m2.n_params());
+  EXPECT_EQ(std::memcmp(m1.params(), m2.params(), m1.n_params() * sizeof(float)), 0);
+  EXPECT_EQ((*t2)->steps_done(), 0);
+  auto expect_error = [&](TrainOptions o, const std::string& what) {
+    auto t = Trainer::create(o);
+    ASSERT_FALSE(t) << what;
+    EXPECT_NE(t.error().message.find(what), std::string::npos) << t.error().message;
+  };
+  TrainOptions wider = b;
+  wider.model.n_embd = 48;
+  expect_error(wider, "token_embd.weight' is 32 x 512, this model's is 48 x 512");
+  TrainOptions deeper = b;
+  deeper.model.n_layer = 3;
+  expect_error(deeper, "has no tensor 'blk.2.");
+  TrainOptions shallower = b;
+  shallower.model.n_layer = 1;
+  expect_error(shallower, "has tensor 'blk.1.");
+  TrainOptions missing = b;
+  missing.init_from = (dir_ / "nope.gguf").string();
+  expect_error(missing, "nope.gguf");
+  TrainOptions both = b;
+  both.checkpoint_dir = (dir_ / "ck").string();
+  both.resume = true;
+  expect_error(both, "--init-from and --resume");
+}
+
 TEST(Schedule, WarmupThenCosine) {
   OptimConfig o;
   o.lr = 1.0f;

@@ -38,6 +38,8 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
   t->add_flag("--resume", o.resume, "continue from --checkpoint-dir/checkpoint.bin");
   t->add_option("--stop-at", o.stop_at, "stop this run after that step, with a checkpoint and an export; "
                  "the learning-rate schedule still follows --steps, so --resume continues it (0: off)")->capture_default_str();
+  t->add_option("--init-from", o.init_from, "start from the weights of this GGUF (same shape: a previous stage's export) "
+                 "instead of a random initialisation; the optimizer and the schedule start afresh");
   t->add_option("--n-layer", o.model.n_layer, "transformer blocks")->capture_default_str();
   t->add_option("--n-embd", o.model.n_embd, "embedding width")->capture_default_str();
   t->add_option("--n-head", o.model.n_head, "attention heads")->capture_default_str();
