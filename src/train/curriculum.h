@@ -26,7 +26,7 @@
 namespace lc::train {
 
 struct CurriculumTask {
-  std::string name;  // a bench task, or "recall", "copy", "repeat", "text"
+  std::string name;  // a bench task, or "recall", "copy", "repeat", "induction", "text"
   double weight = 1;
 };
 
@@ -79,6 +79,7 @@ class Curriculum {
   Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
   CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  CurriculumSample induction(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   // Tokenizes `text` (with BOS) and scores the tokens that lie inside the byte ranges `scored`,
   // plus EOS at the end when eos is set; cut to `len` tokens.
   Expected<CurriculumSample> encode_scored(const std::string& text, const std::vector<std::pair<size_t, size_t>>& scored,

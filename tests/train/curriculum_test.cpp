@@ -228,6 +228,43 @@ TEST(Curriculum, RepeatScoresTheSecondCopy) {
   EXPECT_GE(checked, 1);
 }
 
+// Induction: after the BOS the window is blocks of 4 to 16 pieces, each written three times;
+// every target is the next token and no control token is drawn.
+TEST(Curriculum, InductionWritesEveryBlockThreeTimes) {
+  auto c = make("induction", 256, 256);
+  ASSERT_TRUE(c);
+  Rng rng(5);
+  std::vector<int32_t> tk(256), tg(256);
+  const Tokenizer& tok = *vocab().tok;
+  for (int rep = 0; rep < 4; ++rep) {
+    auto s = c->sample(rng, 0, tk.data(), tg.data());
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->task, "induction");
+    EXPECT_EQ(s->n_scored, s->n);
+    for (int64_t t = 0; t + 1 < s->n; ++t) ASSERT_EQ(tg[t], tk[t + 1]);
+    EXPECT_EQ(tk[0], tok.bos());
+    int64_t p = 1, blocks = 0;
+    while (p < s->n) {
+      int64_t b = 4;  // the shortest period that repeats three times is the block
+      auto is_block = [&](int64_t len) {
+        for (int64_t i = 0; i < len; ++i)
+          if (tk[p + i] != tk[p + len + i] || tk[p + i] != tk[p + 2 * len + i]) return false;
+        return true;
+      };
+      if (p + 3 * 16 > s->n) break;  // the last block may be cut by the window
+      while (b <= 16 && !is_block(b)) ++b;
+      ASSERT_LE(b, 16) << "no block of 4..16 pieces written three times at " << p;
+      for (int64_t i = 0; i < b; ++i) {
+        EXPECT_NE(tk[p + i], tok.bos());
+        EXPECT_NE(tk[p + i], tok.eos());
+      }
+      p += 3 * b;
+      ++blocks;
+    }
+    EXPECT_GE(blocks, 3);
+  }
+}
+
 // With lm_fraction 1 a task sequence scores every token: each target is the next token.
 TEST(Curriculum, LmFractionScoresEveryToken) {
   auto c = make("niah_single_1,vt", 256, 512, 1.0);
