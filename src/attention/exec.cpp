@@ -88,6 +88,7 @@ inline __m256 load_h8(const uint16_t* p) {
 // The arithmetic and its order are those of the f32 kernels (widening is exact), so results
 // are bit-identical to the dequantise-then-f32 path. Requires d % 8 == 0 and d <= kMaxD.
 constexpr int64_t kMaxD = 512;
+constexpr int64_t kFusedMaxRows = 8;
 
 void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float* sc) {
   int64_t j = 0;
@@ -326,8 +327,11 @@ void Runner::run(const Span& s, float* lse) {
   if (!mask || s.count <= 0) return;
   const KvCache& kv = *c.kv;
 #if LC_ATTN_F16
-  // f16 storage (what llama.cpp caches by default) is read in place by the fused kernels.
-  const bool fused = c.d % 8 == 0 && c.d <= kMaxD && c.dv % 8 == 0;
+  // f16 storage (what llama.cpp caches by default) is read in place by the fused kernels when
+  // few rows share the block (decoding: one token x a GQA group), where the block is streamed
+  // once and converting it into scratch first was half the time (docs/performance.md). A
+  // prefill tile of many rows re-reads the block per row, so it converts once instead.
+  const bool fused = rows <= kFusedMaxRows && c.d % 8 == 0 && c.d <= kMaxD && c.dv % 8 == 0;
   const uint16_t* Kh = fused && !s.unrotate ? kv.keys_f16(c.il, item_.hk, s.first) : nullptr;
   const uint16_t* Vh = fused ? kv.values_f16(c.il, item_.hk, s.first) : nullptr;
 #else

@@ -133,6 +133,9 @@ TEST(AttentionDense, KvTypesWithinRoundingOfF32) {
     EXPECT_LT(err, t.tol) << dtype_name(t.k) << "/" << dtype_name(t.v);
     const auto nv = run_seq(s, "naive", cfg, {50});  // same rounded data, exact math
     EXPECT_LT(max_abs_diff(r.out, nv.out), 2e-4) << dtype_name(t.k) << "/" << dtype_name(t.v);
+    // Token by token (decoding: a tile of one token's GQA group reads f16 blocks in place).
+    const auto d1 = run_seq(s, "dense", cfg, {1});
+    EXPECT_LT(max_abs_diff(d1.out, nv.out), 2e-4) << "decode " << dtype_name(t.k) << "/" << dtype_name(t.v);
   }
 }
 
