@@ -10,6 +10,7 @@
 #define LC_ATTN_AVX2 1
 #endif
 
+#include "core/fp16.h"
 #include "kernels/kernels.h"
 
 namespace lc::attn {
@@ -18,20 +19,31 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 
-// o[c] += sum_j p[j] * v[j, c]; o: [dv], v: [nk, dv]. Accumulates in registers across keys.
-void accumulate_values(float* o, const float* p, const float* v, int64_t nk, int64_t dv) {
+#if LC_ATTN_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+#if defined(__F16C__)
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+#endif
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t h) { return fp16_to_fp32(h); }
+
+// o[c] += sum_j p[j] * v[j, c]; o: [dv], v: [nk, dv] as f32, or f16 read in place (widening is
+// exact, so both give the same bits for the same values). Accumulates in registers across keys.
+template <class T>
+void accumulate_values(float* o, const float* p, const T* v, int64_t nk, int64_t dv) {
   int64_t c = 0;
 #if LC_ATTN_AVX2
   for (; c + 32 <= dv; c += 32) {
     __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
     __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
-    const float* vc = v + c;
+    const T* vc = v + c;
     for (int64_t j = 0; j < nk; ++j, vc += dv) {
       const __m256 pj = _mm256_set1_ps(p[j]);
-      a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc), a0);
-      a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vc + 24), a3);
+      a0 = _mm256_fmadd_ps(pj, load8(vc), a0);
+      a1 = _mm256_fmadd_ps(pj, load8(vc + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, load8(vc + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, load8(vc + 24), a3);
     }
     _mm256_storeu_ps(o + c, a0);
     _mm256_storeu_ps(o + c + 8, a1);
@@ -40,13 +52,13 @@ void accumulate_values(float* o, const float* p, const float* v, int64_t nk, int
   }
   for (; c + 8 <= dv; c += 8) {
     __m256 a0 = _mm256_loadu_ps(o + c);
-    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * dv + c), a0);
+    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + j * dv + c), a0);
     _mm256_storeu_ps(o + c, a0);
   }
 #endif
   for (; c < dv; ++c) {
     float a = o[c];
-    for (int64_t j = 0; j < nk; ++j) a += p[j] * v[j * dv + c];
+    for (int64_t j = 0; j < nk; ++j) a += p[j] * to_f32(v[j * dv + c]);
     o[c] = a;
   }
 }
@@ -79,12 +91,10 @@ void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
 
 #if LC_ATTN_AVX2 && defined(__F16C__)
 #define LC_ATTN_F16 1
-inline __m256 load_h8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 
-// scores() and accumulate_values() reading f16 K/V rows straight from the cache: each row is
-// widened in registers as it is used, instead of into a scratch block that is then read back.
+// scores() reading f16 K rows straight from the cache (accumulate_values() takes f16 V too):
+// each row is widened in registers as it is used, instead of into a scratch block that is then
+// read back.
 // The arithmetic and its order are those of the f32 kernels (widening is exact), so results
 // are bit-identical to the dequantise-then-f32 path. Requires d % 8 == 0 and d <= kMaxD.
 constexpr int64_t kMaxD = 512;
@@ -100,10 +110,10 @@ void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float*
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c += 8) {
       const __m256 qc = _mm256_loadu_ps(q + c);
-      s0 = _mm256_fmadd_ps(qc, load_h8(k0 + c), s0);
-      s1 = _mm256_fmadd_ps(qc, load_h8(k0 + d + c), s1);
-      s2 = _mm256_fmadd_ps(qc, load_h8(k0 + 2 * d + c), s2);
-      s3 = _mm256_fmadd_ps(qc, load_h8(k0 + 3 * d + c), s3);
+      s0 = _mm256_fmadd_ps(qc, load8(k0 + c), s0);
+      s1 = _mm256_fmadd_ps(qc, load8(k0 + d + c), s1);
+      s2 = _mm256_fmadd_ps(qc, load8(k0 + 2 * d + c), s2);
+      s3 = _mm256_fmadd_ps(qc, load8(k0 + 3 * d + c), s3);
     }
     const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
     const __m256 h = _mm256_hadd_ps(h01, h23);
@@ -112,35 +122,11 @@ void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float*
   }
   alignas(32) float row[kMaxD];
   for (; j < nk; ++j) {
-    for (int64_t c = 0; c < d; c += 8) _mm256_store_ps(row + c, load_h8(k + j * d + c));
+    for (int64_t c = 0; c < d; c += 8) _mm256_store_ps(row + c, load8(k + j * d + c));
     sc[j] = kernels::dot_f32(q, row, d);
   }
 }
 
-void accumulate_values_f16(float* o, const float* p, const uint16_t* v, int64_t nk, int64_t dv) {
-  int64_t c = 0;
-  for (; c + 32 <= dv; c += 32) {
-    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
-    __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
-    const uint16_t* vc = v + c;
-    for (int64_t j = 0; j < nk; ++j, vc += dv) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      a0 = _mm256_fmadd_ps(pj, load_h8(vc), a0);
-      a1 = _mm256_fmadd_ps(pj, load_h8(vc + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, load_h8(vc + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, load_h8(vc + 24), a3);
-    }
-    _mm256_storeu_ps(o + c, a0);
-    _mm256_storeu_ps(o + c + 8, a1);
-    _mm256_storeu_ps(o + c + 16, a2);
-    _mm256_storeu_ps(o + c + 24, a3);
-  }
-  for (; c < dv; c += 8) {
-    __m256 a0 = _mm256_loadu_ps(o + c);
-    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_h8(v + j * dv + c), a0);
-    _mm256_storeu_ps(o + c, a0);
-  }
-}
 #endif
 
 }  // namespace
@@ -369,7 +355,7 @@ void Runner::run(const Span& s, float* lse) {
     if (corr != 1.0f) kernels::scale_inplace(o, corr, c.dv);
 #if LC_ATTN_F16
     if (Vh)
-      accumulate_values_f16(o, sc, Vh, lim, c.dv);
+      accumulate_values(o, sc, Vh, lim, c.dv);
     else
 #endif
       accumulate_values(o, sc, V, lim, c.dv);
