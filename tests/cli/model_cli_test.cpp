@@ -1,7 +1,7 @@
 // The shipped retrieval model (models/longctx-2l.gguf, docs/model.md) at its training length:
 // the held-out evaluation docs/model.md reports (bench run, seed 42, 20 samples per task, the
 // task generators' own answers as the oracle) must keep single-needle and pass-key retrieval
-// at or above the 95%. Each task keeps its own answer budget (RULER's 128 tokens
+// at or above the 95%. Each task keeps its own answer budget (about 128 tokens
 // for the needles), so prompts are about 900 tokens, as in docs/model.md.
 #include <gtest/gtest.h>
 #include <unistd.h>
