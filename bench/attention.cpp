@@ -101,6 +101,52 @@ void BM_InfLlm(benchmark::State& st) { run_backend(st, "infllm", 256); }
 void BM_Dssa(benchmark::State& st) { run_backend(st, "dssa:switch=4096", 256); }
 void BM_Lychee(benchmark::State& st) { run_backend(st, "lychee:budget=2048", 256); }
 
+// One decoded token through all 30 layers of SmolLM2-135M's shape with f16 K/V (as llama.cpp
+// caches them): 30 layers of cache do not fit in any cache level, so this shows what one layer
+// alone hides (bounds and K/V streamed from memory). Time per iteration = attention time per
+// decoded token of the whole model. Each layer holds the same keys (appended once per layer).
+void run_stack(benchmark::State& st, const std::string& spec) {
+  constexpr int64_t H = 9, Hkv = 3, D = 64, layers = 30;
+  const int64_t L = st.range(0);
+  KvCacheConfig c;
+  c.n_layer = layers;
+  c.n_head_kv = Hkv;
+  c.head_dim = D;
+  c.head_dim_v = D;
+  c.block_tokens = 64;
+  c.type_k = c.type_v = DType::F16;
+  c.rope = table(D);
+  auto kv = std::move(KvCache::create(c).value());
+  const auto k = randn(static_cast<size_t>(L * Hkv * D), 1), v = randn(k.size(), 2);
+  std::vector<int32_t> pos(static_cast<size_t>(L));
+  for (int64_t t = 0; t < L; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  for (int64_t il = 0; il < layers; ++il)
+    if (!kv->append(il, L, k.data(), v.data(), pos.data()).is_ok()) st.SkipWithError("append");
+  AttnShape sh{layers, H, Hkv, D, D, 0.0f};
+  auto be = std::move(make_attention_backend(spec, sh).value());
+  if (!be->attach(*kv).is_ok()) st.SkipWithError("attach");
+  const auto q = randn(static_cast<size_t>(H * D), 3);
+  std::vector<float> out(static_cast<size_t>(H * D));
+  // Warm-up: backends build their summaries (page bounds, representatives) on first sight.
+  for (int64_t il = 0; il < layers; ++il)
+    if (!be->forward(il, 1, q.data(), pos.data() + (L - 1), *kv, out.data(), pool()).is_ok())
+      st.SkipWithError("forward");
+  for (auto _ : st)
+    for (int64_t il = 0; il < layers; ++il)
+      if (!be->forward(il, 1, q.data(), pos.data() + (L - 1), *kv, out.data(), pool()).is_ok())
+        st.SkipWithError("forward");
+  st.SetItemsProcessed(st.iterations());
+}
+void BM_StackDense(benchmark::State& st) { run_stack(st, "dense"); }
+void BM_StackQuest(benchmark::State& st) { run_stack(st, "quest"); }
+void BM_StackLychee(benchmark::State& st) { run_stack(st, "lychee"); }
+void BM_StackInfLlm(benchmark::State& st) { run_stack(st, "infllm"); }
+
+void stack_lengths(benchmark::internal::Benchmark* b) {
+  for (int64_t L : {16384, 65536}) b->Args({L});
+  b->Unit(benchmark::kMillisecond);
+}
+
 void lengths(benchmark::internal::Benchmark* b) {
   for (int64_t L : {4096, 16384, 65536}) {
     b->Args({L, 1});
@@ -119,6 +165,10 @@ BENCHMARK(BM_Quest)->Apply(lengths);
 BENCHMARK(BM_InfLlm)->Apply(lengths);
 BENCHMARK(BM_Dssa)->Apply(lengths);
 BENCHMARK(BM_Lychee)->Apply(lengths);
+BENCHMARK(BM_StackDense)->Apply(stack_lengths);
+BENCHMARK(BM_StackQuest)->Apply(stack_lengths);
+BENCHMARK(BM_StackLychee)->Apply(stack_lengths);
+BENCHMARK(BM_StackInfLlm)->Apply(stack_lengths);
 
 }  // namespace
 }  // namespace lc

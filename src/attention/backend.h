@@ -63,7 +63,7 @@ class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
 
-  // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2".
+  // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2,share=1".
   virtual std::string spec() const = 0;
 
   // Checks the cache against the method (shapes, block sizes) and installs what the method

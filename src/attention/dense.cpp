@@ -90,7 +90,7 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
         run.run(attn::Span{first, std::min(B, s1 - first), 0, false, run.all_rows()});
       run.export_partial(partials_.data() + u * stride);
     }
-  });
+  }, attn::unit_grain(ctx, n_units));
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
     attn::Runner& run = attn::thread_runner();
     for (int64_t i = b; i < e; ++i) {

@@ -133,43 +133,89 @@ void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float*
 
 float dot(const float* a, const float* b, int64_t n) { return kernels::dot_f32(a, b, n); }
 
-float page_bound(const float* q, const float* mn, const float* mx, int64_t n) {
-  int64_t i = 0;
-  float u = 0.0f;
-#if LC_ATTN_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    acc = _mm256_add_ps(acc, _mm256_max_ps(_mm256_mul_ps(qv, _mm256_loadu_ps(mn + i)),
-                                           _mm256_mul_ps(qv, _mm256_loadu_ps(mx + i))));
+void store_page_bounds(const float* mn, const float* mx, int64_t d, uint16_t* page) {
+  for (int64_t i = 0; i < d; ++i) {
+    page[i] = fp32_to_fp16_down(mn[i]);
+    page[d + i] = fp32_to_fp16_up(mx[i]);
   }
-  alignas(32) float tmp[8];
-  _mm256_store_ps(tmp, acc);
-  for (float t : tmp) u += t;
-#endif
-  for (; i < n; ++i) u += std::max(q[i] * mn[i], q[i] * mx[i]);
-  return u;
 }
 
-float box_bound(const float* lo, const float* hi, const float* mn, const float* mx, int64_t n) {
-  int64_t i = 0;
-  float u = 0.0f;
-#if LC_ATTN_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 l = _mm256_loadu_ps(lo + i), h = _mm256_loadu_ps(hi + i);
-    const __m256 a = _mm256_loadu_ps(mn + i), b = _mm256_loadu_ps(mx + i);
-    const __m256 x = _mm256_max_ps(_mm256_mul_ps(l, a), _mm256_mul_ps(l, b));
-    const __m256 y = _mm256_max_ps(_mm256_mul_ps(h, a), _mm256_mul_ps(h, b));
-    acc = _mm256_add_ps(acc, _mm256_max_ps(x, y));
+bool page_bounds_finite(const uint16_t* page, int64_t d) {
+  for (int64_t i = 0; i < 2 * d; ++i)
+    if ((page[i] & 0x7c00u) == 0x7c00u) return false;
+  return true;
+}
+
+#if LC_ATTN_F16
+namespace {
+// Bounds of four queries (or boxes) over one page; each f16 chunk of the page is widened once
+// for the four, the accumulators stay in registers and are reduced together.
+template <bool Box>
+inline void page_bounds4(const float* const* lo, const float* const* hi, const uint16_t* mn, const uint16_t* mx,
+                         int64_t d, float* r) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  auto term = [](const float* l, const float* h, __m256 a, __m256 b) {
+    const __m256 lv = _mm256_loadu_ps(l);
+    __m256 x = _mm256_max_ps(_mm256_mul_ps(lv, a), _mm256_mul_ps(lv, b));
+    if constexpr (Box) {
+      const __m256 hv = _mm256_loadu_ps(h);
+      x = _mm256_max_ps(x, _mm256_max_ps(_mm256_mul_ps(hv, a), _mm256_mul_ps(hv, b)));
+    }
+    return x;
+  };
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 a = load8(mn + c), b = load8(mx + c);
+    acc0 = _mm256_add_ps(acc0, term(lo[0] + c, Box ? hi[0] + c : nullptr, a, b));
+    acc1 = _mm256_add_ps(acc1, term(lo[1] + c, Box ? hi[1] + c : nullptr, a, b));
+    acc2 = _mm256_add_ps(acc2, term(lo[2] + c, Box ? hi[2] + c : nullptr, a, b));
+    acc3 = _mm256_add_ps(acc3, term(lo[3] + c, Box ? hi[3] + c : nullptr, a, b));
   }
-  alignas(32) float tmp[8];
-  _mm256_store_ps(tmp, acc);
-  for (float t : tmp) u += t;
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc0, acc1), _mm256_hadd_ps(acc2, acc3));
+  _mm_storeu_ps(r, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+}  // namespace
 #endif
-  for (; i < n; ++i)
-    u += std::max(std::max(lo[i] * mn[i], lo[i] * mx[i]), std::max(hi[i] * mn[i], hi[i] * mx[i]));
-  return u;
+
+void page_bounds(const float* const* lo, const float* const* hi, int64_t nq, const uint16_t* page, int64_t d,
+                 float* out) {
+  const uint16_t* mn = page;
+  const uint16_t* mx = page + d;
+  int64_t s0 = 0;
+#if LC_ATTN_F16
+  if (d % 8 == 0) {
+    for (; s0 < nq; s0 += 4) {
+      // Four at a time; a short last group repeats its last query. A query of a group with a
+      // box uses the box form with hi = lo, which gives the same value as its own bound.
+      const float* l4[4];
+      const float* h4[4];
+      bool box = false;
+      for (int64_t t = 0; t < 4; ++t) {
+        const int64_t s = std::min(s0 + t, nq - 1);
+        l4[t] = lo[s];
+        h4[t] = hi[s] ? hi[s] : lo[s];
+        box = box || hi[s] != nullptr;
+      }
+      alignas(16) float r[4];
+      if (box)
+        page_bounds4<true>(l4, h4, mn, mx, d, r);
+      else
+        page_bounds4<false>(l4, h4, mn, mx, d, r);
+      for (int64_t t = 0; t < 4 && s0 + t < nq; ++t) out[s0 + t] = r[t];
+    }
+  }
+#endif
+  for (; s0 < nq; ++s0) {
+    float u = 0.0f;
+    for (int64_t i = 0; i < d; ++i) {
+      const float m = fp16_to_fp32(mn[i]), M = fp16_to_fp32(mx[i]);
+      const float l = lo[s0][i];
+      float x = std::max(l * m, l * M);
+      if (hi[s0]) x = std::max(x, std::max(hi[s0][i] * m, hi[s0][i] * M));
+      u += x;
+    }
+    out[s0] = u;
+  }
 }
 
 void unrotate_rows(float* x, int64_t count, int64_t head_dim, const int32_t* pos, const RopeTable& rt) {

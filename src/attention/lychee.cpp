@@ -34,15 +34,18 @@ float logaddexp(float a, float b) {
 class LycheeBackend final : public ExecBackend {
  public:
   LycheeBackend(const AttnShape& s, int64_t budget, int64_t block, int64_t sinks, int64_t local, int64_t n_ret,
-                std::string file, RetrievalHeads heads)
+                std::string file, RetrievalHeads heads, int64_t split)
       : ExecBackend(s), budget_(budget), block_(block), init_end_((sinks + block - 1) / block * block),
-        sinks_(sinks), local_(local), n_ret_(n_ret), file_(std::move(file)), heads_(std::move(heads)) {}
+        sinks_(sinks), local_(local), n_ret_(n_ret), file_(std::move(file)), heads_(std::move(heads)) {
+    split_ = split;
+  }
 
   std::string spec() const override {
     std::string s = strprintf("lychee:budget=%lld,block=%lld,sinks=%lld,local=%lld,retrieval=%lld",
                               (long long)budget_, (long long)block_, (long long)sinks_, (long long)local_,
                               (long long)n_ret_);
     if (!file_.empty()) s += ",heads=" + file_;
+    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
     return s;
   }
 
@@ -72,31 +75,84 @@ class LycheeBackend final : public ExecBackend {
         items.push_back(attn::Item{ret[static_cast<size_t>(ri)] / g, t0, std::min(attn::kMaxRows, n - t0),
                                    ret[static_cast<size_t>(ri)], 1});
     const int64_t B = kv.block_tokens();
-    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
-      attn::Runner& run = attn::thread_runner();
+    // Runs the open item's retrieval rows over keys [s0, s1), spans cut at KV blocks and at
+    // selection blocks, and adds each span's log-mass to its selection block.
+    auto retrieve = [&](attn::Runner& run, int64_t ri, int64_t s0, int64_t s1) {
       float span_lse[attn::kMaxRows];
-      for (int64_t i = b; i < e; ++i) {
-        const attn::Item& it = items[static_cast<size_t>(i)];
-        const int64_t ri = std::find(ret.begin(), ret.end(), static_cast<int32_t>(it.h0)) - ret.begin();
-        run.begin(ctx, it);
-        const int64_t max_vis = run.vis(run.rows() - 1);
-        for (int64_t first = 0; first < max_vis;) {
-          const int64_t end = std::min({max_vis, (first / B + 1) * B, (first / block_ + 1) * block_});
-          run.run(attn::Span{first, end - first, 0, false, run.all_rows()}, span_lse);
-          for (int64_t r = 0; r < run.rows(); ++r) {
-            float& dst = lse_[static_cast<size_t>((ri * n + run.token_of(r)) * nb + first / block_)];
-            dst = logaddexp(dst, span_lse[r]);
-          }
-          first = end;
-        }
+      for (int64_t first = s0; first < s1;) {
+        const int64_t end = std::min({s1, (first / B + 1) * B, (first / block_ + 1) * block_});
+        run.run(attn::Span{first, end - first, 0, false, run.all_rows()}, span_lse);
         for (int64_t r = 0; r < run.rows(); ++r) {
-          const float tot = run.row_lse(r);
-          float* row = lse_.data() + (ri * n + run.token_of(r)) * nb;
-          for (int64_t bb = 0; bb < nb; ++bb) row[bb] = row[bb] == kNegInf ? 0.0f : std::exp(row[bb] - tot);
+          float& dst = lse_[static_cast<size_t>((ri * n + run.token_of(r)) * nb + first / block_)];
+          dst = logaddexp(dst, span_lse[r]);
         }
-        run.finish();
+        first = end;
       }
-    });
+    };
+    // Block masses relative to the row's total log-mass `tot`.
+    auto normalise = [&](int64_t ri, int64_t t, float tot) {
+      float* row = lse_.data() + (ri * n + t) * nb;
+      for (int64_t bb = 0; bb < nb; ++bb) row[bb] = row[bb] == kNegInf ? 0.0f : std::exp(row[bb] - tot);
+    };
+    auto ret_index = [&](const attn::Item& it) {
+      return static_cast<int64_t>(std::find(ret.begin(), ret.end(), static_cast<int32_t>(it.h0)) - ret.begin());
+    };
+    // A decoded token has one retrieval tile per retrieval head, fewer than the threads: the
+    // keys are split into segments of whole selection blocks (split-K), each segment's partial
+    // softmax state is merged per tile in order, and a block's mass is written by the one
+    // segment that holds it.
+    const int64_t seg = std::max(block_, split_ / block_ * block_);
+    if (static_cast<int64_t>(items.size()) >= 4 * pool.size() || N <= seg) {
+      pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+        attn::Runner& run = attn::thread_runner();
+        for (int64_t i = b; i < e; ++i) {
+          const attn::Item& it = items[static_cast<size_t>(i)];
+          const int64_t ri = ret_index(it);
+          run.begin(ctx, it);
+          retrieve(run, ri, 0, run.vis(run.rows() - 1));
+          for (int64_t r = 0; r < run.rows(); ++r) normalise(ri, run.token_of(r), run.row_lse(r));
+          run.finish();
+        }
+      });
+    } else {
+      std::vector<int64_t> unit_first(items.size() + 1, 0);
+      for (size_t i = 0; i < items.size(); ++i) {
+        const int64_t last_vis = N - n + items[i].t0 + items[i].nt;
+        unit_first[i + 1] = unit_first[i] + (last_vis + seg - 1) / seg;
+      }
+      const int64_t n_units = unit_first.back();
+      const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
+      if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
+      pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+        attn::Runner& run = attn::thread_runner();
+        for (int64_t u = b; u < e; ++u) {
+          const size_t i = static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), u) - unit_first.begin() - 1);
+          const attn::Item& it = items[i];
+          run.begin(ctx, it);
+          const int64_t s0 = (u - unit_first[i]) * seg;
+          retrieve(run, ret_index(it), s0, std::min(run.vis(run.rows() - 1), s0 + seg));
+          run.export_partial(partials_.data() + u * stride);
+        }
+      }, attn::unit_grain(ctx, n_units));
+      pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+        attn::Runner& run = attn::thread_runner();
+        for (int64_t i = b; i < e; ++i) {
+          const attn::Item& it = items[static_cast<size_t>(i)];
+          run.begin(ctx, it);
+          float tot[attn::kMaxRows];
+          std::fill(tot, tot + run.rows(), kNegInf);
+          for (int64_t u = unit_first[static_cast<size_t>(i)]; u < unit_first[static_cast<size_t>(i) + 1]; ++u) {
+            const float* p = partials_.data() + u * stride;
+            run.merge_partial(p);
+            for (int64_t r = 0; r < run.rows(); ++r, p += 2 + ctx.dv)
+              if (p[0] != kNegInf) tot[r] = logaddexp(tot[r], p[0] + std::log(p[1]));
+          }
+          const int64_t ri = ret_index(it);
+          for (int64_t r = 0; r < run.rows(); ++r) normalise(ri, run.token_of(r), tot[r]);
+          run.finish();
+        }
+      });
+    }
     // Selection per token, shared by every sparse head of the layer.
     const int64_t k_blocks = std::max<int64_t>(1, budget_ / block_);
     chosen_.assign(static_cast<size_t>(n), {});
@@ -313,6 +369,8 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30));
   LC_TRY(spec.get_int("retrieval", &n_ret, 0, s.n_head));
   LC_TRY(spec.get_string("heads", &file));
+  int64_t split = ExecBackend::kDefaultSplit;
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
   LC_TRY(spec.finish());
   RetrievalHeads heads;
   if (!file.empty()) {
@@ -328,7 +386,7 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
     for (auto& v : heads.heads)
       for (int32_t h = 0; h < n_ret; ++h) v.push_back(h);
   }
-  return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads)));
+  return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads), split));
 }
 
 }  // namespace lc

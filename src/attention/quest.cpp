@@ -4,7 +4,17 @@
 //     U(q, page) = sum_i max(q_i m_i, q_i M_i)  >=  q . k   for every k in the page.
 // Each query head attends exactly to the top budget/page pages by U (its own page always
 // included); the first dense_layers layers, and queries that see no more than `budget`
-// tokens, attend densely. Bounds are over the stored post-RoPE keys, as in the paper.
+// tokens, attend densely. Bounds are over the stored post-RoPE keys, as in the paper, and are
+// kept in f16 rounded outward (a sixteenth of the f16 K/V bytes, read for every decoded token).
+//
+// GQA (the paper's models are MHA): with share=1 (default) the query heads of a group choose
+// one set of pages by the largest of their bounds, which still bounds every head's scores, so
+// the budget is also what is read per KV head. share=0 keeps the per-head choice, where the
+// union of a group's choices can be g times the budget.
+//
+// Decoding has one tile per KV head, fewer than the threads: the bounds pass and the attention
+// over the chosen pages are split into units of `split` tokens (split-K, flash-decoding), and
+// the next chosen page is prefetched while one is attended.
 //
 // The paper selects per decoded token. In a prefill tile (up to 64 rows: a few tokens x the
 // heads of a GQA group) the pages are chosen once per query head for the tile's tokens, with
@@ -17,6 +27,7 @@
 // Pages of one KV head are the outer loop, the query heads (and tokens) that selected a page
 // the inner one: a page is loaded once for the whole GQA group.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -28,13 +39,17 @@ namespace {
 
 class QuestBackend final : public ExecBackend {
  public:
-  QuestBackend(const AttnShape& s, int64_t budget, int64_t page, int64_t dense_layers)
-      : ExecBackend(s), budget_(budget), page_(page), dense_layers_(dense_layers),
-        heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {}
+  QuestBackend(const AttnShape& s, int64_t budget, int64_t page, int64_t dense_layers, bool share, int64_t split)
+      : ExecBackend(s), budget_(budget), page_(page), dense_layers_(dense_layers), share_(share),
+        heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {
+    split_ = split;
+  }
 
   std::string spec() const override {
-    return strprintf("quest:budget=%lld,page=%lld,dense_layers=%lld", (long long)budget_, (long long)page_,
-                     (long long)dense_layers_);
+    std::string s = strprintf("quest:budget=%lld,page=%lld,dense_layers=%lld,share=%d", (long long)budget_,
+                              (long long)page_, (long long)dense_layers_, share_ ? 1 : 0);
+    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    return s;
   }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
@@ -50,94 +65,86 @@ class QuestBackend final : public ExecBackend {
       for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
     });
     const std::vector<attn::Item> items = attn::make_items(ctx);
-    const int64_t d = shape_.head_dim;
-    const int64_t k_pages = std::max<int64_t>(1, budget_ / page_);
-    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+    const int64_t n_items = static_cast<int64_t>(items.size());
+    auto head = [&](const attn::Item& it) -> const HeadState& {
+      return heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
+    };
+    const int64_t seg = std::max<int64_t>(1, split_ / page_);  // pages per split-K unit
+    int64_t max_pages = 0;
+    for (const auto& it : items)
+      max_pages = std::max(max_pages, (kv.n_tokens(il, it.hk) - n + it.t0 + it.nt + page_ - 1) / page_);
+    if (n_items >= 4 * pool.size() || max_pages <= seg) {
+      // Enough tiles for every thread (prefill): each thread plans, bounds, selects and
+      // attends whole tiles.
+      pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
+        attn::Runner& run = attn::thread_runner();
+        thread_local Plan plan;
+        thread_local std::vector<uint64_t> mask;
+        for (int64_t i = b; i < e; ++i) {
+          const attn::Item& it = items[static_cast<size_t>(i)];
+          run.begin(ctx, it);
+          make_plan(ctx, run, plan);
+          bound_pages(head(it), plan, 0, plan.own_first);
+          for (int64_t sh = 0; sh < plan.n_sel; ++sh) select(plan, sh);
+          attend(run, plan, 0, plan.n_pages, mask);
+          run.finish();
+        }
+      });
+      return Status::ok();
+    }
+    // Decoding: a token has one tile per KV head, fewer than the threads. The page bounds and
+    // the attention over the chosen pages are split into units of `seg` pages (split-K,
+    // flash-decoding), whose partial softmax states are merged per tile in page order, so the
+    // result does not depend on the number of threads.
+    if (static_cast<int64_t>(plans_.size()) < n_items) plans_.resize(static_cast<size_t>(n_items));
+    std::vector<int64_t> unit_first(static_cast<size_t>(n_items + 1), 0);
+    std::vector<int64_t> pick_first(static_cast<size_t>(n_items + 1), 0);  // (tile, scored head)
+    {
       attn::Runner& run = attn::thread_runner();
-      thread_local std::vector<float> ub;          // [scored heads, own_first] page bounds
-      thread_local std::vector<float> box;         // [g, 2, head_dim] each head's query box
-      thread_local std::vector<int32_t> order;     // [n_pages]
-      thread_local std::vector<uint64_t> mask;     // [n_pages]
+      for (int64_t i = 0; i < n_items; ++i) {
+        Plan& plan = plans_[static_cast<size_t>(i)];
+        run.begin(ctx, items[static_cast<size_t>(i)]);
+        make_plan(ctx, run, plan);
+        unit_first[static_cast<size_t>(i + 1)] = unit_first[static_cast<size_t>(i)] + (plan.n_pages + seg - 1) / seg;
+        pick_first[static_cast<size_t>(i + 1)] = pick_first[static_cast<size_t>(i)] + plan.n_sel;
+      }
+    }
+    const int64_t n_units = unit_first.back();
+    auto item_of = [](const std::vector<int64_t>& first, int64_t u) {
+      return static_cast<size_t>(std::upper_bound(first.begin(), first.end(), u) - first.begin() - 1);
+    };
+    pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+      for (int64_t u = b; u < e; ++u) {
+        const size_t i = item_of(unit_first, u);
+        const int64_t p0 = (u - unit_first[i]) * seg;
+        bound_pages(head(items[i]), plans_[i], p0, p0 + seg);
+      }
+    });
+    pool.parallel_for(pick_first.back(), [&](int64_t b, int64_t e, int) {
+      for (int64_t u = b; u < e; ++u) {
+        const size_t i = item_of(pick_first, u);
+        select(plans_[i], u - pick_first[i]);
+      }
+    });
+    const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
+    if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
+    pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      thread_local std::vector<uint64_t> mask;
+      for (int64_t u = b; u < e; ++u) {
+        const size_t i = item_of(unit_first, u);
+        const int64_t p0 = (u - unit_first[i]) * seg;
+        run.begin(ctx, items[i]);
+        attend(run, plans_[i], p0, p0 + seg, mask);
+        run.export_partial(partials_.data() + u * stride);
+      }
+    }, attn::unit_grain(ctx, n_units));
+    pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
       for (int64_t i = b; i < e; ++i) {
-        const attn::Item& it = items[static_cast<size_t>(i)];
-        run.begin(ctx, it);
-        const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
-        const int64_t rows = run.rows();
-        const int64_t max_vis = run.vis(rows - 1), min_vis = run.vis(0);
-        const int64_t n_pages = (max_vis + page_ - 1) / page_;
-        // Pages holding one of the tile's own tokens: always attended (causality trims them).
-        const int64_t own_first = (min_vis - 1) / page_;
-        const int64_t want = k_pages - (n_pages - own_first);  // pages to choose by bound
-        mask.assign(static_cast<size_t>(n_pages), 0);
-        box.resize(static_cast<size_t>(it.g * 2 * d));
-        int64_t scored[attn::kMaxRows];  // heads of the group that choose pages by bound
-        uint64_t scored_rows[attn::kMaxRows];
-        bool single[attn::kMaxRows];  // the box is one query (decoding): lo == hi
-        int64_t n_scored = 0;
-        for (int64_t hg = 0; hg < it.g; ++hg) {
-          uint64_t head_rows = 0, dense_rows = 0;
-          for (int64_t r = hg; r < rows; r += it.g) {
-            head_rows |= uint64_t{1} << r;
-            const int64_t vis = run.vis(r);
-            if (vis <= budget_ || (vis + page_ - 1) / page_ <= k_pages) dense_rows |= uint64_t{1} << r;
-          }
-          if (dense_rows)
-            for (int64_t p = 0; p < n_pages; ++p) mask[static_cast<size_t>(p)] |= dense_rows;
-          const uint64_t sparse_rows = head_rows & ~dense_rows;
-          if (!sparse_rows) continue;
-          for (int64_t p = own_first; p < n_pages; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
-          if (want <= 0 || own_first == 0) continue;
-          if (want >= own_first) {
-            for (int64_t p = 0; p < own_first; ++p) mask[static_cast<size_t>(p)] |= sparse_rows;
-            continue;
-          }
-          // The tile's queries of this head as a box [lo, hi]: the page bound becomes
-          // sum_i max(lo_i m_i, lo_i M_i, hi_i m_i, hi_i M_i) >= q . k for every query of the
-          // box and every key of the page. One query (decoding) is Quest's own bound.
-          float* lo = box.data() + hg * 2 * d;
-          float* hi = lo + d;
-          std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
-          std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
-          for (int64_t r = hg; r < rows; r += it.g) {
-            if (!(sparse_rows >> r & 1)) continue;
-            const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
-            for (int64_t c = 0; c < d; ++c) {
-              lo[c] = std::min(lo[c], qr[c]);
-              hi[c] = std::max(hi[c], qr[c]);
-            }
-          }
-          scored[n_scored] = hg;
-          single[n_scored] = __builtin_popcountll(sparse_rows) == 1;
-          scored_rows[n_scored++] = sparse_rows;
-        }
-        if (n_scored > 0) {
-          // Pages outer, heads inner: a page's bounds are read from memory once for every head
-          // of the group (they are a quarter of the keys' bytes; reading them once per head
-          // cost as much as half of dense attention at 64K).
-          ub.resize(static_cast<size_t>(n_scored * own_first));
-          for (int64_t p = 0; p < own_first; ++p) {
-            const float* mn = hs.mn.data() + p * d;
-            const float* mx = hs.mx.data() + p * d;
-            for (int64_t s = 0; s < n_scored; ++s) {
-              const float* lo = box.data() + scored[s] * 2 * d;
-              // One query: Quest's bound, half the arithmetic of the box's and the same value.
-              ub[static_cast<size_t>(s * own_first + p)] =
-                  single[s] ? attn::page_bound(lo, mn, mx, d) : attn::box_bound(lo, lo + d, mn, mx, d);
-            }
-          }
-          order.resize(static_cast<size_t>(own_first));
-          for (int64_t s = 0; s < n_scored; ++s) {
-            for (int64_t p = 0; p < own_first; ++p) order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
-            const float* u = ub.data() + s * own_first;
-            // Ties broken by page index so the choice is deterministic.
-            auto better = [u](int32_t x, int32_t y) { return u[x] > u[y] || (u[x] == u[y] && x < y); };
-            std::nth_element(order.begin(), order.begin() + (want - 1), order.end(), better);
-            for (int64_t j = 0; j < want; ++j) mask[static_cast<size_t>(order[static_cast<size_t>(j)])] |= scored_rows[s];
-          }
-        }
-        for (int64_t p = 0; p < n_pages; ++p)
-          if (mask[static_cast<size_t>(p)])
-            run.run_range(p * page_, std::min(page_, max_vis - p * page_), 0, false, mask[static_cast<size_t>(p)]);
+        run.begin(ctx, items[static_cast<size_t>(i)]);
+        for (int64_t u = unit_first[static_cast<size_t>(i)]; u < unit_first[static_cast<size_t>(i) + 1]; ++u)
+          run.merge_partial(partials_.data() + u * stride);
         run.finish();
       }
     });
@@ -147,10 +154,175 @@ class QuestBackend final : public ExecBackend {
  private:
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
-    int64_t n_full = 0;         // pages whose bounds are final
-    std::vector<float> mn, mx;  // [n_pages, head_dim]
-    std::vector<float> rows;    // [page, head_dim] scratch
+    int64_t n_full = 0;          // pages whose bounds are final
+    std::vector<uint16_t> b;     // [n_pages, 2, head_dim] f16 min | max (attn::store_page_bounds)
+    std::vector<uint8_t> wide;   // [n_pages] a bound is infinite: the page is always a candidate
+    std::vector<float> rows;     // [page, head_dim] scratch
+    std::vector<float> mn, mx;   // [head_dim] scratch
   };
+
+  // What one tile attends. Pages [own_first, n_pages) hold the tile's own tokens and are always
+  // attended (causality trims them); rows in `all_rows` (queries that see no more than the
+  // budget) attend every page; rows in `below_rows` attend every page below own_first (the
+  // budget covers them all); each scored head chooses `want` of the pages below own_first by
+  // its bound, or (share) the scored heads of the group choose together by the largest of
+  // their bounds.
+  struct Plan {
+    int64_t n_pages = 0, own_first = 0, want = 0, max_vis = 0, n_scored = 0, n_sel = 0;
+    uint64_t all_rows = 0, own_rows = 0, below_rows = 0;
+    int64_t scored[attn::kMaxRows];        // heads of the group that choose pages by bound
+    uint64_t scored_rows[attn::kMaxRows];  // their rows
+    const float* lo[attn::kMaxRows];       // each scored head's query box [lo, hi];
+    const float* hi[attn::kMaxRows];       // hi null: one query (decoding), Quest's own bound
+    uint64_t sel_rows[attn::kMaxRows];     // rows of each choice: one per scored head, or one
+    std::vector<float> box;                // [g, 2, head_dim] each head's query box
+    std::vector<float> ub;                 // [own_first, n_sel] page bounds
+    std::vector<int32_t> chosen;           // [n_sel, want] chosen pages, ascending
+  };
+
+  void make_plan(const attn::ExecCtx& ctx, const attn::Runner& run, Plan& plan) const {
+    const attn::Item& it = run.item();
+    const int64_t d = shape_.head_dim;
+    const int64_t k_pages = std::max<int64_t>(1, budget_ / page_);
+    const int64_t rows = run.rows();
+    plan.max_vis = run.vis(rows - 1);
+    const int64_t min_vis = run.vis(0);
+    plan.n_pages = (plan.max_vis + page_ - 1) / page_;
+    plan.own_first = (min_vis - 1) / page_;
+    plan.want = k_pages - (plan.n_pages - plan.own_first);  // pages to choose by bound
+    plan.all_rows = plan.own_rows = plan.below_rows = 0;
+    plan.n_scored = 0;
+    plan.box.resize(static_cast<size_t>(it.g * 2 * d));
+    for (int64_t hg = 0; hg < it.g; ++hg) {
+      uint64_t head_rows = 0, dense_rows = 0;
+      for (int64_t r = hg; r < rows; r += it.g) {
+        head_rows |= uint64_t{1} << r;
+        const int64_t vis = run.vis(r);
+        if (vis <= budget_ || (vis + page_ - 1) / page_ <= k_pages) dense_rows |= uint64_t{1} << r;
+      }
+      plan.all_rows |= dense_rows;
+      const uint64_t sparse_rows = head_rows & ~dense_rows;
+      if (!sparse_rows) continue;
+      plan.own_rows |= sparse_rows;
+      if (plan.want <= 0 || plan.own_first == 0) continue;
+      if (plan.want >= plan.own_first) {
+        plan.below_rows |= sparse_rows;
+        continue;
+      }
+      // The tile's queries of this head as a box [lo, hi]: the page bound becomes
+      // sum_i max(lo_i m_i, lo_i M_i, hi_i m_i, hi_i M_i) >= q . k for every query of the
+      // box and every key of the page. One query (decoding) is Quest's own bound.
+      float* lo = plan.box.data() + hg * 2 * d;
+      float* hi = lo + d;
+      std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
+      std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
+      for (int64_t r = hg; r < rows; r += it.g) {
+        if (!(sparse_rows >> r & 1)) continue;
+        const float* qr = ctx.var[0].q + (run.token_of(r) * shape_.n_head + run.head_of(r)) * d;
+        for (int64_t c = 0; c < d; ++c) {
+          lo[c] = std::min(lo[c], qr[c]);
+          hi[c] = std::max(hi[c], qr[c]);
+        }
+      }
+      plan.lo[plan.n_scored] = lo;
+      plan.hi[plan.n_scored] = __builtin_popcountll(sparse_rows) == 1 ? nullptr : hi;
+      plan.scored_rows[plan.n_scored++] = sparse_rows;
+    }
+    plan.n_sel = share_ && plan.n_scored > 1 ? 1 : plan.n_scored;
+    if (plan.n_sel == 1) {
+      plan.sel_rows[0] = 0;
+      for (int64_t sh = 0; sh < plan.n_scored; ++sh) plan.sel_rows[0] |= plan.scored_rows[sh];
+    } else {
+      std::copy(plan.scored_rows, plan.scored_rows + plan.n_scored, plan.sel_rows);
+    }
+    plan.ub.resize(static_cast<size_t>(plan.n_sel * plan.own_first));
+    plan.chosen.resize(static_cast<size_t>(plan.n_sel * std::max<int64_t>(plan.want, 0)));
+  }
+
+  // Bounds of pages [p0, p1) below own_first for every scored head. Pages outer, heads inner:
+  // a page's bounds are read from memory once for every head of the group (they are a sixteenth
+  // of the K/V bytes, read for every decoded token).
+  void bound_pages(const HeadState& hs, Plan& plan, int64_t p0, int64_t p1) const {
+    const int64_t d = shape_.head_dim;
+    if (plan.n_scored == 0) return;
+    p1 = std::min(p1, plan.own_first);
+    float all[attn::kMaxRows];
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* b = hs.b.data() + p * 2 * d;
+      if (p + 2 < p1) __builtin_prefetch(b + 4 * d);
+      float* u = plan.ub.data() + p * plan.n_sel;
+      if (hs.wide[static_cast<size_t>(p)]) {
+        for (int64_t sh = 0; sh < plan.n_sel; ++sh) u[sh] = std::numeric_limits<float>::infinity();
+      } else if (plan.n_sel == plan.n_scored) {
+        attn::page_bounds(plan.lo, plan.hi, plan.n_scored, b, d, u);
+      } else {  // shared: the group's bound is the largest of its heads' (a NaN propagates)
+        attn::page_bounds(plan.lo, plan.hi, plan.n_scored, b, d, all);
+        float m = all[0];
+        for (int64_t sh = 1; sh < plan.n_scored; ++sh) m = all[sh] > m || all[sh] != all[sh] ? all[sh] : m;
+        u[0] = m;
+      }
+    }
+  }
+
+  // Scored head sh chooses its `want` pages of highest bound; ties go to the lower page index
+  // so the choice is deterministic. The want-th largest bound is found on the values (a NaN,
+  // from a NaN query, counts as +inf), then the pages above it and the first pages equal to it
+  // are taken in page order.
+  static void select(Plan& plan, int64_t sh) {
+    thread_local std::vector<float> vals, tmp;
+    const int64_t n = plan.own_first, ns = plan.n_sel, want = plan.want;
+    vals.resize(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) {
+      const float v = plan.ub[static_cast<size_t>(p * ns + sh)];
+      vals[static_cast<size_t>(p)] = v == v ? v : std::numeric_limits<float>::infinity();
+    }
+    tmp = vals;
+    std::nth_element(tmp.begin(), tmp.begin() + (want - 1), tmp.end(), std::greater<float>());
+    const float thr = tmp[static_cast<size_t>(want - 1)];
+    int64_t above = 0;
+    for (int64_t p = 0; p < n; ++p) above += vals[static_cast<size_t>(p)] > thr;
+    int64_t ties = want - above;
+    int32_t* out = plan.chosen.data() + sh * want;
+    for (int64_t p = 0; p < n; ++p) {
+      const float v = vals[static_cast<size_t>(p)];
+      if (v > thr || (v == thr && ties-- > 0)) *out++ = static_cast<int32_t>(p);
+    }
+  }
+
+  // Attends pages [p0, p1) of the plan (after select) with the rows that take each page.
+  void attend(attn::Runner& run, const Plan& plan, int64_t p0, int64_t p1, std::vector<uint64_t>& mask) const {
+    p1 = std::min(p1, plan.n_pages);
+    if (p0 >= p1) return;
+    mask.assign(static_cast<size_t>(p1 - p0), 0);
+    for (int64_t sh = 0; sh < plan.n_sel; ++sh) {
+      const int32_t* chosen = plan.chosen.data() + sh * plan.want;
+      const int32_t* it = std::lower_bound(chosen, chosen + plan.want, static_cast<int32_t>(p0));
+      for (; it != chosen + plan.want && *it < p1; ++it) mask[static_cast<size_t>(*it - p0)] |= plan.sel_rows[sh];
+    }
+    auto rows_of = [&](int64_t p) {
+      return mask[static_cast<size_t>(p - p0)] | plan.all_rows | (p >= plan.own_first ? plan.own_rows : plan.below_rows);
+    };
+    // The chosen pages are scattered: the next one is fetched while this one is attended.
+    const KvCache& kv = *run.ctx().kv;
+    const int64_t il = run.ctx().il, hk = run.item().hk, B = kv.block_tokens();
+    auto fetch = [&](int64_t p) {
+      const int64_t first = p * page_, cnt = std::min(page_, plan.max_vis - first);
+      for (int64_t t = first; t < first + cnt;) {
+        const int64_t in_block = std::min(first + cnt - t, B - t % B);
+        kv.prefetch(il, hk, t, in_block);
+        t += in_block;
+      }
+    };
+    int64_t next = p0;
+    while (next < p1 && !rows_of(next)) ++next;
+    while (next < p1) {
+      const int64_t p = next;
+      for (++next; next < p1 && !rows_of(next);) ++next;
+      if (next < p1) fetch(next);
+      run.run_range(p * page_, std::min(page_, plan.max_vis - p * page_), 0, false, rows_of(p));
+    }
+  }
+
 
   void update_bounds(KvCache& kv, int64_t il, int64_t hk) {
     HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
@@ -163,14 +335,16 @@ class QuestBackend final : public ExecBackend {
     }
     const int64_t N = kv.n_tokens(il, hk);
     const int64_t n_pages = (N + page_ - 1) / page_;
-    hs.mn.resize(static_cast<size_t>(n_pages * d));
-    hs.mx.resize(static_cast<size_t>(n_pages * d));
+    hs.b.resize(static_cast<size_t>(n_pages * 2 * d));
+    hs.wide.resize(static_cast<size_t>(n_pages));
     hs.rows.resize(static_cast<size_t>(page_ * d));
+    hs.mn.resize(static_cast<size_t>(d));
+    hs.mx.resize(static_cast<size_t>(d));
     for (int64_t p = hs.n_full; p < n_pages; ++p) {
       const int64_t first = p * page_, cnt = std::min(page_, N - first);
       kv.read_keys(il, hk, first, cnt, hs.rows.data());
-      float* mn = hs.mn.data() + p * d;
-      float* mx = hs.mx.data() + p * d;
+      float* mn = hs.mn.data();
+      float* mx = hs.mx.data();
       std::fill(mn, mn + d, std::numeric_limits<float>::infinity());
       std::fill(mx, mx + d, -std::numeric_limits<float>::infinity());
       for (int64_t j = 0; j < cnt; ++j)
@@ -178,12 +352,17 @@ class QuestBackend final : public ExecBackend {
           mn[c] = std::min(mn[c], hs.rows[static_cast<size_t>(j * d + c)]);
           mx[c] = std::max(mx[c], hs.rows[static_cast<size_t>(j * d + c)]);
         }
+      uint16_t* b = hs.b.data() + p * 2 * d;
+      attn::store_page_bounds(mn, mx, d, b);
+      hs.wide[static_cast<size_t>(p)] = !attn::page_bounds_finite(b, d);
       if (cnt == page_) hs.n_full = p + 1;
     }
   }
 
   int64_t budget_, page_, dense_layers_;
+  bool share_;
   std::vector<HeadState> heads_;  // [n_layer * n_head_kv]
+  std::vector<Plan> plans_;       // decoding: one per tile
 };
 
 }  // namespace
@@ -193,11 +372,15 @@ Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30));
   LC_TRY(spec.get_int("page", &page, 1, 65536));
   LC_TRY(spec.get_int("dense_layers", &dense_layers, 0, 1 << 20));
+  bool share = true;
+  LC_TRY(spec.get_bool("share", &share));
+  int64_t split = ExecBackend::kDefaultSplit;
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
   LC_TRY(spec.finish());
   if (budget < 2 * page)
     return make_error(strprintf("attention method 'quest': budget %lld must hold at least two pages of %lld tokens",
                                 (long long)budget, (long long)page));
-  return BackendPtr(new QuestBackend(s, budget, page, dense_layers));
+  return BackendPtr(new QuestBackend(s, budget, page, dense_layers, share, split));
 }
 
 }  // namespace lc

@@ -16,7 +16,7 @@ const Entry kMethods[] = {
     {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default); split=1024 tokens per split-K segment"},
     {"naive", make_naive, "exact attention with materialised double-precision scores (tests only)"},
     {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned; sinks=4,window=1024"},
-    {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2"},
+    {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2,share=1,split=1024"},
     {"infllm", make_infllm,
      "InfLLM: sinks + local + retrieved memory blocks at a fixed distance; "
      "sinks=128,local=4096,block=128,reps=4,topk=16,chunk=512"},

@@ -304,6 +304,14 @@ const uint16_t* KvCache::values_f16(int64_t il, int64_t h, int64_t first) const 
   return reinterpret_cast<const uint16_t*>(v_row(head(il, h), first));
 }
 
+void KvCache::prefetch(int64_t il, int64_t h, int64_t first, int64_t count) const {
+  const Head& hd = head(il, h);
+  const char* k = reinterpret_cast<const char*>(k_row(hd, first));
+  const char* v = reinterpret_cast<const char*>(v_row(hd, first));
+  for (size_t o = 0; o < static_cast<size_t>(count) * k_row_bytes_; o += 64) __builtin_prefetch(k + o);
+  for (size_t o = 0; o < static_cast<size_t>(count) * v_row_bytes_; o += 64) __builtin_prefetch(v + o);
+}
+
 void KvCache::read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
   const Head& hd = head(il, h);
   for (int64_t i = 0; i < count; ++i)

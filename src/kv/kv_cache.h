@@ -154,6 +154,9 @@ class KvCache {
   // within a block), for kernels that convert as they read; nullptr for any other type.
   const uint16_t* keys_f16(int64_t il, int64_t h, int64_t first) const;
   const uint16_t* values_f16(int64_t il, int64_t h, int64_t first) const;
+  // Asks for the key and value bytes of rows [first, first + count) (inside one block) to be
+  // brought into cache ahead of use. A hint only: it changes no result and never faults.
+  void prefetch(int64_t il, int64_t h, int64_t first, int64_t count) const;
   // Any rows, any blocks, copied out as f32 (tests, summaries). out: [count, head_dim(_v)].
   void read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
   void read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;

@@ -203,7 +203,7 @@ TEST(AttentionRegistry, SpecErrorsNameMethodAndKey) {
   EXPECT_NE(val.error().message.find("window"), std::string::npos);
   auto ok = make_attention_backend("quest:budget=512,page=16", sh);
   ASSERT_TRUE(ok.has_value()) << ok.error().message;
-  EXPECT_EQ((*ok)->spec(), "quest:budget=512,page=16,dense_layers=2");
+  EXPECT_EQ((*ok)->spec(), "quest:budget=512,page=16,dense_layers=2,share=1");
   EXPECT_TRUE(make_attention_backend("", sh).has_value());  // the default: dense
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention/exec.h"
+#include "core/fp16.h"
 #include "run_util.h"
 
 namespace lc::test {
@@ -31,35 +32,113 @@ TEST(AttentionSparse, QuestAgainstNaiveOnItsSelection) {
 }
 
 TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
-  // Random query boxes and key pages: the bound is >= q . k for every query in the box and
-  // every key of the page, is attained (up to rounding) by some corner pair, and for a point
-  // box equals Quest's per-query bound.
+  // Random query boxes and key pages, bounds stored as f16 rounded outward: the bound is
+  // >= q . k for every query in the box and every key of the page, equals the exact maximum
+  // over the stored bounds (computed in double) to float rounding, and for a point box equals
+  // Quest's per-query bound, in every lane of a group of up to 9 queries.
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t d : {8, 13, 64}) {
     for (int trial = 0; trial < 20; ++trial) {
+      const float scale = trial % 2 ? 1.0f : 37.0f;
       std::vector<float> qs(static_cast<size_t>(5 * d)), ks(static_cast<size_t>(7 * d));
       for (auto& x : qs) x = nd(rng);
-      for (auto& x : ks) x = nd(rng);
+      for (auto& x : ks) x = nd(rng) * scale;
       std::vector<float> lo(d, INFINITY), hi(d, -INFINITY), mn(d, INFINITY), mx(d, -INFINITY);
       for (int64_t c = 0; c < d; ++c) {
         for (int j = 0; j < 5; ++j) lo[c] = std::min(lo[c], qs[j * d + c]), hi[c] = std::max(hi[c], qs[j * d + c]);
         for (int j = 0; j < 7; ++j) mn[c] = std::min(mn[c], ks[j * d + c]), mx[c] = std::max(mx[c], ks[j * d + c]);
       }
-      const float u = attn::box_bound(lo.data(), hi.data(), mn.data(), mx.data(), d);
+      std::vector<uint16_t> page(static_cast<size_t>(2 * d));
+      attn::store_page_bounds(mn.data(), mx.data(), d, page.data());
+      ASSERT_TRUE(attn::page_bounds_finite(page.data(), d));
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_LE(fp16_to_fp32_ref(page[c]), mn[c]);
+        EXPECT_GE(fp16_to_fp32_ref(page[d + c]), mx[c]);
+      }
+      const float* lop = lo.data();
+      const float* hip = hi.data();
+      float u = 0;
+      attn::page_bounds(&lop, &hip, 1, page.data(), d, &u);
       double best = 0;  // the exact maximum over the two boxes, channel by channel, in double
-      for (int64_t c = 0; c < d; ++c)
-        best += std::max({double(lo[c]) * mn[c], double(lo[c]) * mx[c], double(hi[c]) * mn[c], double(hi[c]) * mx[c]});
-      EXPECT_NEAR(u, best, 1e-4 * (1 + std::abs(best)));
+      for (int64_t c = 0; c < d; ++c) {
+        const double m = fp16_to_fp32_ref(page[c]), M = fp16_to_fp32_ref(page[d + c]);
+        best += std::max({lo[c] * m, lo[c] * M, hi[c] * m, hi[c] * M});
+      }
+      const double tol = 1e-5 * d * scale * 4;
+      EXPECT_NEAR(u, best, tol);
       for (int a = 0; a < 5; ++a)
         for (int b = 0; b < 7; ++b) {
           double dotv = 0;
           for (int64_t c = 0; c < d; ++c) dotv += double(qs[a * d + c]) * ks[b * d + c];
-          EXPECT_GE(u + 1e-4 * (1 + std::abs(best)), dotv);
+          EXPECT_GE(u + tol, dotv);
         }
-      EXPECT_EQ(attn::box_bound(qs.data(), qs.data(), mn.data(), mx.data(), d),
-                attn::page_bound(qs.data(), mn.data(), mx.data(), d));
+      // Groups of 1..9 queries (lanes of four, a short last group), single and box mixed:
+      // each lane equals that query's bound computed alone.
+      for (int64_t nq = 1; nq <= 9; ++nq) {
+        std::vector<const float*> l(static_cast<size_t>(nq)), h(static_cast<size_t>(nq));
+        for (int64_t s = 0; s < nq; ++s) {
+          l[static_cast<size_t>(s)] = s % 3 == 2 ? lo.data() : qs.data() + (s % 5) * d;
+          h[static_cast<size_t>(s)] = s % 3 == 2 ? hi.data() : nullptr;
+        }
+        std::vector<float> out(static_cast<size_t>(nq));
+        attn::page_bounds(l.data(), h.data(), nq, page.data(), d, out.data());
+        for (int64_t s = 0; s < nq; ++s) {
+          float alone = 0, as_box = 0;
+          attn::page_bounds(&l[static_cast<size_t>(s)], &h[static_cast<size_t>(s)], 1, page.data(), d, &alone);
+          EXPECT_EQ(out[static_cast<size_t>(s)], alone) << nq << " " << s;
+          if (!h[static_cast<size_t>(s)]) {  // a point box: the box form gives the same value
+            const float* pl = l[static_cast<size_t>(s)];
+            attn::page_bounds(&pl, &pl, 1, page.data(), d, &as_box);
+            EXPECT_EQ(as_box, alone);
+          }
+        }
+      }
     }
+  }
+  // Keys beyond the f16 range: the stored bound is infinite and reported as such.
+  std::vector<float> mn(8, -1.0f), mx(8, 1.0f);
+  mx[3] = 1e6f;
+  std::vector<uint16_t> page(16);
+  attn::store_page_bounds(mn.data(), mx.data(), 8, page.data());
+  EXPECT_FALSE(attn::page_bounds_finite(page.data(), 8));
+}
+
+TEST(AttentionSparse, QuestDecodeSplitAndSharedSelection) {
+  // Decoding (chunks of 1: fewer tiles than 4 x threads) runs the split path when the context
+  // holds more than one unit of `split` tokens. It must attend exactly what it reports (against
+  // the double oracle on its selection), choose the same pages as the unsplit path, and with
+  // share=1 every head of a GQA group attends the same keys; share=0 lets each head choose.
+  Seq s(700, 8, 2, 64, 64, 23);
+  const RopeTable rt = test_rope(64, true);
+  const auto cfg = kv_config(s, 32, rt);
+  for (const char* share : {"1", "0"}) {
+    const std::string base = std::string("quest:budget=128,page=16,dense_layers=0,share=") + share;
+    const auto split = run_seq(s, base + ",split=64", cfg, {1}, true);
+    const auto whole = run_seq(s, base + ",split=1048576", cfg, {1}, true);
+    EXPECT_LT(max_err_vs_selection(s, rt, split), 2e-4) << share;
+    EXPECT_LT(max_abs_diff(split.out, whole.out), 1e-5) << share;
+    int64_t differ = 0;  // heads of one group that attend different keys
+    for (size_t c = 0; c < split.sel.size(); ++c) {
+      for (int64_t h = 0; h < s.H; ++h) {
+        const auto& a = split.sel[c].keys[static_cast<size_t>(h)];
+        const auto& b = whole.sel[c].keys[static_cast<size_t>(h)];
+        std::set<int32_t> ka, kb;
+        for (const auto& k : a) ka.insert(k.seq_index);
+        for (const auto& k : b) kb.insert(k.seq_index);
+        EXPECT_EQ(ka, kb) << "token " << c << " head " << h;
+        EXPECT_LE(a.size(), 128u);
+        if (h % 4 != 0) {
+          std::set<int32_t> k0;
+          for (const auto& k : split.sel[c].keys[static_cast<size_t>(h - h % 4)]) k0.insert(k.seq_index);
+          differ += k0 != ka;
+        }
+      }
+    }
+    if (std::string(share) == "1")
+      EXPECT_EQ(differ, 0);
+    else
+      EXPECT_GT(differ, 0);  // random queries: heads of a group disagree somewhere
   }
 }
 

@@ -152,7 +152,7 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   const auto j = nlohmann::json::parse(r.out.substr(js, r.out.rfind(']') - js + 1));
   ASSERT_EQ(j.size(), 4u);
   EXPECT_EQ(j[0]["attn"], "dense");
-  EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2");
+  EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2,share=1");
   for (const auto& row : j) {
     EXPECT_EQ(row["n_depth"], 300);
     EXPECT_EQ(row["kv_bytes_per_token"], 1280);  // 5 layers x 4 heads x (8 + 8) floats
