@@ -41,6 +41,15 @@ void ExecBackend::add_variant(int v, const float* q, const int32_t* qpos, const 
   ctx.var[v] = attn::QueryVariant{qbuf_[v].data(), qpos_[v].data()};
 }
 
+namespace {
+// The blocks of one KV head are scattered through the pool (interleaved with every other layer
+// and head's), so the hardware prefetcher loses the stream at each block boundary. Touching the
+// first rows of the next block while this one is scored restarts it early.
+void prefetch_next(const attn::ExecCtx& ctx, int64_t hk, int64_t next, int64_t end) {
+  if (next < end) ctx.kv->prefetch(ctx.il, hk, next, std::min<int64_t>(8, end - next));
+}
+}  // namespace
+
 void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
   const std::vector<attn::Item> items = attn::make_items(ctx);
   const int64_t B = ctx.kv->block_tokens();
@@ -62,6 +71,7 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
         const int64_t lv = run.vis(run.rows() - 1);  // the tile's last token sees the most
         for (int64_t first = 0; first < lv; first += B) {
           if (first > 0 && first % seg == 0) run.flush();
+          prefetch_next(ctx, run.item().hk, first + B, lv);
           run.run(attn::Span{first, std::min(B, lv - first), 0, false, run.all_rows()});
         }
         run.finish();
@@ -86,8 +96,10 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
       run.begin(ctx, items[i]);
       const int64_t lv = run.vis(run.rows() - 1);
       const int64_t s0 = (u - unit_first[i]) * seg, s1 = std::min(lv, s0 + seg);
-      for (int64_t first = s0; first < s1; first += B)
+      for (int64_t first = s0; first < s1; first += B) {
+        prefetch_next(ctx, run.item().hk, first + B, s1);
         run.run(attn::Span{first, std::min(B, s1 - first), 0, false, run.all_rows()});
+      }
       run.export_partial(partials_.data() + u * stride);
     }
   }, attn::unit_grain(ctx, n_units));
