@@ -114,6 +114,75 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
   });
 }
 
+void ExecBackend::run_spans(const attn::ExecCtx& ctx, const std::vector<attn::Item>& items,
+                            const std::vector<std::vector<attn::Span>>& spans, ThreadPool& pool) {
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  // Units: runs of consecutive spans of one item holding about split_ tokens.
+  struct Unit {
+    size_t item, a, b;  // spans [a, b) of item
+  };
+  std::vector<Unit> units;
+  std::vector<size_t> unit_first(items.size() + 1, 0);
+  const bool split = n_items < 4 * pool.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& sp = spans[i];
+    size_t a = 0;
+    int64_t acc = 0;
+    for (size_t j = 0; j < sp.size(); ++j) {
+      if (split && acc >= split_ && j > a) {
+        units.push_back(Unit{i, a, j});
+        a = j;
+        acc = 0;
+      }
+      acc += sp[j].count;
+    }
+    units.push_back(Unit{i, a, sp.size()});
+    unit_first[i + 1] = units.size();
+  }
+  if (static_cast<int64_t>(units.size()) == n_items) {
+    pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
+      attn::Runner& run = attn::thread_runner();
+      for (int64_t i = b; i < e; ++i) {
+        run.begin(ctx, items[static_cast<size_t>(i)]);
+        for (const auto& s : spans[static_cast<size_t>(i)]) run.run(s);
+        run.finish();
+      }
+    });
+    return;
+  }
+  const int64_t n_units = static_cast<int64_t>(units.size());
+  const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
+  if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
+  pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+    attn::Runner& run = attn::thread_runner();
+    for (int64_t u = b; u < e; ++u) {
+      const Unit& un = units[static_cast<size_t>(u)];
+      run.begin(ctx, items[un.item]);
+      for (size_t j = un.a; j < un.b; ++j) run.run(spans[un.item][j]);
+      run.export_partial(partials_.data() + u * stride);
+    }
+  }, attn::unit_grain(ctx, n_units));
+  pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
+    attn::Runner& run = attn::thread_runner();
+    for (int64_t i = b; i < e; ++i) {
+      run.begin(ctx, items[static_cast<size_t>(i)]);
+      for (size_t u = unit_first[static_cast<size_t>(i)]; u < unit_first[static_cast<size_t>(i) + 1]; ++u)
+        run.merge_partial(partials_.data() + static_cast<int64_t>(u) * stride);
+      run.finish();
+    }
+  });
+}
+
+void attn::add_spans(std::vector<Span>& out, int64_t first, int64_t count, int64_t block_tokens, int var,
+                     bool unrotate) {
+  while (count > 0) {
+    const int64_t in_block = std::min(count, block_tokens - first % block_tokens);
+    out.push_back(Span{first, in_block, var, unrotate, ~uint64_t{0}});
+    first += in_block;
+    count -= in_block;
+  }
+}
+
 namespace {
 
 class DenseBackend final : public ExecBackend {

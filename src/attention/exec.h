@@ -111,6 +111,10 @@ class Runner {
 
 Runner& thread_runner();
 
+// Appends [first, first + count) to out as spans cut at KV block boundaries (all rows).
+void add_spans(std::vector<Span>& out, int64_t first, int64_t count, int64_t block_tokens, int var = 0,
+               bool unrotate = false);
+
 // Grain of a parallel loop over split-K units: units of one tile append to the same rows'
 // selection records, so while recording (tests, diagnostics) one thread runs them all, in the
 // same order with the same merge, which changes no result.

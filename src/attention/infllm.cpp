@@ -26,14 +26,18 @@ namespace {
 class InfLlmBackend final : public ExecBackend {
  public:
   InfLlmBackend(const AttnShape& s, int64_t n_init, int64_t n_local, int64_t block, int64_t reps,
-                int64_t topk, int64_t chunk)
+                int64_t topk, int64_t chunk, int64_t split)
       : ExecBackend(s), n_init_(n_init), n_local_(n_local), block_(block), reps_(reps), topk_(topk),
-        chunk_(chunk), heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {}
+        chunk_(chunk), heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {
+    split_ = split;
+  }
 
   std::string spec() const override {
-    return strprintf("infllm:sinks=%lld,local=%lld,block=%lld,reps=%lld,topk=%lld,chunk=%lld",
-                     (long long)n_init_, (long long)n_local_, (long long)block_, (long long)reps_,
-                     (long long)topk_, (long long)chunk_);
+    std::string s = strprintf("infllm:sinks=%lld,local=%lld,block=%lld,reps=%lld,topk=%lld,chunk=%lld",
+                              (long long)n_init_, (long long)n_local_, (long long)block_, (long long)reps_,
+                              (long long)topk_, (long long)chunk_);
+    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    return s;
   }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
@@ -110,20 +114,20 @@ class InfLlmBackend final : public ExecBackend {
     });
 
     const std::vector<attn::Item> items = attn::make_items(ctx, chunk_);
-    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
-      attn::Runner& run = attn::thread_runner();
-      for (int64_t i = b; i < e; ++i) {
-        const attn::Item& it = items[static_cast<size_t>(i)];
-        const size_t si = static_cast<size_t>((it.t0 / chunk_) * shape_.n_head_kv + it.hk);
-        run.begin(ctx, it);
-        const int64_t max_vis = run.vis(run.rows() - 1);
-        const int64_t mem_end = mem_end_[si];
-        run.run_range(0, std::min(n_init_, max_vis), 0, false, run.all_rows());
-        for (int32_t m : sel_[si]) run.run_range(n_init_ + m * block_, block_, 1, true, run.all_rows());
-        if (max_vis > mem_end) run.run_range(mem_end, max_vis - mem_end, 0, false, run.all_rows());
-        run.finish();
-      }
-    });
+    const int64_t B = kv.block_tokens();
+    spans_.resize(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      const attn::Item& it = items[i];
+      const size_t si = static_cast<size_t>((it.t0 / chunk_) * shape_.n_head_kv + it.hk);
+      const int64_t max_vis = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
+      const int64_t mem_end = mem_end_[si];
+      auto& sp = spans_[i];
+      sp.clear();
+      attn::add_spans(sp, 0, std::min(n_init_, max_vis), B);
+      for (int32_t m : sel_[si]) attn::add_spans(sp, n_init_ + m * block_, block_, B, 1, true);
+      if (max_vis > mem_end) attn::add_spans(sp, mem_end, max_vis - mem_end, B);
+    }
+    run_spans(ctx, items, spans_, pool);
     return Status::ok();
   }
 
@@ -161,6 +165,7 @@ class InfLlmBackend final : public ExecBackend {
   std::vector<int32_t> fixed_;                // [n] the fixed distance
   std::vector<std::vector<int32_t>> sel_;     // [n_sub * n_head_kv] chosen memory blocks
   std::vector<int64_t> mem_end_;              // [n_sub * n_head_kv]
+  std::vector<std::vector<attn::Span>> spans_;  // [items] what each tile attends
 };
 
 }  // namespace
@@ -173,8 +178,10 @@ Expected<BackendPtr> make_infllm(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("reps", &reps, 1, 65536));
   LC_TRY(spec.get_int("topk", &topk, 0, 1 << 20));
   LC_TRY(spec.get_int("chunk", &chunk, 1, 1 << 20));
+  int64_t split = ExecBackend::kDefaultSplit;
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
   LC_TRY(spec.finish());
-  return BackendPtr(new InfLlmBackend(s, n_init, n_local, block, reps, topk, chunk));
+  return BackendPtr(new InfLlmBackend(s, n_init, n_local, block, reps, topk, chunk, split));
 }
 
 }  // namespace lc

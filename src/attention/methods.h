@@ -40,6 +40,12 @@ class ExecBackend : public AttentionBackend {
   // across threads (split-K) when there are too few tiles, with bit-identical results.
   void run_dense(const attn::ExecCtx& ctx, ThreadPool& pool);
 
+  // Runs spans[i] (each inside one KV block, all rows) for item i. With fewer than 4 items per
+  // thread (decoding), an item's spans are cut into units of about split_ tokens that run on
+  // different threads, whose partial softmax states are merged per item in order (split-K).
+  void run_spans(const attn::ExecCtx& ctx, const std::vector<attn::Item>& items,
+                 const std::vector<std::vector<attn::Span>>& spans, ThreadPool& pool);
+
   int64_t split_ = kDefaultSplit;
   std::vector<float> partials_;  // split-K partial states
 
