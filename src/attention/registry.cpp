@@ -19,13 +19,13 @@ const Entry kMethods[] = {
     {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2,share=1,split=1024"},
     {"infllm", make_infllm,
      "InfLLM: sinks + local + retrieved memory blocks at a fixed distance; "
-     "sinks=128,local=4096,block=128,reps=4,topk=16,chunk=512"},
+     "sinks=128,local=4096,block=128,reps=4,topk=16,chunk=512,split=1024"},
     {"dssa", make_dssa,
      "DSSA / InfLLM-v2: dense below switch, block-sparse above; "
      "switch=8192,block=64,kernel=32,stride=16,topk=16,sinks=64,local=512"},
     {"lychee", make_lychee,
      "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others; "
-     "budget=2048,block=64,sinks=64,local=256,retrieval=1,heads=FILE"},
+     "budget=2048,block=64,sinks=64,local=256,retrieval=1,heads=FILE,split=1024"},
 };
 
 }  // namespace
