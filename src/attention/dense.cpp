@@ -144,7 +144,8 @@ void ExecBackend::run_spans(const attn::ExecCtx& ctx, const std::vector<attn::It
       attn::Runner& run = attn::thread_runner();
       for (int64_t i = b; i < e; ++i) {
         run.begin(ctx, items[static_cast<size_t>(i)]);
-        for (const auto& s : spans[static_cast<size_t>(i)]) run.run(s);
+        const auto& sp = spans[static_cast<size_t>(i)];
+        attn::run_prefetched(run, sp.data(), sp.size());
         run.finish();
       }
     });
@@ -158,7 +159,7 @@ void ExecBackend::run_spans(const attn::ExecCtx& ctx, const std::vector<attn::It
     for (int64_t u = b; u < e; ++u) {
       const Unit& un = units[static_cast<size_t>(u)];
       run.begin(ctx, items[un.item]);
-      for (size_t j = un.a; j < un.b; ++j) run.run(spans[un.item][j]);
+      attn::run_prefetched(run, spans[un.item].data() + un.a, un.b - un.a);
       run.export_partial(partials_.data() + u * stride);
     }
   }, attn::unit_grain(ctx, n_units));
@@ -171,6 +172,16 @@ void ExecBackend::run_spans(const attn::ExecCtx& ctx, const std::vector<attn::It
       run.finish();
     }
   });
+}
+
+void attn::run_prefetched(Runner& run, const Span* spans, size_t n) {
+  const ExecCtx& c = run.ctx();
+  for (size_t j = 0; j < n; ++j) {
+    // The next span is usually elsewhere in the pool (a chosen page, another block): its first
+    // rows are asked for while this one is scored.
+    if (j + 1 < n) c.kv->prefetch(c.il, run.item().hk, spans[j + 1].first, std::min<int64_t>(16, spans[j + 1].count));
+    run.run(spans[j]);
+  }
 }
 
 void attn::add_spans(std::vector<Span>& out, int64_t first, int64_t count, int64_t block_tokens, int var,

@@ -111,6 +111,8 @@ class Runner {
 
 Runner& thread_runner();
 
+// Runs spans[0..n) of the open item in order, prefetching the start of each next span.
+void run_prefetched(Runner& run, const Span* spans, size_t n);
 // Appends [first, first + count) to out as spans cut at KV block boundaries (all rows).
 void add_spans(std::vector<Span>& out, int64_t first, int64_t count, int64_t block_tokens, int var = 0,
                bool unrotate = false);

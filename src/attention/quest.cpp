@@ -80,22 +80,24 @@ class QuestBackend final : public ExecBackend {
         attn::Runner& run = attn::thread_runner();
         thread_local Plan plan;
         thread_local std::vector<uint64_t> mask;
+        thread_local std::vector<attn::Span> spans;
         for (int64_t i = b; i < e; ++i) {
           const attn::Item& it = items[static_cast<size_t>(i)];
           run.begin(ctx, it);
           make_plan(ctx, run, plan);
           bound_pages(head(it), plan, 0, plan.own_first);
           for (int64_t sh = 0; sh < plan.n_sel; ++sh) select(plan, sh);
-          attend(run, plan, 0, plan.n_pages, mask);
+          page_spans(plan, kv.block_tokens(), mask, spans);
+          attn::run_prefetched(run, spans.data(), spans.size());
           run.finish();
         }
       });
       return Status::ok();
     }
-    // Decoding: a token has one tile per KV head, fewer than the threads. The page bounds and
-    // the attention over the chosen pages are split into units of `seg` pages (split-K,
-    // flash-decoding), whose partial softmax states are merged per tile in page order, so the
-    // result does not depend on the number of threads.
+    // Decoding: a token has one tile per KV head, fewer than the threads. The page bounds are
+    // computed in units of `seg` pages on all threads, and the attention over the chosen pages
+    // runs split-K (run_spans): partial softmax states merged per tile in order, so the result
+    // does not depend on the number of threads.
     if (static_cast<int64_t>(plans_.size()) < n_items) plans_.resize(static_cast<size_t>(n_items));
     std::vector<int64_t> unit_first(static_cast<size_t>(n_items + 1), 0);
     std::vector<int64_t> pick_first(static_cast<size_t>(n_items + 1), 0);  // (tile, scored head)
@@ -126,28 +128,11 @@ class QuestBackend final : public ExecBackend {
         select(plans_[i], u - pick_first[i]);
       }
     });
-    const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
-    if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
-    pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
-      attn::Runner& run = attn::thread_runner();
-      thread_local std::vector<uint64_t> mask;
-      for (int64_t u = b; u < e; ++u) {
-        const size_t i = item_of(unit_first, u);
-        const int64_t p0 = (u - unit_first[i]) * seg;
-        run.begin(ctx, items[i]);
-        attend(run, plans_[i], p0, p0 + seg, mask);
-        run.export_partial(partials_.data() + u * stride);
-      }
-    }, attn::unit_grain(ctx, n_units));
-    pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
-      attn::Runner& run = attn::thread_runner();
-      for (int64_t i = b; i < e; ++i) {
-        run.begin(ctx, items[static_cast<size_t>(i)]);
-        for (int64_t u = unit_first[static_cast<size_t>(i)]; u < unit_first[static_cast<size_t>(i) + 1]; ++u)
-          run.merge_partial(partials_.data() + u * stride);
-        run.finish();
-      }
-    });
+    // The chosen pages of each tile, attended split-K (ExecBackend::run_spans).
+    const int64_t B = kv.block_tokens();
+    spans_.resize(items.size());
+    for (size_t i = 0; i < items.size(); ++i) page_spans(plans_[i], B, mask_, spans_[i]);
+    run_spans(ctx, items, spans_, pool);
     return Status::ok();
   }
 
@@ -289,40 +274,25 @@ class QuestBackend final : public ExecBackend {
     }
   }
 
-  // Attends pages [p0, p1) of the plan (after select) with the rows that take each page.
-  void attend(attn::Runner& run, const Plan& plan, int64_t p0, int64_t p1, std::vector<uint64_t>& mask) const {
-    p1 = std::min(p1, plan.n_pages);
-    if (p0 >= p1) return;
-    mask.assign(static_cast<size_t>(p1 - p0), 0);
+  // The spans the tile attends (after select): every page that some row takes, cut at KV
+  // blocks, with the rows that take it.
+  void page_spans(const Plan& plan, int64_t block_tokens, std::vector<uint64_t>& mask,
+                  std::vector<attn::Span>& out) const {
+    out.clear();
+    mask.assign(static_cast<size_t>(plan.n_pages), 0);
     for (int64_t sh = 0; sh < plan.n_sel; ++sh) {
       const int32_t* chosen = plan.chosen.data() + sh * plan.want;
-      const int32_t* it = std::lower_bound(chosen, chosen + plan.want, static_cast<int32_t>(p0));
-      for (; it != chosen + plan.want && *it < p1; ++it) mask[static_cast<size_t>(*it - p0)] |= plan.sel_rows[sh];
+      for (int64_t j = 0; j < plan.want; ++j) mask[static_cast<size_t>(chosen[j])] |= plan.sel_rows[sh];
     }
-    auto rows_of = [&](int64_t p) {
-      return mask[static_cast<size_t>(p - p0)] | plan.all_rows | (p >= plan.own_first ? plan.own_rows : plan.below_rows);
-    };
-    // The chosen pages are scattered: the next one is fetched while this one is attended.
-    const KvCache& kv = *run.ctx().kv;
-    const int64_t il = run.ctx().il, hk = run.item().hk, B = kv.block_tokens();
-    auto fetch = [&](int64_t p) {
-      const int64_t first = p * page_, cnt = std::min(page_, plan.max_vis - first);
-      for (int64_t t = first; t < first + cnt;) {
-        const int64_t in_block = std::min(first + cnt - t, B - t % B);
-        kv.prefetch(il, hk, t, in_block);
-        t += in_block;
-      }
-    };
-    int64_t next = p0;
-    while (next < p1 && !rows_of(next)) ++next;
-    while (next < p1) {
-      const int64_t p = next;
-      for (++next; next < p1 && !rows_of(next);) ++next;
-      if (next < p1) fetch(next);
-      run.run_range(p * page_, std::min(page_, plan.max_vis - p * page_), 0, false, rows_of(p));
+    for (int64_t p = 0; p < plan.n_pages; ++p) {
+      const uint64_t m = mask[static_cast<size_t>(p)] | plan.all_rows |
+                         (p >= plan.own_first ? plan.own_rows : plan.below_rows);
+      if (!m) continue;
+      const size_t at = out.size();
+      attn::add_spans(out, p * page_, std::min(page_, plan.max_vis - p * page_), block_tokens);
+      for (size_t j = at; j < out.size(); ++j) out[j].rows = m;
     }
   }
-
 
   void update_bounds(KvCache& kv, int64_t il, int64_t hk) {
     HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
@@ -363,6 +333,8 @@ class QuestBackend final : public ExecBackend {
   bool share_;
   std::vector<HeadState> heads_;  // [n_layer * n_head_kv]
   std::vector<Plan> plans_;       // decoding: one per tile
+  std::vector<std::vector<attn::Span>> spans_;  // decoding: what each tile attends
+  std::vector<uint64_t> mask_;    // decoding: scratch of page_spans
 };
 
 }  // namespace
