@@ -2,7 +2,6 @@
 // limits, and the retrieval-head calibration round trip.
 #include <gtest/gtest.h>
 
-#include <set>
 #include <unistd.h>
 
 #include <fstream>
@@ -84,18 +83,7 @@ TEST(AttentionLychee, DecodeSplitMatchesUnsplit) {
   Seq s(500, 8, 2, 64, 64, 57);
   const RopeTable rt = test_rope(64, true);
   const auto cfg = kv_config(s, 16, rt);
-  const std::string base = "lychee:budget=128,block=32,sinks=32,local=64,retrieval=1";
-  const auto split = run_seq(s, base + ",split=64", cfg, {1}, true);
-  const auto whole = run_seq(s, base + ",split=1048576", cfg, {1}, true);
-  EXPECT_LT(max_err_vs_selection(s, rt, split), 2e-4);
-  EXPECT_LT(max_abs_diff(split.out, whole.out), 1e-5);
-  for (size_t c = 0; c < split.sel.size(); ++c)
-    for (int64_t h = 0; h < s.H; ++h) {
-      std::set<int32_t> a, b;
-      for (const auto& k : split.sel[c].keys[static_cast<size_t>(h)]) a.insert(k.seq_index);
-      for (const auto& k : whole.sel[c].keys[static_cast<size_t>(h)]) b.insert(k.seq_index);
-      EXPECT_EQ(a, b) << "token " << c << " head " << h;
-    }
+  expect_decode_split_matches_unsplit(s, rt, cfg, "lychee:budget=128,block=32,sinks=32,local=64,retrieval=1", 64);
 }
 
 TEST(AttentionLychee, FullBudgetEqualsDense) {

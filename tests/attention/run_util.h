@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,24 @@ inline double max_err_vs_selection(const Seq& s, const RopeTable& rt, const RunR
       }
   }
   return worst;
+}
+
+// Decoding (chunks of 1) of `base` with ",split=S" against ",split=1048576" (never split): exact
+// on its own selection, within float rounding of the unsplit output, and attending the same
+// keys for every token and head.
+inline void expect_decode_split_matches_unsplit(const Seq& s, const RopeTable& rt, const KvCacheConfig& cfg,
+                                                const std::string& base, int64_t split_tokens) {
+  const auto split = run_seq(s, base + ",split=" + std::to_string(split_tokens), cfg, {1}, true);
+  const auto whole = run_seq(s, base + ",split=1048576", cfg, {1}, true);
+  EXPECT_LT(max_err_vs_selection(s, rt, split), 2e-4) << base;
+  EXPECT_LT(max_abs_diff(split.out, whole.out), 1e-5) << base;
+  for (size_t c = 0; c < split.sel.size(); ++c)
+    for (int64_t h = 0; h < s.H; ++h) {
+      std::set<int32_t> a, b;
+      for (const auto& k : split.sel[c].keys[static_cast<size_t>(h)]) a.insert(k.seq_index);
+      for (const auto& k : whole.sel[c].keys[static_cast<size_t>(h)]) b.insert(k.seq_index);
+      EXPECT_EQ(a, b) << base << " token " << c << " head " << h;
+    }
 }
 
 }  // namespace lc::test

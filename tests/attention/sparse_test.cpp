@@ -300,14 +300,7 @@ TEST(AttentionSparse, InfLlmDecodeSplitMatchesUnsplit) {
   Seq s(600, 8, 2, 64, 64, 61);
   const RopeTable rt = test_rope(64, true);
   const auto cfg = kv_config(s, 16, rt);
-  const std::string base = "infllm:sinks=8,local=64,block=32,reps=4,topk=3,chunk=32";
-  const auto split = run_seq(s, base + ",split=32", cfg, {1}, true);
-  const auto whole = run_seq(s, base + ",split=1048576", cfg, {1}, true);
-  EXPECT_LT(max_err_vs_selection(s, rt, split), 2e-4);
-  EXPECT_LT(max_abs_diff(split.out, whole.out), 1e-5);
-  for (size_t c = 0; c < split.sel.size(); ++c)
-    for (int64_t h = 0; h < s.H; ++h)
-      EXPECT_EQ(split.sel[c].keys[static_cast<size_t>(h)].size(), whole.sel[c].keys[static_cast<size_t>(h)].size());
+  expect_decode_split_matches_unsplit(s, rt, cfg, "infllm:sinks=8,local=64,block=32,reps=4,topk=3,chunk=32", 32);
 }
 
 TEST(AttentionSparse, InfLlmWithLargeLocalWindowIsDense) {
