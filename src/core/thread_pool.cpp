@@ -15,7 +15,31 @@ namespace lc {
 
 namespace {
 constexpr int kSpinIterations = 1 << 16;
-}
+
+#if defined(__x86_64__)
+constexpr unsigned kFtzDaz = 0x8040;  // MXCSR flush-to-zero (bit 15) | denormals-are-zero (bit 6)
+#endif
+
+// Pool work runs with subnormal floats flushed to zero (FTZ: results, DAZ: inputs). On x86 an
+// operation that reads or writes a subnormal takes a slow microcode path, and a model's
+// numbers do produce them (softmax weights far below the maximum times small values, tiny
+// activations): on a random-weight SmolLM2-135M at a 64K context, decoding ran 1.8x (dense)
+// to 2.5x (quest) slower without the flush (docs/performance.md). A subnormal is below 2^-126
+// in magnitude, so flushing it changes no result that matters; TensorFlow and ONNX Runtime
+// flush in their compute threads the same way. Every thread of the pool (the caller too, for
+// the duration of the call) and the one-thread path use the same mode, so results do not
+// depend on the number of threads; the caller's own mode is restored on return.
+class FlushSubnormals {
+ public:
+#if defined(__x86_64__)
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtzDaz); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+}  // namespace
 
 int default_thread_count() {
   cpu_set_t set;
@@ -36,6 +60,9 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker(int idx) {
+#if defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | kFtzDaz);  // for the thread's lifetime (see FlushSubnormals)
+#endif
   uint32_t seen = 0;
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
@@ -59,6 +86,7 @@ void ThreadPool::worker(int idx) {
 }
 
 void ThreadPool::run(const std::function<void(int)>& fn) {
+  FlushSubnormals flush;
   if (n_threads_ == 1) {
     fn(0);
     return;
@@ -87,6 +115,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   const int64_t n_chunks = (n + grain - 1) / grain;
   const int nt = static_cast<int>(std::min<int64_t>(n_threads_, n_chunks));
   if (nt <= 1) {
+    FlushSubnormals flush;
     fn(0, n, 0);
     return;
   }

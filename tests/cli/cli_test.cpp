@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "cli/run_cli.h"
@@ -164,6 +165,46 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   r = run("bench speed -m " + kStories + " -p 16 -n 2 --fill-attn quest:page=0");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--fill-attn"), std::string::npos) << r.out;
+}
+
+// bench press: the row's KV bytes follow the ratio; --fill-attn prefills under another backend
+// and a bad one is named.
+TEST(Cli, BenchPressRowAndFillBackend) {
+  const std::string base = "bench press -m " + kStories + " -L 300 -n 2 -t 1 -c 512 ";
+  for (const std::string fill : {"", "--fill-attn infllm:sinks=4,local=64,topk=0 "}) {
+    Result r = run(base + fill + "--kv-press snapkv:ratio=0.5,window=32 --header");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.find("| snapkv");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    // | press | context | KV before | KV after | ...: 300 tokens x 1280 bytes, then half.
+    std::vector<std::string> cells;
+    std::stringstream row(r.out.substr(at + 1, r.out.find('\n', at) - at - 1));
+    for (std::string c; std::getline(row, c, '|');) cells.push_back(c);
+    ASSERT_GE(cells.size(), 4u) << r.out;
+    EXPECT_EQ(std::stoll(cells[1]), 300);
+    EXPECT_NEAR(std::stod(cells[2]), 300.0 * 1280 / (1 << 20), 0.05);
+    EXPECT_NEAR(std::stod(cells[3]), 150.0 * 1280 / (1 << 20), 0.05);
+  }
+  Result r = run(base + "--fill-attn quest:page=0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--fill-attn"), std::string::npos) << r.out;
+}
+
+// make-model --layers writes the shape with another depth (a draft for speckv); out of range is
+// an error naming the flag.
+TEST(Cli, MakeModelLayers) {
+  const std::string out = testing::TempDir() + "cli_make_model_2l.gguf";
+  const std::string vocab = std::string(LONGCTX_TEST_DATA) + "/vocab/ggml-vocab-gpt-2.gguf";
+  Result r = run("make-model --type q8_0 --layers 2 --vocab " + vocab + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("info " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("n_layer:         2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("n_embd:          576\n"), std::string::npos) << r.out;
+  std::remove(out.c_str());
+  r = run("make-model --layers 5000 --vocab " + vocab + " -o " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--layers"), std::string::npos) << r.out;
 }
 
 }  // namespace

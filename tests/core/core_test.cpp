@@ -41,6 +41,28 @@ TEST(ThreadPool, RunCallsEveryThreadOnceManyTimes) {
   }
 }
 
+// Pool work flushes subnormals to zero on every thread and for every thread count (so results
+// do not depend on it); the caller's floating-point mode is left as it was.
+TEST(ThreadPool, FlushesSubnormalsInsideOnly) {
+  volatile float tiny = std::numeric_limits<float>::min();  // smallest normal: half is subnormal
+  auto halve = [&] { return tiny * 0.5f; };
+  ASSERT_GT(halve(), 0.0f);  // IEEE outside the pool
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    std::vector<float> got(8, -1.0f);
+    pool.parallel_for(8, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) got[static_cast<size_t>(i)] = halve();
+    });
+    for (float g : got) EXPECT_EQ(g, 0.0f) << threads << " threads";
+    std::vector<float> ran(static_cast<size_t>(threads), -1.0f);
+    pool.run([&](int t) { ran[static_cast<size_t>(t)] = halve(); });
+    for (float g : ran) EXPECT_EQ(g, 0.0f) << threads << " threads";
+    pool.parallel_for(1, [&](int64_t, int64_t, int) { got[0] = halve(); });  // the one-range path
+    EXPECT_EQ(got[0], 0.0f);
+    EXPECT_GT(halve(), 0.0f) << "the caller's mode is restored";
+  }
+}
+
 Expected<int> half(int x) {
   if (x % 2) return make_error(strprintf("%d is odd", x));
   return x / 2;

@@ -577,7 +577,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
 // tokens x bytes per token (K + V of one (layer, head) slot), before (the whole prompt) and
 // after compression; `in use` is the block-granular memory the cache really holds.
 int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n_gen, bool header,
-                    uint64_t seed) {
+                    uint64_t seed, const std::string& fill_attn) {
   if (n_gen < 1) return fail("-n must be >= 1");
   std::string err;
   std::vector<int64_t> lens;
@@ -610,10 +610,17 @@ int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n
     std::uniform_int_distribution<int32_t> pick(0, nv - 1);
     std::vector<int32_t> toks(static_cast<size_t>(L));
     for (auto& t : toks) t = pick(rng);
+    // --fill-attn: the prompt (and the press, which scores with its own exact arithmetic) runs
+    // under the fill backend; decoding over the compressed cache runs under --attn.
+    const std::string own = c.attention().spec();
+    if (!fill_attn.empty())
+      if (auto st = c.set_attention(fill_attn); !st.is_ok()) return fail("--fill-attn: " + st.message());
     double t0 = lc::now_seconds();
     Status s = c.decode(toks, lc::Logits::kLast);
     if (!s) return fail(s.message());
     const double t_prefill = lc::now_seconds() - t0;
+    if (!fill_attn.empty())
+      if (auto st = c.set_attention(own); !st.is_ok()) return fail("--attn: " + st.message());
     const lc::KvCache& kv = c.kv();
     const lc::KvMemory mem = kv.memory();
     int64_t held = 0;
@@ -641,11 +648,15 @@ int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n
 }
 
 int cmd_make_model(const std::string& shape, const std::string& type, const std::string& vocab,
-                   const std::string& out, uint64_t seed) {
+                   const std::string& out, uint64_t seed, int64_t layers) {
   if (shape != "smollm2-135m") return fail("--shape: only smollm2-135m is known");
   auto t = lc::dtype_from_name(type);
   if (!t || !lc::kernels::can_quantize(*t)) return fail(lc::strprintf("--type: cannot write '%s' weights", type.c_str()));
   lc::RandomModelSpec spec = lc::smollm2_135m_spec();
+  if (layers != 0) {
+    if (layers < 1 || layers > 1024) return fail(lc::strprintf("--layers: %lld is not in 1..1024", (long long)layers));
+    spec.n_layer = layers;
+  }
   spec.weight_type = *t;
   spec.vocab_path = vocab;
   spec.seed = seed;
@@ -751,6 +762,10 @@ int main(int argc, char** argv) {
   bpress->add_option("-n,--n-gen", bp_n, "tokens decoded after compression")->capture_default_str();
   bpress->add_flag("--header", bp_header, "print the table header first");
   bpress->add_option("--seed", bp_seed, "seed of the random prompt")->capture_default_str();
+  std::string bp_fill;
+  bpress->add_option("--fill-attn", bp_fill,
+                     "attention backend for the prompt's prefill (timed, and the press runs after it); decoding "
+                     "runs under --attn. E.g. dssa for 64K prompts, where a dense prefill takes most of an hour");
 
   CommonOpts cal_co;
   std::string cal_file, cal_out = "retrieval-heads.txt";
@@ -773,6 +788,9 @@ int main(int argc, char** argv) {
   mm->add_option("--vocab", mm_vocab, "GGUF file whose tokenizer is copied")->required();
   mm->add_option("-o,--output", mm_out, "output GGUF")->required();
   mm->add_option("--seed", mm_seed, "seed")->capture_default_str();
+  int64_t mm_layers = 0;
+  mm->add_option("--layers", mm_layers,
+                 "layers instead of the shape's (0: the shape's; e.g. 4: a small draft with the same vocabulary for speckv)");
 
   try {
     app.parse(argc, argv);
@@ -789,8 +807,8 @@ int main(int argc, char** argv) {
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup);
-    if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed);
-    if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed);
+    if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);
+    if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed, mm_layers);
     for (const auto& c : extra)
       if (*c.app) return c.run();
   } catch (const std::bad_alloc&) {
