@@ -11,14 +11,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_BENCH=OFF >/dev/null
-cmake --build "$BUILD" --target longctx -j"$(nproc)" >&2
+# LONGCTX=path runs that binary as it is (a long run then does not pick up later edits).
+if [ -z "${LONGCTX:-}" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLONGCTX_BENCH=OFF >/dev/null
+  cmake --build "$BUILD" --target longctx -j"$(nproc)" >&2
+  LONGCTX=./$BUILD/longctx
+fi
 mkdir -p out/bench
 vocab=tests/data/vocab/ggml-vocab-starcoder.gguf
 m=out/bench/smol-q8_0.gguf
 draft=out/bench/smol-draft4-q8_0.gguf
-[ -f "$m" ] || "./$BUILD/longctx" make-model --type q8_0 --vocab "$vocab" -o "$m"
-[ -f "$draft" ] || "./$BUILD/longctx" make-model --type q8_0 --layers 4 --seed 7 --vocab "$vocab" -o "$draft"
+[ -f "$m" ] || "$LONGCTX" make-model --type q8_0 --vocab "$vocab" -o "$m"
+[ -f "$draft" ] || "$LONGCTX" make-model --type q8_0 --layers 4 --seed 7 --vocab "$vocab" -o "$draft"
 LENGTHS=${LENGTHS:-16K,64K}
 THREADS=${THREADS:-2}
 NGEN=${NGEN:-32}
@@ -32,7 +36,7 @@ fill=()
 IFS=',' read -ra LENS <<< "$LENGTHS"
 for L in "${LENS[@]}"; do
   hdr=(); [ "$HEADER" = 1 ] && hdr=(--header) && HEADER=0
-  [ "$NONE" = 1 ] && "./$BUILD/longctx" bench press -m "$m" -L "$L" -n "$NGEN" -t "$THREADS" "${fill[@]}" "${hdr[@]}" && hdr=()
+  [ "$NONE" = 1 ] && "$LONGCTX" bench press -m "$m" -L "$L" -n "$NGEN" -t "$THREADS" "${fill[@]}" "${hdr[@]}" && hdr=()
   for p in $PRESSES; do
     if [ "$p" = h2o ] && [ -n "$FILL" ]; then
       echo "skipping h2o: its observer needs a dense prefill, not --fill-attn $FILL" >&2
@@ -41,7 +45,7 @@ for L in "${LENS[@]}"; do
     for r in $RATIOS; do
       extra=()
       case "$p" in speckv|specpc) extra=(--draft "$draft") ;; esac
-      "./$BUILD/longctx" bench press -m "$m" -L "$L" -n "$NGEN" -t "$THREADS" "${fill[@]}" "${hdr[@]}" \
+      "$LONGCTX" bench press -m "$m" -L "$L" -n "$NGEN" -t "$THREADS" "${fill[@]}" "${hdr[@]}" \
         --kv-press "$p:ratio=$r" "${extra[@]}"
       hdr=()
     done
