@@ -63,20 +63,37 @@ void accumulate_values(float* o, const float* p, const T* v, int64_t nk, int64_t
   }
 }
 
-// sc[j] = q . k[j] for j < nk; four keys at a time so q is loaded once per four.
-void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
+// f16 storage is read in place by the fused kernels (Runner::run): each row is widened in
+// registers as it is used, instead of into a scratch block that is then read back. Requires
+// d % 8 == 0 and d <= kMaxD.
+#if LC_ATTN_AVX2 && defined(__F16C__)
+#define LC_ATTN_F16 1
+#endif
+constexpr int64_t kMaxD = 512;
+constexpr int64_t kFusedMaxRows = 8;
+
+// sc[j] = q . k[j] for j < nk, keys as f32 or as f16 read in place; four keys at a time so q is
+// loaded once per four. Widening f16 is exact and the arithmetic and its order are the same
+// for both, so f16 keys give the bits their f32 copies would.
+template <class T>
+void scores(const float* q, const T* k, int64_t nk, int64_t d, float* sc) {
   int64_t j = 0;
 #if LC_ATTN_AVX2
   if (d % 8 == 0) {
     for (; j + 4 <= nk; j += 4) {
-      const float* k0 = k + j * d;
+      const T* k0 = k + j * d;
+      if constexpr (sizeof(T) == 2) {
+        // The next four rows are usually in the same block: ask for them while these compute.
+        _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
+      }
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
       for (int64_t c = 0; c < d; c += 8) {
         const __m256 qc = _mm256_loadu_ps(q + c);
-        s0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + c), s0);
-        s1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + d + c), s1);
-        s2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 2 * d + c), s2);
-        s3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 3 * d + c), s3);
+        s0 = _mm256_fmadd_ps(qc, load8(k0 + c), s0);
+        s1 = _mm256_fmadd_ps(qc, load8(k0 + d + c), s1);
+        s2 = _mm256_fmadd_ps(qc, load8(k0 + 2 * d + c), s2);
+        s3 = _mm256_fmadd_ps(qc, load8(k0 + 3 * d + c), s3);
       }
       // Horizontal sums of the four accumulators at once.
       const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
@@ -86,48 +103,16 @@ void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
     }
   }
 #endif
-  for (; j < nk; ++j) sc[j] = kernels::dot_f32(q, k + j * d, d);
-}
-
-#if LC_ATTN_AVX2 && defined(__F16C__)
-#define LC_ATTN_F16 1
-
-// scores() reading f16 K rows straight from the cache (accumulate_values() takes f16 V too):
-// each row is widened in registers as it is used, instead of into a scratch block that is then
-// read back.
-// The arithmetic and its order are those of the f32 kernels (widening is exact), so results
-// are bit-identical to the dequantise-then-f32 path. Requires d % 8 == 0 and d <= kMaxD.
-constexpr int64_t kMaxD = 512;
-constexpr int64_t kFusedMaxRows = 8;
-
-void scores_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float* sc) {
-  int64_t j = 0;
-  for (; j + 4 <= nk; j += 4) {
-    const uint16_t* k0 = k + j * d;
-    // The next four rows are usually in the same block: ask for them while these compute.
-    _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-    for (int64_t c = 0; c < d; c += 8) {
-      const __m256 qc = _mm256_loadu_ps(q + c);
-      s0 = _mm256_fmadd_ps(qc, load8(k0 + c), s0);
-      s1 = _mm256_fmadd_ps(qc, load8(k0 + d + c), s1);
-      s2 = _mm256_fmadd_ps(qc, load8(k0 + 2 * d + c), s2);
-      s3 = _mm256_fmadd_ps(qc, load8(k0 + 3 * d + c), s3);
-    }
-    const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
-    const __m256 h = _mm256_hadd_ps(h01, h23);
-    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(sc + j, r);
-  }
-  alignas(32) float row[kMaxD];
   for (; j < nk; ++j) {
-    for (int64_t c = 0; c < d; c += 8) _mm256_store_ps(row + c, load8(k + j * d + c));
-    sc[j] = kernels::dot_f32(q, row, d);
+    if constexpr (sizeof(T) == 2) {
+      alignas(32) float row[kMaxD];
+      for (int64_t c = 0; c < d; ++c) row[c] = to_f32(k[j * d + c]);
+      sc[j] = kernels::dot_f32(q, row, d);
+    } else {
+      sc[j] = kernels::dot_f32(q, k + j * d, d);
+    }
   }
 }
-
-#endif
 
 }  // namespace
 
@@ -388,7 +373,7 @@ void Runner::run(const Span& s, float* lse) {
     const float* q = qv.q + (t * c.n_head + h) * c.d;
 #if LC_ATTN_F16
     if (Kh)
-      scores_f16(q, Kh, lim, c.d, sc);
+      scores(q, Kh, lim, c.d, sc);
     else
 #endif
       scores(q, K, lim, c.d, sc);
