@@ -24,10 +24,9 @@ constexpr unsigned kFtzDaz = 0x8040;  // MXCSR flush-to-zero (bit 15) | denormal
 // operation that reads or writes a subnormal takes a slow microcode path, and a model's
 // numbers do produce them (the attention kernels, Quest's bounds and the matmuls all slowed
 // down, so no single source was fixed): on a random-weight SmolLM2-135M at a 64K context,
-// decoding ran 2.3x (dense)
-// to 3.5x (quest) slower without the flush (docs/performance.md). A subnormal is below 2^-126
-// in magnitude, so flushing it changes no result that matters; TensorFlow and ONNX Runtime
-// flush in their compute threads the same way. Every thread of the pool (the caller too, for
+// decoding ran 2.3x (dense) to 3.5x (quest) slower without the flush (docs/performance.md).
+// A subnormal is below 2^-126 in magnitude, so flushing it changes no result that matters;
+// TensorFlow and ONNX Runtime flush in their compute threads the same way. Every thread of the pool (the caller too, for
 // the duration of the call) and the one-thread path use the same mode, so results do not
 // depend on the number of threads; the caller's own mode is restored on return.
 class FlushSubnormals {
