@@ -26,9 +26,10 @@ constexpr unsigned kFtzDaz = 0x8040;  // MXCSR flush-to-zero (bit 15) | denormal
 // down, so no single source was fixed): on a random-weight SmolLM2-135M at a 64K context,
 // decoding ran 2.3x (dense) to 3.5x (quest) slower without the flush (docs/performance.md).
 // A subnormal is below 2^-126 in magnitude, so flushing it changes no result that matters;
-// TensorFlow and ONNX Runtime flush in their compute threads the same way. Every thread of the pool (the caller too, for
-// the duration of the call) and the one-thread path use the same mode, so results do not
-// depend on the number of threads; the caller's own mode is restored on return.
+// TensorFlow and ONNX Runtime flush in their compute threads the same way. Every thread of
+// the pool (the caller too, for the duration of the call) and the one-thread path use the
+// same mode, so results do not depend on the number of threads; the caller's own mode is
+// restored on return.
 class FlushSubnormals {
  public:
 #if defined(__x86_64__)
