@@ -137,7 +137,7 @@ Expected<std::unique_ptr<ChunkRecurrent<T>>> ChunkRecurrent<T>::create(Transform
   r->output_ = c.tied ? r->tok_embd_ : off("output.weight");
   for (int64_t il = 0; il < c.n_layer; ++il) {
     auto nm = [&](const char* s) { return off(strprintf("blk.%lld.%s", (long long)il, s)); };
-    r->layers_.push_back({nm("attn_norm.weight"), nm("attn_q.weight"), nm("attn_k.weight"), nm("attn_v.weight"),
+    r->layers_.push_back(BlockOffsets{nm("attn_norm.weight"), nm("attn_q.weight"), nm("attn_k.weight"), nm("attn_v.weight"),
                           nm("attn_output.weight"), nm("ffn_norm.weight"), nm("ffn_gate.weight"),
                           nm("ffn_up.weight"), nm("ffn_down.weight")});
   }
@@ -344,9 +344,19 @@ void ChunkRecurrent<T>::attention_backward(int64_t il, int64_t s, int64_t cn, co
 }
 
 template <class T>
+BlockActs<T> ChunkRecurrent<T>::acts(int64_t il) {
+  const int64_t E = c_.n_embd, F = c_.n_ff, qd = c_.q_dim(), C = chunk_;
+  // K and V of the chunk are staged in one buffer shared by the layers: the pool keeps them.
+  return BlockActs<T>{resid_.data() + il * C * E, ln1_.data() + il * C * E, rstd1_.data() + il * C,
+                      q_.data() + il * C * qd,    k_.data(),                v_.data(),
+                      att_.data() + il * C * qd,  mid_.data() + il * C * E, ln2_.data() + il * C * E,
+                      rstd2_.data() + il * C,     gate_.data() + il * C * F, up_.data() + il * C * F,
+                      h_.data() + il * C * F,     resid_.data() + (il + 1) * C * E};
+}
+
+template <class T>
 double ChunkRecurrent<T>::chunk_forward(int64_t s, int64_t cn, ThreadPool& pool) {
-  const int64_t E = c_.n_embd, F = c_.n_ff, V = c_.n_vocab, qd = c_.q_dim(), kd = c_.kv_dim(), H = c_.n_head,
-                hd = c_.head_dim(), C = chunk_;
+  const int64_t E = c_.n_embd, V = c_.n_vocab, kd = c_.kv_dim(), H = c_.n_head, C = chunk_;
   const T* W = m_.params();
   for (int64_t t = 0; t < cn; ++t) pos_[static_cast<size_t>(t)] = static_cast<int32_t>(s + t);
   T* x0 = resid_.data();
@@ -354,40 +364,16 @@ double ChunkRecurrent<T>::chunk_forward(int64_t s, int64_t cn, ThreadPool& pool)
     std::memcpy(x0 + t * E, W + tok_embd_ + static_cast<size_t>(tokens_[static_cast<size_t>(s + t)]) * E,
                 static_cast<size_t>(E) * sizeof(T));
   for (int64_t il = 0; il < c_.n_layer; ++il) {
-    const LayerOffsets& L = layers_[static_cast<size_t>(il)];
-    const T* xin = resid_.data() + il * C * E;
-    T* ln1 = ln1_.data() + il * C * E;
-    T* q = q_.data() + il * C * qd;
-    T* att = att_.data() + il * C * qd;
-    T* mid = mid_.data() + il * C * E;
-    T* ln2 = ln2_.data() + il * C * E;
-    T* gate = gate_.data() + il * C * F;
-    T* up = up_.data() + il * C * F;
-    T* h = h_.data() + il * C * F;
-    T* xout = resid_.data() + (il + 1) * C * E;
-
-    rmsnorm_forward<T>(xin, W + L.attn_norm, ln1, rstd1_.data() + il * C, cn, E, c_.rms_eps, pool);
-    linear_forward<T>(ln1, W + L.wq, q, cn, E, qd, pool);
-    linear_forward<T>(ln1, W + L.wk, k_.data(), cn, E, kd, pool);
-    linear_forward<T>(ln1, W + L.wv, v_.data(), cn, E, kd, pool);
-    rope_rotate<T>(q, cn, H, hd, pos_.data(), rope_, pool);
-    rope_rotate<T>(k_.data(), cn, c_.n_head_kv, hd, pos_.data(), rope_, pool);
-    // Into the pool: later chunks attend to these rows. (The backward pass's recomputation
-    // writes the same values again.)
-    for (int64_t t = 0; t < cn; ++t) {
-      std::memcpy(kv_.key_row(il, s + t), k_.data() + t * kd, static_cast<size_t>(kd) * sizeof(T));
-      std::memcpy(kv_.value_row(il, s + t), v_.data() + t * kd, static_cast<size_t>(kd) * sizeof(T));
-    }
-    attention_forward(il, s, cn, q, att, att_lse_.data() + il * H * C, pool);
-    linear_forward<T>(att, W + L.wo, tmp_.data(), cn, qd, E, pool);
-    for (int64_t i = 0; i < cn * E; ++i) mid[i] = xin[i] + tmp_[static_cast<size_t>(i)];
-
-    rmsnorm_forward<T>(mid, W + L.ffn_norm, ln2, rstd2_.data() + il * C, cn, E, c_.rms_eps, pool);
-    linear_forward<T>(ln2, W + L.w_gate, gate, cn, E, F, pool);
-    linear_forward<T>(ln2, W + L.w_up, up, cn, E, F, pool);
-    swiglu_forward<T>(gate, up, h, cn * F, pool);
-    linear_forward<T>(h, W + L.w_down, tmp_.data(), cn, F, E, pool);
-    for (int64_t i = 0; i < cn * E; ++i) xout[i] = mid[i] + tmp_[static_cast<size_t>(i)];
+    const BlockActs<T> a = acts(il);
+    block_forward<T>(c_, W, layers_[static_cast<size_t>(il)], a, cn, pos_.data(), rope_, tmp_.data(), pool, [&] {
+      // Into the pool: later chunks attend to these rows. (The backward pass's recomputation
+      // writes the same values again.)
+      for (int64_t t = 0; t < cn; ++t) {
+        std::memcpy(kv_.key_row(il, s + t), a.k + t * kd, static_cast<size_t>(kd) * sizeof(T));
+        std::memcpy(kv_.value_row(il, s + t), a.v + t * kd, static_cast<size_t>(kd) * sizeof(T));
+      }
+      attention_forward(il, s, cn, a.q, a.att, att_lse_.data() + il * H * C, pool);
+    });
   }
   const T* xf = resid_.data() + c_.n_layer * C * E;
   rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), cn, E, c_.rms_eps, pool);
@@ -425,8 +411,7 @@ double ChunkRecurrent<T>::forward(const int32_t* tokens, const int32_t* targets,
 
 template <class T>
 void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, ThreadPool& pool) {
-  const int64_t E = c_.n_embd, F = c_.n_ff, V = c_.n_vocab, qd = c_.q_dim(), kd = c_.kv_dim(), H = c_.n_head,
-                hd = c_.head_dim(), C = chunk_;
+  const int64_t E = c_.n_embd, V = c_.n_vocab, kd = c_.kv_dim(), H = c_.n_head, C = chunk_;
   chunk_forward(s, cn, pool);  // recompute this chunk's activations
   const T* W = m_.params();
   T* G = m_.grads();
@@ -439,26 +424,12 @@ void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, Thre
   rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * C * E, W + output_norm_, rstdf_.data(), dresid,
                       G + output_norm_, cn, E, pool);
 
+  const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
   for (int64_t il = c_.n_layer - 1; il >= 0; --il) {
-    const LayerOffsets& L = layers_[static_cast<size_t>(il)];
-    const T* xin = resid_.data() + il * C * E;
-    const T* ln1 = ln1_.data() + il * C * E;
-    const T* q = q_.data() + il * C * qd;
-    const T* att = att_.data() + il * C * qd;
-    const T* mid = mid_.data() + il * C * E;
-    const T* ln2 = ln2_.data() + il * C * E;
-    const T* gate = gate_.data() + il * C * F;
-    const T* up = up_.data() + il * C * F;
-    const T* h = h_.data() + il * C * F;
-
-    linear_backward<T>(dresid, h, W + L.w_down, dh_.data(), G + L.w_down, cn, F, E, false, pool);
-    swiglu_backward<T>(dh_.data(), gate, up, dgate_.data(), dup_.data(), cn * F, pool);
-    linear_backward<T>(dgate_.data(), ln2, W + L.w_gate, dln, G + L.w_gate, cn, E, F, false, pool);
-    linear_backward<T>(dup_.data(), ln2, W + L.w_up, dln, G + L.w_up, cn, E, F, true, pool);
-    rmsnorm_backward<T>(dln, mid, W + L.ffn_norm, rstd2_.data() + il * C, dresid, G + L.ffn_norm, cn, E, pool);
-
-    linear_backward<T>(dresid, att, W + L.wo, datt_.data(), G + L.wo, cn, qd, E, false, pool);
-    attention_backward(il, s, cn, q, att, att_lse_.data() + il * H * C, datt_.data(), dq_.data(), pool);
+    const BlockOffsets& L = layers_[static_cast<size_t>(il)];
+    const BlockActs<T> a = acts(il);
+    block_backward_to_att<T>(c_, W, G, L, a, cn, dresid, sc, pool);
+    attention_backward(il, s, cn, a.q, a.att, att_lse_.data() + il * H * C, datt_.data(), dq_.data(), pool);
     // The later chunks have added their share to rows [s, s + cn) already: dK, dV are complete.
     T* dk = k_.data();
     T* dv = v_.data();
@@ -466,12 +437,7 @@ void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, Thre
       std::memcpy(dk + t * kd, dkv_.key_row(il, s + t), static_cast<size_t>(kd) * sizeof(T));
       std::memcpy(dv + t * kd, dkv_.value_row(il, s + t), static_cast<size_t>(kd) * sizeof(T));
     }
-    rope_rotate<T>(dq_.data(), cn, H, hd, pos_.data(), rope_inv_, pool);
-    rope_rotate<T>(dk, cn, c_.n_head_kv, hd, pos_.data(), rope_inv_, pool);
-    linear_backward<T>(dq_.data(), ln1, W + L.wq, dln, G + L.wq, cn, E, qd, false, pool);
-    linear_backward<T>(dk, ln1, W + L.wk, dln, G + L.wk, cn, E, kd, true, pool);
-    linear_backward<T>(dv, ln1, W + L.wv, dln, G + L.wv, cn, E, kd, true, pool);
-    rmsnorm_backward<T>(dln, xin, W + L.attn_norm, rstd1_.data() + il * C, dresid, G + L.attn_norm, cn, E, pool);
+    block_backward_from_qkv<T>(c_, W, G, L, a, cn, dq_.data(), dk, dv, pos_.data(), rope_inv_, dresid, sc, pool);
   }
   // Embedding rows: a token may repeat, so split over features, not tokens.
   parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {

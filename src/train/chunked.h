@@ -27,6 +27,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "train/block.h"
 #include "rope/rope_table.h"
 #include "train/transformer.h"
 
@@ -119,9 +120,7 @@ class ChunkRecurrent {
   size_t pool_bytes_per_token() const;
 
  private:
-  struct LayerOffsets {
-    size_t attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-  };
+  BlockActs<T> acts(int64_t il);  // layer il's slots of the chunk's activations
   ChunkRecurrent(Transformer<T>& m, int64_t chunk, int64_t page_tokens);
   void allocate_scratch(int n_threads);
   // Chunk [s, s + cn): fills the per-chunk activations and writes its K/V into the pool; returns
@@ -135,7 +134,7 @@ class ChunkRecurrent {
   Transformer<T>& m_;
   ModelConfig c_;
   int64_t chunk_, max_t_ = 0;
-  std::vector<LayerOffsets> layers_;
+  std::vector<BlockOffsets> layers_;
   size_t tok_embd_ = 0, output_norm_ = 0, output_ = 0;
   RopeTable rope_, rope_inv_;
   PagedKv<T> kv_, dkv_;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "train/block.h"
 #include "train/ops.h"
 #include "train/rng.h"
 
@@ -58,7 +59,7 @@ void Transformer<T>::layout() {
   output_ = c_.tied ? tok_embd_ : add("output.weight", {E, V}, true);
   for (int64_t il = 0; il < c_.n_layer; ++il) {
     auto nm = [&](const char* s) { return strprintf("blk.%lld.%s", (long long)il, s); };
-    LayerOffsets L;
+    BlockOffsets L;
     L.attn_norm = add(nm("attn_norm.weight"), {E}, false);
     L.wq = add(nm("attn_q.weight"), {E, qd}, true);
     L.wk = add(nm("attn_k.weight"), {E, kd}, true);
@@ -156,10 +157,19 @@ void Transformer<T>::zero_grads() {
 }
 
 template <class T>
+BlockActs<T> Transformer<T>::acts(int64_t il) {
+  const int64_t E = c_.n_embd, F = c_.n_ff, qd = c_.q_dim(), kd = c_.kv_dim(), Tn = max_t_;
+  return BlockActs<T>{resid_.data() + il * Tn * E, ln1_.data() + il * Tn * E, rstd1_.data() + il * Tn,
+                      q_.data() + il * Tn * qd,    k_.data() + il * Tn * kd,  v_.data() + il * Tn * kd,
+                      att_.data() + il * Tn * qd,  mid_.data() + il * Tn * E, ln2_.data() + il * Tn * E,
+                      rstd2_.data() + il * Tn,     gate_.data() + il * Tn * F, up_.data() + il * Tn * F,
+                      h_.data() + il * Tn * F,     resid_.data() + (il + 1) * Tn * E};
+}
+
+template <class T>
 double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t n, ThreadPool& pool) {
   LC_CHECK(n >= 1 && n <= max_t_);
-  const int64_t E = c_.n_embd, F = c_.n_ff, V = c_.n_vocab, qd = c_.q_dim(), kd = c_.kv_dim(),
-                H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
+  const int64_t E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
   n_ = n;
   have_targets_ = targets != nullptr;
   n_targets_ = 0;
@@ -179,36 +189,9 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
 
   AttnDims ad{n, H, c_.n_head_kv, hd};
   for (int64_t il = 0; il < c_.n_layer; ++il) {
-    const LayerOffsets& L = layers_[static_cast<size_t>(il)];
-    const T* xin = resid_.data() + il * Tn * E;
-    T* ln1 = ln1_.data() + il * Tn * E;
-    T* q = q_.data() + il * Tn * qd;
-    T* k = k_.data() + il * Tn * kd;
-    T* v = v_.data() + il * Tn * kd;
-    T* att = att_.data() + il * Tn * qd;
-    T* mid = mid_.data() + il * Tn * E;
-    T* ln2 = ln2_.data() + il * Tn * E;
-    T* gate = gate_.data() + il * Tn * F;
-    T* up = up_.data() + il * Tn * F;
-    T* h = h_.data() + il * Tn * F;
-    T* xout = resid_.data() + (il + 1) * Tn * E;
-
-    rmsnorm_forward<T>(xin, W + L.attn_norm, ln1, rstd1_.data() + il * Tn, n, E, c_.rms_eps, pool);
-    linear_forward<T>(ln1, W + L.wq, q, n, E, qd, pool);
-    linear_forward<T>(ln1, W + L.wk, k, n, E, kd, pool);
-    linear_forward<T>(ln1, W + L.wv, v, n, E, kd, pool);
-    rope_rotate<T>(q, n, H, hd, pos_.data(), rope_, pool);
-    rope_rotate<T>(k, n, c_.n_head_kv, hd, pos_.data(), rope_, pool);
-    attention_forward<T>(ad, q, k, v, att, probs_.data() + il * H * Tn * Tn, pool);
-    linear_forward<T>(att, W + L.wo, tmp_.data(), n, qd, E, pool);
-    for (int64_t i = 0; i < n * E; ++i) mid[i] = xin[i] + tmp_[static_cast<size_t>(i)];
-
-    rmsnorm_forward<T>(mid, W + L.ffn_norm, ln2, rstd2_.data() + il * Tn, n, E, c_.rms_eps, pool);
-    linear_forward<T>(ln2, W + L.w_gate, gate, n, E, F, pool);
-    linear_forward<T>(ln2, W + L.w_up, up, n, E, F, pool);
-    swiglu_forward<T>(gate, up, h, n * F, pool);
-    linear_forward<T>(h, W + L.w_down, tmp_.data(), n, F, E, pool);
-    for (int64_t i = 0; i < n * E; ++i) xout[i] = mid[i] + tmp_[static_cast<size_t>(i)];
+    const BlockActs<T> a = acts(il);
+    block_forward<T>(c_, W, layers_[static_cast<size_t>(il)], a, n, pos_.data(), rope_, tmp_.data(), pool,
+                     [&] { attention_forward<T>(ad, a.q, a.k, a.v, a.att, probs_.data() + il * H * Tn * Tn, pool); });
   }
   const T* xf = resid_.data() + c_.n_layer * Tn * E;
   rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), n, E, c_.rms_eps, pool);
@@ -222,8 +205,7 @@ template <class T>
 void Transformer<T>::backward(T loss_scale, ThreadPool& pool) {
   LC_CHECK(have_targets_ && n_ > 0);
   have_targets_ = false;  // logits become gradients below: a second backward needs a new forward
-  const int64_t n = n_, E = c_.n_embd, F = c_.n_ff, V = c_.n_vocab, qd = c_.q_dim(), kd = c_.kv_dim(),
-                H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
+  const int64_t n = n_, E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
   const T* W = params_.data();
   T* G = grads_.data();
   T* dresid = dresid_.data();
@@ -236,37 +218,15 @@ void Transformer<T>::backward(T loss_scale, ThreadPool& pool) {
                       G + output_norm_, n, E, pool);
 
   AttnDims ad{n, H, c_.n_head_kv, hd};
+  const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
   for (int64_t il = c_.n_layer - 1; il >= 0; --il) {
-    const LayerOffsets& L = layers_[static_cast<size_t>(il)];
-    const T* xin = resid_.data() + il * Tn * E;
-    const T* ln1 = ln1_.data() + il * Tn * E;
-    const T* q = q_.data() + il * Tn * qd;
-    const T* k = k_.data() + il * Tn * kd;
-    const T* v = v_.data() + il * Tn * kd;
-    const T* att = att_.data() + il * Tn * qd;
-    const T* mid = mid_.data() + il * Tn * E;
-    const T* ln2 = ln2_.data() + il * Tn * E;
-    const T* gate = gate_.data() + il * Tn * F;
-    const T* up = up_.data() + il * Tn * F;
-    const T* h = h_.data() + il * Tn * F;
-
-    // MLP: out = mid + down(silu(gate(ln2)) * up(ln2)); dresid holds d(out).
-    linear_backward<T>(dresid, h, W + L.w_down, dh_.data(), G + L.w_down, n, F, E, false, pool);
-    swiglu_backward<T>(dh_.data(), gate, up, dgate_.data(), dup_.data(), n * F, pool);
-    linear_backward<T>(dgate_.data(), ln2, W + L.w_gate, dln, G + L.w_gate, n, E, F, false, pool);
-    linear_backward<T>(dup_.data(), ln2, W + L.w_up, dln, G + L.w_up, n, E, F, true, pool);
-    rmsnorm_backward<T>(dln, mid, W + L.ffn_norm, rstd2_.data() + il * Tn, dresid, G + L.ffn_norm, n, E, pool);
-
-    // Attention: mid = xin + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))); dresid holds d(mid).
-    linear_backward<T>(dresid, att, W + L.wo, datt_.data(), G + L.wo, n, qd, E, false, pool);
-    attention_backward<T>(ad, q, k, v, probs_.data() + il * H * Tn * Tn, datt_.data(), dq_.data(),
+    const BlockOffsets& L = layers_[static_cast<size_t>(il)];
+    const BlockActs<T> a = acts(il);
+    block_backward_to_att<T>(c_, W, G, L, a, n, dresid, sc, pool);
+    attention_backward<T>(ad, a.q, a.k, a.v, probs_.data() + il * H * Tn * Tn, datt_.data(), dq_.data(),
                           dk_.data(), dv_.data(), dscores_.data(), pool);
-    rope_rotate<T>(dq_.data(), n, H, hd, pos_.data(), rope_inv_, pool);
-    rope_rotate<T>(dk_.data(), n, c_.n_head_kv, hd, pos_.data(), rope_inv_, pool);
-    linear_backward<T>(dq_.data(), ln1, W + L.wq, dln, G + L.wq, n, E, qd, false, pool);
-    linear_backward<T>(dk_.data(), ln1, W + L.wk, dln, G + L.wk, n, E, kd, true, pool);
-    linear_backward<T>(dv_.data(), ln1, W + L.wv, dln, G + L.wv, n, E, kd, true, pool);
-    rmsnorm_backward<T>(dln, xin, W + L.attn_norm, rstd1_.data() + il * Tn, dresid, G + L.attn_norm, n, E, pool);
+    block_backward_from_qkv<T>(c_, W, G, L, a, n, dq_.data(), dk_.data(), dv_.data(), pos_.data(), rope_inv_,
+                               dresid, sc, pool);
   }
   // Embedding rows: a token may repeat, so split over features, not tokens.
   parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "rope/rope_table.h"
+#include "train/block.h"
 #include "train/config.h"
 
 namespace lc::train {
@@ -43,8 +44,6 @@ class Transformer {
   const T* grads() const { return grads_.data(); }
   size_t activation_bytes() const;
 
-  // GPT-2 style: matrices ~ N(0, 0.02), the residual projections (attn_output, ffn_down)
-  // scaled by 1/sqrt(2 n_layer), norm weights 1.
   // Norm weights 1; matrices N(0, std), the residual outputs (attn_output, ffn_down) scaled by
   // 1/sqrt(2 n_layer) as in GPT-2.
   void init(uint64_t seed, double std = 0.02);
@@ -64,9 +63,7 @@ class Transformer {
   void backward(T loss_scale, ThreadPool& pool);
 
  private:
-  struct LayerOffsets {
-    size_t attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-  };
+  BlockActs<T> acts(int64_t il);  // layer il's slots of the saved activations
   Transformer() = default;
   void layout();
   void allocate();
@@ -74,7 +71,7 @@ class Transformer {
   ModelConfig c_;
   int64_t max_t_ = 0;
   std::vector<ParamTensor> tensors_;
-  std::vector<LayerOffsets> layers_;
+  std::vector<BlockOffsets> layers_;
   size_t tok_embd_ = 0, output_norm_ = 0, output_ = 0;  // output_ == tok_embd_ when tied
   Buffer<T> params_, grads_;
   RopeTable rope_, rope_inv_;
