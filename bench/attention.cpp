@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/backend.h"
+#include "attention/exec.h"
 #include "kernels/attention.h"
 #include "kv/kv_cache.h"
 
@@ -148,6 +149,29 @@ void BM_StackDense(benchmark::State& st) { run_stack(st, "dense"); }
 void BM_StackQuest(benchmark::State& st) { run_stack(st, "quest"); }
 void BM_StackLychee(benchmark::State& st) { run_stack(st, "lychee"); }
 void BM_StackInfLlm(benchmark::State& st) { run_stack(st, "infllm"); }
+
+// InfLLM's memory blocks are attended "at a fixed distance": each retrieved block's stored
+// keys (128 rows of head_dim 64, consecutive positions near 64K) are rotated back to
+// position 0 before scoring (attn::unrotate_rows). arg: 1 neox pairs, 0 interleaved pairs.
+void BM_UnrotateRows(benchmark::State& st) {
+  constexpr int64_t rows = 128, d = 64;
+  LlamaCppRopeParams p;
+  p.n_rot = d;
+  p.neox = st.range(0) != 0;
+  p.base = 10000.0f;
+  const RopeTable rt = make_llama_cpp_rope(p);
+  const auto src = randn(static_cast<size_t>(rows * d), 4);
+  std::vector<float> x(src.size());
+  std::vector<int32_t> pos(static_cast<size_t>(rows));
+  for (int64_t j = 0; j < rows; ++j) pos[static_cast<size_t>(j)] = static_cast<int32_t>(60000 + j);
+  for (auto _ : st) {
+    std::copy(src.begin(), src.end(), x.begin());
+    attn::unrotate_rows(x.data(), rows, d, pos.data(), rt);
+    benchmark::DoNotOptimize(x.data());
+  }
+  st.SetItemsProcessed(st.iterations() * rows);
+}
+BENCHMARK(BM_UnrotateRows)->Arg(0)->Arg(1);
 
 void stack_lengths(benchmark::internal::Benchmark* b) {
   for (int64_t L : {16384, 65536}) b->Args({L});

@@ -154,15 +154,23 @@ void ExecBackend::run_spans(const attn::ExecCtx& ctx, const std::vector<attn::It
   const int64_t n_units = static_cast<int64_t>(units.size());
   const int64_t stride = attn::kMaxRows * (2 + ctx.dv);
   if (static_cast<int64_t>(partials_.size()) < n_units * stride) partials_.resize(static_cast<size_t>(n_units * stride));
-  pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+  auto unit = [&](int64_t u) {
     attn::Runner& run = attn::thread_runner();
-    for (int64_t u = b; u < e; ++u) {
-      const Unit& un = units[static_cast<size_t>(u)];
-      run.begin(ctx, items[un.item]);
-      attn::run_prefetched(run, spans[un.item].data() + un.a, un.b - un.a);
-      run.export_partial(partials_.data() + u * stride);
-    }
-  }, attn::unit_grain(ctx, n_units));
+    const Unit& un = units[static_cast<size_t>(u)];
+    run.begin(ctx, items[un.item]);
+    attn::run_prefetched(run, spans[un.item].data() + un.a, un.b - un.a);
+    run.export_partial(partials_.data() + u * stride);
+  };
+  if (ctx.sel) {  // recording: one thread, in order (attn::unit_grain)
+    pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+      for (int64_t u = b; u < e; ++u) unit(u);
+    }, attn::unit_grain(ctx, n_units));
+  } else {
+    // Units cost unevenly (spans of rotated-back keys, blocks in another order): threads take
+    // the next unit when free. Each unit's partial lands in its own slot and the merge below
+    // is in order, so the result does not depend on which thread ran what.
+    pool.for_each_dynamic(n_units, [&](int64_t u, int) { unit(u); });
+  }
   pool.parallel_for(n_items, [&](int64_t b, int64_t e, int) {
     attn::Runner& run = attn::thread_runner();
     for (int64_t i = b; i < e; ++i) {

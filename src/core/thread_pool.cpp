@@ -128,4 +128,19 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   });
 }
 
+void ThreadPool::for_each_dynamic(int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  if (n_threads_ <= 1 || n == 1) {
+    FlushSubnormals flush;
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run([&](int t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      fn(i, t);
+  });
+}
+
 }  // namespace lc

@@ -29,6 +29,12 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
                     int64_t grain = 1);
 
+  // Calls fn(i, thread_index) for every i in [0, n), the threads taking the next index as
+  // they become free: for items of uneven cost (split-K units of a sparse backend, where
+  // some units rotate keys and others do not), where equal ranges leave a thread waiting.
+  // Which thread runs an item varies from run to run; results must not depend on it.
+  void for_each_dynamic(int64_t n, const std::function<void(int64_t, int)>& fn);
+
  private:
   void worker(int idx);
 

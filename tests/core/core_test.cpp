@@ -32,6 +32,22 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
   }
 }
 
+TEST(ThreadPool, ForEachDynamicCoversEveryIndexOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> bad_thread{0};
+      pool.for_each_dynamic(n, [&](int64_t i, int t) {
+        if (t < 0 || t >= threads) bad_thread++;
+        hits[static_cast<size_t>(i)]++;
+      });
+      EXPECT_EQ(bad_thread.load(), 0);
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 1) << threads << " " << n;
+    }
+  }
+}
+
 TEST(ThreadPool, RunCallsEveryThreadOnceManyTimes) {
   ThreadPool pool(4);
   for (int rep = 0; rep < 2000; ++rep) {
@@ -59,6 +75,9 @@ TEST(ThreadPool, FlushesSubnormalsInsideOnly) {
     for (float g : ran) EXPECT_EQ(g, 0.0f) << threads << " threads";
     pool.parallel_for(1, [&](int64_t, int64_t, int) { got[0] = halve(); });  // the one-range path
     EXPECT_EQ(got[0], 0.0f);
+    std::fill(got.begin(), got.end(), -1.0f);
+    pool.for_each_dynamic(8, [&](int64_t i, int) { got[static_cast<size_t>(i)] = halve(); });
+    for (float g : got) EXPECT_EQ(g, 0.0f) << threads << " threads, for_each_dynamic";
     EXPECT_GT(halve(), 0.0f) << "the caller's mode is restored";
   }
 }
