@@ -149,6 +149,8 @@ void BM_StackDense(benchmark::State& st) { run_stack(st, "dense"); }
 void BM_StackQuest(benchmark::State& st) { run_stack(st, "quest"); }
 void BM_StackLychee(benchmark::State& st) { run_stack(st, "lychee"); }
 void BM_StackInfLlm(benchmark::State& st) { run_stack(st, "infllm"); }
+// Quest without its two dense first layers: what the sparse layers cost on their own.
+void BM_StackQuestSparseOnly(benchmark::State& st) { run_stack(st, "quest:dense_layers=0"); }
 
 // InfLLM's memory blocks are attended "at a fixed distance": each retrieved block's stored
 // keys (128 rows of head_dim 64, consecutive positions near 64K) are rotated back to
@@ -200,6 +202,7 @@ BENCHMARK(BM_StackDense)->Apply(stack_lengths);
 BENCHMARK(BM_StackQuest)->Apply(stack_lengths);
 BENCHMARK(BM_StackLychee)->Apply(stack_lengths);
 BENCHMARK(BM_StackInfLlm)->Apply(stack_lengths);
+BENCHMARK(BM_StackQuestSparseOnly)->Apply(stack_lengths);
 
 }  // namespace
 }  // namespace lc

@@ -3,7 +3,9 @@
 #   stage 1  induction warm-up: windows of random pieces written three times, every token
 #            scored, until the copying circuit (induction heads) forms;
 #   stage 2  the retrieval curriculum (RULER needles, passkey, variable tracking, associative
-#            recall, repeats, some text) at windows up to 1,024 tokens, from stage 1's weights.
+#            recall, repeats, some text) at windows up to 1,024 tokens, from stage 1's weights;
+#   stage 3  the same tasks weighted towards variable tracking and multi-key needles, at
+#            256..1,024 tokens, answers scored more often, half the learning rate.
 # Then scores the result at its training length and copies it to models/longctx-2l.gguf.
 #   scripts/make_model.sh                 # THREADS=2 OUT=out/make-model BUILD=build-rel
 # Each stage resumes from its checkpoint if the script is interrupted and run again.
@@ -34,8 +36,17 @@ if [ ! -f "$OUT/stage2.done" ]; then
   "$LC" train "${SHAPE[@]}" "${init[@]}" --seq-len 1024 --batch 8 --steps 6000 --lr 2e-3 --warmup 50 \
     --weight-decay 0 --cur-min-len 128 --cur-ramp 0.3 --cur-lm 0.5 \
     --curriculum niah_single_1=1,niah_single_2=1,niah_single_3=1,niah_multikey_1=2,niah_multikey_2=2,niah_multikey_3=1,passkey=0.5,vt=3,recall=1,repeat=0.5,text=0.25 \
-    --checkpoint-dir "$OUT/ck2" --checkpoint-every 500 -o "$OUT/longctx-2l.gguf"
+    --checkpoint-dir "$OUT/ck2" --checkpoint-every 500 -o "$OUT/stage2.gguf"
   touch "$OUT/stage2.done"
+fi
+if [ ! -f "$OUT/stage3.done" ]; then
+  init=(--init-from "$OUT/stage2.gguf")
+  [ -f "$OUT/ck3/checkpoint.bin" ] && init=(--resume)
+  "$LC" train "${SHAPE[@]}" "${init[@]}" --seq-len 1024 --batch 8 --steps 6000 --lr 1e-3 --warmup 50 \
+    --weight-decay 0 --cur-min-len 256 --cur-ramp 0 --cur-lm 0.25 \
+    --curriculum niah_single_1=0.5,niah_single_2=0.5,niah_multikey_1=3,niah_multikey_2=1,passkey=0.25,vt=4,recall=1,repeat=0.25,text=0.25 \
+    --checkpoint-dir "$OUT/ck3" --checkpoint-every 500 -o "$OUT/longctx-2l.gguf"
+  touch "$OUT/stage3.done"
 fi
 echo "make_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
 cp "$OUT/longctx-2l.gguf" models/longctx-2l.gguf
