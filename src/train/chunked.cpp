@@ -135,12 +135,6 @@ Expected<std::unique_ptr<ChunkRecurrent<T>>> ChunkRecurrent<T>::create(Transform
   r->tok_embd_ = off("token_embd.weight");
   r->output_norm_ = off("output_norm.weight");
   r->output_ = c.tied ? r->tok_embd_ : off("output.weight");
-  for (int64_t il = 0; il < c.n_layer; ++il) {
-    auto nm = [&](const char* s) { return off(strprintf("blk.%lld.%s", (long long)il, s)); };
-    r->layers_.push_back(BlockOffsets{nm("attn_norm.weight"), nm("attn_q.weight"), nm("attn_k.weight"), nm("attn_v.weight"),
-                          nm("attn_output.weight"), nm("ffn_norm.weight"), nm("ffn_gate.weight"),
-                          nm("ffn_up.weight"), nm("ffn_down.weight")});
-  }
   r->rope_ = make_train_rope(c);
   r->rope_inv_ = inverse_rope(r->rope_);
   const size_t C = static_cast<size_t>(chunk), L = static_cast<size_t>(c.n_layer);
@@ -365,7 +359,7 @@ double ChunkRecurrent<T>::chunk_forward(int64_t s, int64_t cn, ThreadPool& pool)
                 static_cast<size_t>(E) * sizeof(T));
   for (int64_t il = 0; il < c_.n_layer; ++il) {
     const BlockActs<T> a = acts(il);
-    block_forward<T>(c_, W, layers_[static_cast<size_t>(il)], a, cn, pos_.data(), rope_, tmp_.data(), pool, [&] {
+    block_forward<T>(c_, W, m_.block(il), a, cn, pos_.data(), rope_, tmp_.data(), pool, [&] {
       // Into the pool: later chunks attend to these rows. (The backward pass's recomputation
       // writes the same values again.)
       for (int64_t t = 0; t < cn; ++t) {
@@ -426,7 +420,7 @@ void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, Thre
 
   const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
   for (int64_t il = c_.n_layer - 1; il >= 0; --il) {
-    const BlockOffsets& L = layers_[static_cast<size_t>(il)];
+    const BlockOffsets& L = m_.block(il);
     const BlockActs<T> a = acts(il);
     block_backward_to_att<T>(c_, W, G, L, a, cn, dresid, sc, pool);
     attention_backward(il, s, cn, a.q, a.att, att_lse_.data() + il * H * C, datt_.data(), dq_.data(), pool);

@@ -134,7 +134,6 @@ class ChunkRecurrent {
   Transformer<T>& m_;
   ModelConfig c_;
   int64_t chunk_, max_t_ = 0;
-  std::vector<BlockOffsets> layers_;
   size_t tok_embd_ = 0, output_norm_ = 0, output_ = 0;
   RopeTable rope_, rope_inv_;
   PagedKv<T> kv_, dkv_;

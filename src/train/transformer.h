@@ -37,6 +37,8 @@ class Transformer {
   int64_t max_tokens() const { return max_t_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor* find(const std::string& name) const;
+  // Offsets of block il's tensors in params() and grads().
+  const BlockOffsets& block(int64_t il) const { return layers_[static_cast<size_t>(il)]; }
   size_t n_params() const { return params_.size(); }
   T* params() { return params_.data(); }
   const T* params() const { return params_.data(); }
