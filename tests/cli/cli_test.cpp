@@ -167,6 +167,26 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   EXPECT_NE(r.out.find("--fill-attn"), std::string::npos) << r.out;
 }
 
+// --interleave takes the repetitions in turns across the backends; a backend that evicts
+// (streaming) makes the next turn refill, and every row still has all its repetitions.
+TEST(Cli, BenchSpeedInterleavedRepetitions) {
+  Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 3 --interleave -a dense "
+                 "-a streaming:sinks=4,window=64 --fill-attn infllm:sinks=4,local=64,topk=0 -o json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t js = r.out.find('[');
+  ASSERT_NE(js, std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(js, r.out.rfind(']') - js + 1));
+  ASSERT_EQ(j.size(), 4u);
+  const char* tests[] = {"pp16 @ d300", "pp16 @ d300", "tg2 @ d300", "tg2 @ d300"};
+  for (size_t i = 0; i < j.size(); ++i) {
+    EXPECT_EQ(j[i]["attn"], i % 2 == 0 ? "dense" : "streaming:sinks=4,window=64") << i;
+    EXPECT_EQ(j[i]["test"], tests[i]) << i;
+    EXPECT_EQ(j[i]["n_depth"], 300) << i;
+    ASSERT_EQ(j[i]["samples_ts"].size(), 3u) << i;
+    for (const auto& x : j[i]["samples_ts"]) EXPECT_GT(x.get<double>(), 0.0) << i;
+  }
+}
+
 // bench press: the row's KV bytes follow the ratio; --fill-attn prefills under another backend
 // and a bad one is named.
 TEST(Cli, BenchPressRowAndFillBackend) {

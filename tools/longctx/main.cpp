@@ -486,7 +486,7 @@ struct SpeedRow {
 
 int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::string& n_list,
                     const std::string& d_list, int reps, const std::string& output,
-                    std::vector<std::string> attns, const std::string& fill_attn, bool warmup) {
+                    std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave) {
   std::string err;
   auto ps = parse_list(p_list, "-p", err);
   auto ns = parse_list(n_list, "-n", err);
@@ -517,7 +517,49 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
     if (auto st = c.set_attention(fill_attn); !st.is_ok()) return fail("--fill-attn: " + st.message());
   const int threads = c.pool().size();
   std::vector<SpeedRow> rows;
-  for (auto d : ds) {
+  auto report = [&](const SpeedRow& row) {
+    rows.push_back(row);
+    if (output == "md")
+      std::fprintf(stderr, "%s %s: %.2f t/s\n", row.attn.c_str(), row.t.name.c_str(), row.t.mean());
+  };
+  if (interleave) {
+    // Repetitions go round the backends: repetition r of every backend runs before repetition
+    // r + 1 of any, so a change in the machine's speed during the run (memory bandwidth on a
+    // shared host drifts by tens of percent over minutes) falls on every backend alike and
+    // their ratios stay comparable. Each turn starts a fresh backend over the same fill, with
+    // its own untimed warm-up (which also rebuilds the backend's key summaries).
+    for (auto d : ds) {
+      auto one = [&](int64_t p, int64_t n) -> bool {
+        std::vector<SpeedRow> acc(attns.size());
+        for (int r = 0; r < reps; ++r)
+          for (size_t ai = 0; ai < attns.size(); ++ai) {
+            Status st = c.set_attention(attns[ai]);
+            if (st.is_ok()) st = lc::bench_fill(c, d, fill_attn, 1234);
+            if (!st.is_ok()) {
+              fail(st.message());
+              return false;
+            }
+            const lc::KvMemory kv = c.kv().memory();
+            auto res = lc::bench_speed(c, p, n, 1, warmup, 1234 + static_cast<uint64_t>(r));
+            if (!res) {
+              fail(res.error().message);
+              return false;
+            }
+            SpeedRow& a = acc[ai];
+            if (r == 0) a = SpeedRow{c.attention().spec(), *res, kv, 0};
+            else a.t.tps.push_back(res->tps.at(0));
+            a.peak_rss = lc::peak_rss_bytes();
+          }
+        for (const auto& a : acc) report(a);
+        return true;
+      };
+      for (auto p : ps)
+        if (p > 0 && !one(p, 0)) return 1;
+      for (auto n : ns)
+        if (n > 0 && !one(0, n)) return 1;
+    }
+  }
+  for (auto d : interleave ? std::vector<int64_t>{} : ds) {
     // One fill per depth, shared by every backend (each truncates back to it); ascending
     // depths extend the previous fill unless a backend (streaming) evicted tokens.
     for (const auto& a : attns) {
@@ -531,9 +573,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
           fail(r.error().message);
           return false;
         }
-        rows.push_back(SpeedRow{c.attention().spec(), *r, kv, lc::peak_rss_bytes()});
-        if (output == "md")
-          std::fprintf(stderr, "%s %s: %.2f t/s\n", rows.back().attn.c_str(), r->name.c_str(), r->mean());
+        report(SpeedRow{c.attention().spec(), *r, kv, lc::peak_rss_bytes()});
         return true;
       };
       for (auto p : ps)
@@ -749,6 +789,10 @@ int main(int argc, char** argv) {
                      "attention backend that fills the cache to each depth (not timed; default: the timed one), "
                      "e.g. infllm:sinks=4,local=64,topk=0 to fill 256K tokens in minutes");
   bspeed->add_flag("--no-warmup", bs_no_warmup, "skip the untimed warm-up run of each test");
+  bool bs_interleave = false;
+  bspeed->add_flag("--interleave", bs_interleave,
+                   "take the repetitions in turns across the -a backends (a fresh backend and a warm-up each "
+                   "turn), so that drift in machine speed affects them alike");
 
   CommonOpts bp_co;
   std::string bp_len = "16K";
@@ -806,7 +850,7 @@ int main(int argc, char** argv) {
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_out);
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
-    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup);
+    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave);
     if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed, mm_layers);
     for (const auto& c : extra)
