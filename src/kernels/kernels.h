@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -29,6 +30,12 @@ bool matmul_supports(DType t);
 // Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K blocks for k-quants) with integer dot products, so results
 // are the same whatever n_tokens is. F16/BF16/F32 weights multiply f32 activations.
 void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+// ys[i] = x ws[i]^T for matrices with the same input width (Q/K/V, gate/up): when they share a
+// kernel path the activations are quantised once and all their rows go through one parallel
+// loop, one synchronisation instead of one per matrix. Bit-identical to calling matmul per
+// matrix (every output element takes the same operations in the same order).
+void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
+                  int64_t n_tokens, ThreadPool& pool);
 
 // Element-wise and row kernels (contiguous f32).
 void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps);

@@ -506,68 +506,73 @@ void blas_rows(const TensorView& w, int64_t o0, int64_t o1, const float* x, int6
   }
 }
 
-template <DType T>
-void matmul_float(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
-  const int64_t n_in = w.ne[0], n_out = w.n_rows();
-  const FloatGemm g = g_float_gemm.load(std::memory_order_relaxed);
-  const bool blas = nt >= kBlasMinTokens &&
-                    (g == FloatGemm::kBlas || (g == FloatGemm::kAuto && kFloatGemmDefault == FloatGemm::kBlas));
-  if (blas) {
-    blas_init();
-    pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) { blas_rows(w, b, e, x, nt, y); }, 16);
-    return;
-  }
-  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
-  const size_t ws = w.row_size();
-  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
-    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
-      tile_f<T, R, C>(wb + o * ws, ws, x, n_in, t, y + t * n_out + o, n_out);
-    });
-  }, kRM);
-}
+// How a weight type is multiplied: which activations it needs and which kernel takes its rows.
+enum class Path { kFloat, kBlas, kQ32, kK, kFallback };
 
-template <class K>
-void matmul_q32(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
-  const int64_t n_in = w.ne[0], n_out = w.n_rows();
-  const Acts a = quantize_acts(ActKind::kQ8_32, x, nt, n_in, pool);
-  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
-  const size_t ws = w.row_size();
-  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
-    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
-      tile32<K, R, C>(wb + o * ws, ws, a, t, y + t * n_out + o, n_out);
-    });
-  }, kRM);
-}
-
-void matmul_k(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
-  const int64_t n_in = w.ne[0], n_out = w.n_rows();
-  const Acts a = quantize_acts(ActKind::kQ8_K, x, nt, n_in, pool);
-  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
-  const size_t ws = w.row_size();
-  const DType t = w.type;
-  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
-    for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t tok) {
-      float* yo = y + tok * n_out + o;
-      if (t == DType::Q4_K) tile_q45k<false, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
-      else if (t == DType::Q5_K) tile_q45k<true, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
-      else tile_q6k<R, C>(wb + o * ws, ws, a, tok, yo, n_out);
-    });
-  }, kRM);
-}
-
-// Types without an integer kernel (Q2_K, Q3_K): widen each weight row and take float dot
-// products with the dequantised Q8_K activations -- the same value the integer path would give,
-// up to float rounding, only slower.
-void matmul_fallback(const TensorView& w, const float* x, int64_t nt, float* y, ThreadPool& pool) {
-  const int64_t n_in = w.ne[0], n_out = w.n_rows();
-  const Acts a = quantize_acts(ActKind::kQ8_KFloat, x, nt, n_in, pool);
-  pool.parallel_for(n_out, [&](int64_t b, int64_t e, int) {
-    grow(tl_rows, static_cast<size_t>(n_in));
-    for (int64_t o = b; o < e; ++o) {
-      dequantize_row(w.type, w.row(o), tl_rows.data(), n_in);
-      for (int64_t t = 0; t < nt; ++t) y[t * n_out + o] = dot_f32(tl_rows.data(), a.f + t * n_in, n_in);
+Path path_of(DType t, int64_t nt) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: {
+      const FloatGemm g = g_float_gemm.load(std::memory_order_relaxed);
+      const bool blas = nt >= kBlasMinTokens &&
+                        (g == FloatGemm::kBlas || (g == FloatGemm::kAuto && kFloatGemmDefault == FloatGemm::kBlas));
+      return blas ? Path::kBlas : Path::kFloat;
     }
-  });
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
+      return Path::kQ32;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+      return Path::kK;
+    default:
+      return Path::kFallback;
+  }
+}
+
+// Rows [b, e) of y = x W^T, once the activations `a` of the path are prepared (none for float).
+void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int64_t nt, int64_t b, int64_t e,
+             float* y) {
+  const int64_t n_in = w.ne[0], n_out = w.n_rows();
+  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+  const size_t ws = w.row_size();
+  switch (path) {
+    case Path::kBlas:
+      return blas_rows(w, b, e, x, nt, y);
+    case Path::kFloat:
+      return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
+        float* yo = y + t * n_out + o;
+        if (w.type == DType::F32) tile_f<DType::F32, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
+        else if (w.type == DType::F16) tile_f<DType::F16, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
+        else tile_f<DType::BF16, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
+      });
+    case Path::kQ32:
+      return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
+        const uint8_t* wo = wb + o * ws;
+        float* yo = y + t * n_out + o;
+        switch (w.type) {
+          case DType::Q4_0: return tile32<KQ4_0, R, C>(wo, ws, a, t, yo, n_out);
+          case DType::Q4_1: return tile32<KQ4_1, R, C>(wo, ws, a, t, yo, n_out);
+          case DType::Q5_0: return tile32<KQ5_0, R, C>(wo, ws, a, t, yo, n_out);
+          case DType::Q5_1: return tile32<KQ5_1, R, C>(wo, ws, a, t, yo, n_out);
+          default: return tile32<KQ8_0, R, C>(wo, ws, a, t, yo, n_out);
+        }
+      });
+    case Path::kK:
+      return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t tok) {
+        float* yo = y + tok * n_out + o;
+        if (w.type == DType::Q4_K) tile_q45k<false, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+        else if (w.type == DType::Q5_K) tile_q45k<true, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+        else tile_q6k<R, C>(wb + o * ws, ws, a, tok, yo, n_out);
+      });
+    case Path::kFallback: {
+      // Types without an integer kernel (Q2_K, Q3_K): widen each weight row and take float dot
+      // products with the dequantised Q8_K activations -- the same value the integer path would
+      // give, up to float rounding, only slower.
+      grow(tl_rows, static_cast<size_t>(n_in));
+      for (int64_t o = b; o < e; ++o) {
+        dequantize_row(w.type, w.row(o), tl_rows.data(), n_in);
+        for (int64_t t = 0; t < nt; ++t) y[t * n_out + o] = dot_f32(tl_rows.data(), a.f + t * n_in, n_in);
+      }
+      return;
+    }
+  }
 }
 
 }  // namespace
@@ -587,21 +592,44 @@ bool matmul_supports(DType t) {
 }
 
 void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  LC_CHECK(matmul_supports(w.type));
-  LC_CHECK(w.ne[0] % traits(w.type).block_size == 0);  // whole blocks per row
-  if (n_tokens <= 0 || w.n_rows() == 0) return;
-  switch (w.type) {
-    case DType::F32: return matmul_float<DType::F32>(w, x, n_tokens, y, pool);
-    case DType::F16: return matmul_float<DType::F16>(w, x, n_tokens, y, pool);
-    case DType::BF16: return matmul_float<DType::BF16>(w, x, n_tokens, y, pool);
-    case DType::Q4_0: return matmul_q32<KQ4_0>(w, x, n_tokens, y, pool);
-    case DType::Q4_1: return matmul_q32<KQ4_1>(w, x, n_tokens, y, pool);
-    case DType::Q5_0: return matmul_q32<KQ5_0>(w, x, n_tokens, y, pool);
-    case DType::Q5_1: return matmul_q32<KQ5_1>(w, x, n_tokens, y, pool);
-    case DType::Q8_0: return matmul_q32<KQ8_0>(w, x, n_tokens, y, pool);
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return matmul_k(w, x, n_tokens, y, pool);
-    default: return matmul_fallback(w, x, n_tokens, y, pool);
+  const TensorView* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_multi(ws, ys, x, n_tokens, pool);
+}
+
+void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
+                  int64_t n_tokens, ThreadPool& pool) {
+  LC_CHECK(ws.size() == ys.size());
+  if (ws.empty() || n_tokens <= 0) return;
+  const int64_t n_in = ws[0]->ne[0];
+  const DType t0 = ws[0]->type;
+  const Path path = path_of(t0, n_tokens);
+  bool same = true;
+  for (const TensorView* w : ws) {
+    LC_CHECK(matmul_supports(w->type));
+    LC_CHECK(w->ne[0] % traits(w->type).block_size == 0);  // whole blocks per row
+    same = same && w->ne[0] == n_in && path_of(w->type, n_tokens) == path;
   }
+  if (!same) {  // one call per matrix: each quantises the activations its type needs
+    for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, n_tokens, ys[i], pool);
+    return;
+  }
+  Acts a;
+  if (path == Path::kQ32) a = quantize_acts(ActKind::kQ8_32, x, n_tokens, n_in, pool);
+  else if (path == Path::kK) a = quantize_acts(ActKind::kQ8_K, x, n_tokens, n_in, pool);
+  else if (path == Path::kFallback) a = quantize_acts(ActKind::kQ8_KFloat, x, n_tokens, n_in, pool);
+  else if (path == Path::kBlas) blas_init();
+  // The rows of all the matrices, one after the other, in one parallel loop: contiguous ranges
+  // per thread, cut where they cross from one matrix to the next.
+  std::vector<int64_t> first(ws.size() + 1, 0);
+  for (size_t i = 0; i < ws.size(); ++i) first[i + 1] = first[i] + ws[i]->n_rows();
+  if (first.back() == 0) return;
+  pool.parallel_for(first.back(), [&](int64_t b, int64_t e, int) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
+      if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first[i], hi - first[i], ys[i]);
+    }
+  }, path == Path::kBlas ? 16 : kRM);
 }
 
 }  // namespace lc::kernels

@@ -383,9 +383,11 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
     rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
-    kernels::matmul(wq_views_.empty() ? L.wq : wq_views_[static_cast<size_t>(il)], cur, n, q_.data(), pool_);
-    kernels::matmul(L.wk, cur, n, k_.data(), pool_);
-    kernels::matmul(L.wv, cur, n, v_.data(), pool_);
+    {
+      const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
+      float* y[3] = {q_.data(), k_.data(), v_.data()};
+      kernels::matmul_multi(w, y, cur, n, pool_);
+    }
     rows(n, [&](int64_t t) {
       float* qt = q_.data() + t * q_dim;
       float* kt = k_.data() + t * k_dim;
@@ -417,8 +419,11 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
 
     rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
-    kernels::matmul(L.w_gate, cur, n, gate_.data(), pool_);
-    kernels::matmul(L.w_up, cur, n, up_.data(), pool_);
+    {
+      const TensorView* w[2] = {&L.w_gate, &L.w_up};
+      float* y[2] = {gate_.data(), up_.data()};
+      kernels::matmul_multi(w, y, cur, n, pool_);
+    }
     rows(n, [&](int64_t t) {
       kernels::swiglu(gate_.data() + t * hp.n_ff, up_.data() + t * hp.n_ff, gate_.data() + t * hp.n_ff, hp.n_ff);
     });

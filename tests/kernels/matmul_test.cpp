@@ -116,6 +116,34 @@ TEST_P(MatmulTypes, BatchAndThreadInvariant) {
   EXPECT_EQ(batch, batch2);
 }
 
+// matmul_multi (Q/K/V, gate/up in one loop) gives every matrix exactly what matmul gives it,
+// whatever the thread count cuts across matrix boundaries.
+TEST_P(MatmulTypes, MultiEqualsOneCallPerMatrix) {
+  const DType t = GetParam();
+  const int64_t n_in = 512;
+  std::mt19937 rng(11);
+  Weights w[3] = {make_weights(rng, t, n_in, 67), make_weights(rng, t, n_in, 13), make_weights(rng, t, n_in, 5)};
+  for (int64_t nt : {1, 5}) {  // below the token count at which float weights go to sgemm
+    auto x = test::random_floats(rng, n_in * nt);
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> one[3], multi[3];
+      const TensorView* ws[3];
+      float* ys[3];
+      for (int i = 0; i < 3; ++i) {
+        one[i].assign(static_cast<size_t>(w[i].view.n_rows() * nt), NAN);
+        multi[i].assign(one[i].size(), NAN);
+        matmul(w[i].view, x.data(), nt, one[i].data(), pool);
+        ws[i] = &w[i].view;
+        ys[i] = multi[i].data();
+      }
+      matmul_multi(ws, ys, x.data(), nt, pool);
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(one[i], multi[i]) << dtype_name(t) << " matrix " << i << " nt=" << nt << " threads=" << threads;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTypes, ::testing::ValuesIn(test::kAllWeightTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -129,6 +157,29 @@ TEST(Matmul, FloatBackEndsAgree) {
         check(t, c, pool, seed++);
   }
   set_float_gemm(FloatGemm::kAuto);
+}
+
+// Matrices of different types (a float Q view next to quantised K and V, as qTTT makes them)
+// each get their own activations.
+TEST(Matmul, MultiWithMixedTypes) {
+  std::mt19937 rng(12);
+  const int64_t n_in = 256, nt = 3;
+  Weights w[3] = {make_weights(rng, DType::F32, n_in, 9), make_weights(rng, DType::Q8_0, n_in, 7),
+                  make_weights(rng, DType::Q4_K, n_in, 4)};
+  auto x = test::random_floats(rng, n_in * nt);
+  ThreadPool pool(2);
+  std::vector<float> one[3], multi[3];
+  const TensorView* ws[3];
+  float* ys[3];
+  for (int i = 0; i < 3; ++i) {
+    one[i].assign(static_cast<size_t>(w[i].view.n_rows() * nt), NAN);
+    multi[i].assign(one[i].size(), NAN);
+    matmul(w[i].view, x.data(), nt, one[i].data(), pool);
+    ws[i] = &w[i].view;
+    ys[i] = multi[i].data();
+  }
+  matmul_multi(ws, ys, x.data(), nt, pool);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(one[i], multi[i]) << "matrix " << i;
 }
 
 TEST(Matmul, SupportsAndRejects) {
