@@ -52,10 +52,6 @@ std::atomic<FloatGemm> g_float_gemm{FloatGemm::kAuto};
 constexpr int64_t kTokPanel = 64;   // tokens whose activations stay cache-resident together
 constexpr int64_t kBlasPanel = 128; // weight rows converted to f32 per sgemm call
 constexpr int64_t kBlasMinTokens = 8;
-// Up to this many tokens (decoding, short speculative batches) the rows are taken dynamically
-// in chunks of kDynamicRows (a multiple of every kRM) rather than in one fixed range per thread.
-constexpr int64_t kDynamicMaxTokens = 4;
-constexpr int64_t kDynamicRows = 64;
 
 #if defined(LC_AVX512)
 constexpr int kRM = 4, kCM = 4;  // 32 vector registers: 16 accumulators fit
@@ -628,23 +624,12 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
   std::vector<int64_t> first(ws.size() + 1, 0);
   for (size_t i = 0; i < ws.size(); ++i) first[i + 1] = first[i] + ws[i]->n_rows();
   if (first.back() == 0) return;
-  auto run = [&](int64_t b, int64_t e) {
+  pool.parallel_for(first.back(), [&](int64_t b, int64_t e, int) {
     for (size_t i = 0; i < ws.size(); ++i) {
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
       if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first[i], hi - first[i], ys[i]);
     }
-  };
-  if (n_tokens <= kDynamicMaxTokens && pool.size() > 1) {
-    // Decoding: chunks of rows go to whichever thread is free. With a fixed half each, the
-    // thread that finished first waited for the other in every one of the ~120 loops of a
-    // token (a fifth of decode time at 2 threads, docs/performance.md).
-    const int64_t n_chunks = (first.back() + kDynamicRows - 1) / kDynamicRows;
-    pool.for_each_dynamic(n_chunks, [&](int64_t c, int) {
-      run(c * kDynamicRows, std::min(first.back(), (c + 1) * kDynamicRows));
-    });
-    return;
-  }
-  pool.parallel_for(first.back(), [&](int64_t b, int64_t e, int) { run(b, e); }, path == Path::kBlas ? 16 : kRM);
+  }, path == Path::kBlas ? 16 : kRM);
 }
 
 }  // namespace lc::kernels
