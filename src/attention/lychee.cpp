@@ -6,7 +6,20 @@
 // picks the top budget/block blocks; a sparse head attends those blocks, the initial blocks
 // (`sinks`) and its local window (`local`). The paper learns head roles (HardKuma gates);
 // here they come from a calibration file (heads=FILE, see lychee.h) or default to the first
-// `retrieval` heads of each layer. Selection is shared by the whole layer (all KV groups).
+// `retrieval` heads of each layer.
+//
+// Sharing, `share=`:
+// * `layer` (default): the top blocks by the summed mass of a layer's retrieval heads serve
+//   every sparse head of that layer (all KV groups).
+// * `head`: the paper's head-level sharing across layers. It refines TidalDecode's and OmniKV's
+//   cross-layer sharing of one token set to single heads. Query head h keeps its own choice of
+//   blocks from layer to layer. In a layer where h is a retrieval head, it attends fully and
+//   chooses anew from its own mass. Where h is a sparse head, it attends the blocks it chose
+//   in its last retrieval layer. A head that has not chosen yet in the current forward pass
+//   attends fully and chooses, as a retrieval head would: the first layer is dense. A layer
+//   whose heads have all chosen and that lists no retrieval heads reads only its chosen
+//   blocks, and that is where the speed comes from. Use it with a calibration that picks a
+//   few heads for the whole model (`longctx calibrate --total N`).
 #include "attention/lychee.h"
 
 #include <algorithm>
@@ -34,9 +47,10 @@ float logaddexp(float a, float b) {
 class LycheeBackend final : public ExecBackend {
  public:
   LycheeBackend(const AttnShape& s, int64_t budget, int64_t block, int64_t sinks, int64_t local, int64_t n_ret,
-                std::string file, RetrievalHeads heads, int64_t split)
+                std::string file, RetrievalHeads heads, int64_t split, bool head_share)
       : ExecBackend(s), budget_(budget), block_(block), init_end_((sinks + block - 1) / block * block),
-        sinks_(sinks), local_(local), n_ret_(n_ret), file_(std::move(file)), heads_(std::move(heads)) {
+        sinks_(sinks), local_(local), n_ret_(n_ret), file_(std::move(file)), heads_(std::move(heads)),
+        head_share_(head_share), hsel_(static_cast<size_t>(s.n_head)), has_sel_(static_cast<size_t>(s.n_head), 0) {
     split_ = split;
   }
 
@@ -45,6 +59,7 @@ class LycheeBackend final : public ExecBackend {
                               (long long)budget_, (long long)block_, (long long)sinks_, (long long)local_,
                               (long long)n_ret_);
     if (!file_.empty()) s += ",heads=" + file_;
+    if (head_share_) s += ",share=head";
     if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
     return s;
   }
@@ -56,8 +71,16 @@ class LycheeBackend final : public ExecBackend {
     const int64_t H = shape_.n_head, g = H / shape_.n_head_kv;
     bool short_ctx = true;
     for (int64_t h = 0; h < shape_.n_head_kv; ++h) short_ctx = short_ctx && kv.n_tokens(il, h) <= budget_;
-    const std::vector<int32_t>& ret = heads_.heads[static_cast<size_t>(il)];
-    if (short_ctx || ret.empty()) {
+    // Head-level sharing: selections carry over from the layers below within one forward pass
+    // (the model calls layers in order), and a head without one retrieves.
+    if (il == 0) std::fill(has_sel_.begin(), has_sel_.end(), 0);
+    std::vector<int32_t> ret = heads_.heads[static_cast<size_t>(il)];
+    if (head_share_) {
+      for (int32_t h = 0; h < static_cast<int32_t>(H); ++h)
+        if (!has_sel_[static_cast<size_t>(h)] && std::find(ret.begin(), ret.end(), h) == ret.end()) ret.push_back(h);
+      std::sort(ret.begin(), ret.end());
+    }
+    if (short_ctx || (ret.empty() && !head_share_)) {
       run_dense(ctx, pool);
       return Status::ok();
     }
@@ -153,24 +176,26 @@ class LycheeBackend final : public ExecBackend {
         }
       });
     }
-    // Selection per token, shared by every sparse head of the layer.
+    // Selection per token: the top blocks by the mass of retrieval heads [r0, r1).
     const int64_t k_blocks = std::max<int64_t>(1, budget_ / block_);
-    chosen_.assign(static_cast<size_t>(n), {});
     lower_.assign(static_cast<size_t>(n), 0);
     std::vector<float> w(static_cast<size_t>(nb));
     std::vector<int32_t> order;
     for (int64_t t = 0; t < n; ++t) {
       const int64_t vis = N - n + t + 1;
+      lower_[static_cast<size_t>(t)] = std::min(std::max(init_end_, (vis - local_) / block_ * block_), vis);
+    }
+    auto choose = [&](int64_t t, int64_t r0, int64_t r1, std::vector<int32_t>& ch) {
+      const int64_t vis = N - n + t + 1;
       const int64_t lb = std::max(init_end_, (vis - local_) / block_ * block_);
-      lower_[static_cast<size_t>(t)] = std::min(lb, vis);
       const int64_t b0 = init_end_ / block_, b1 = lb / block_;
-      auto& ch = chosen_[static_cast<size_t>(t)];
-      if (b1 <= b0) continue;
+      ch.clear();
+      if (b1 <= b0) return;
       order.resize(static_cast<size_t>(b1 - b0));
       std::iota(order.begin(), order.end(), static_cast<int32_t>(b0));
       if (vis > budget_ && b1 - b0 > k_blocks) {
         std::fill(w.begin(), w.end(), 0.0f);
-        for (int64_t ri = 0; ri < n_r; ++ri)
+        for (int64_t ri = r0; ri < r1; ++ri)
           for (int64_t bb = b0; bb < b1; ++bb) w[static_cast<size_t>(bb)] += lse_[static_cast<size_t>((ri * n + t) * nb + bb)];
         std::partial_sort(order.begin(), order.begin() + k_blocks, order.end(), [&](int32_t a, int32_t c) {
           return w[static_cast<size_t>(a)] > w[static_cast<size_t>(c)] || (w[static_cast<size_t>(a)] == w[static_cast<size_t>(c)] && a < c);
@@ -178,7 +203,22 @@ class LycheeBackend final : public ExecBackend {
         order.resize(static_cast<size_t>(k_blocks));
       }
       ch = order;
+    };
+    if (head_share_) {
+      // Each retrieval head chooses for itself; the sparse heads keep their earlier choice.
+      for (int64_t ri = 0; ri < n_r; ++ri) {
+        const size_t h = static_cast<size_t>(ret[static_cast<size_t>(ri)]);
+        hsel_[h].resize(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t) choose(t, ri, ri + 1, hsel_[h][static_cast<size_t>(t)]);
+        has_sel_[h] = 1;
+      }
+    } else {
+      chosen_.assign(static_cast<size_t>(n), {});
+      for (int64_t t = 0; t < n; ++t) choose(t, 0, n_r, chosen_[static_cast<size_t>(t)]);
     }
+    auto blocks_of = [&](int64_t h, int64_t t) -> const std::vector<int32_t>& {
+      return head_share_ ? hsel_[static_cast<size_t>(h)][static_cast<size_t>(t)] : chosen_[static_cast<size_t>(t)];
+    };
     // Phase 2: the sparse heads, blocks outer and the rows that chose them inner.
     const std::vector<attn::Item> groups = attn::make_items(ctx);
     pool.parallel_for(static_cast<int64_t>(groups.size()), [&](int64_t b, int64_t e, int) {
@@ -195,7 +235,7 @@ class LycheeBackend final : public ExecBackend {
         mask.assign(static_cast<size_t>(nb), 0);
         for (int64_t r = 0; r < run.rows(); ++r)
           if (sparse >> r & 1)
-            for (int32_t bb : chosen_[static_cast<size_t>(run.token_of(r))]) mask[static_cast<size_t>(bb)] |= uint64_t{1} << r;
+            for (int32_t bb : blocks_of(run.head_of(r), run.token_of(r))) mask[static_cast<size_t>(bb)] |= uint64_t{1} << r;
         run.run_range(0, std::min(init_end_, run.vis(run.rows() - 1)), 0, false, sparse);
         for (int64_t bb = 0; bb < nb; ++bb)
           if (mask[static_cast<size_t>(bb)]) run.run_range(bb * block_, block_, 0, false, mask[static_cast<size_t>(bb)]);
@@ -213,8 +253,11 @@ class LycheeBackend final : public ExecBackend {
   std::string file_;
   RetrievalHeads heads_;
   std::vector<float> lse_;                    // [n_ret, n, n_blocks] block masses
-  std::vector<std::vector<int32_t>> chosen_;  // [n] chosen blocks
+  std::vector<std::vector<int32_t>> chosen_;  // [n] chosen blocks (share=layer)
   std::vector<int64_t> lower_;                // [n] local window start
+  bool head_share_;
+  std::vector<std::vector<std::vector<int32_t>>> hsel_;  // [n_head][n] each head's blocks (share=head)
+  std::vector<char> has_sel_;                            // [n_head] chosen in this forward pass
 };
 
 class Calibrator final : public LycheeCalibrator {
@@ -311,6 +354,22 @@ RetrievalHeads pick_retrieval_heads(const LycheeHeadStats& s, int64_t per_layer)
   return r;
 }
 
+RetrievalHeads pick_retrieval_heads_total(const LycheeHeadStats& s, int64_t total) {
+  RetrievalHeads r;
+  r.n_layer = s.n_layer;
+  r.n_head = s.n_head;
+  r.heads.resize(static_cast<size_t>(s.n_layer));
+  std::vector<int64_t> order(static_cast<size_t>(s.n_layer * s.n_head));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return s.mean(a / s.n_head, a % s.n_head) > s.mean(b / s.n_head, b % s.n_head);
+  });
+  order.resize(static_cast<size_t>(std::clamp<int64_t>(total, 0, s.n_layer * s.n_head)));
+  std::sort(order.begin(), order.end());
+  for (int64_t i : order) r.heads[static_cast<size_t>(i / s.n_head)].push_back(static_cast<int32_t>(i % s.n_head));
+  return r;
+}
+
 Status save_retrieval_heads(const std::string& path, const RetrievalHeads& h) {
   std::ofstream f(path);
   if (!f) return make_error(strprintf("cannot write retrieval heads to '%s'", path.c_str()));
@@ -371,6 +430,10 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_string("heads", &file));
   int64_t split = ExecBackend::kDefaultSplit;
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  std::string share = "layer";
+  LC_TRY(spec.get_string("share", &share));
+  if (share != "layer" && share != "head")
+    return make_error(strprintf("attention method 'lychee': share=%s, expected 'layer' or 'head'", share.c_str()));
   LC_TRY(spec.finish());
   RetrievalHeads heads;
   if (!file.empty()) {
@@ -386,7 +449,8 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
     for (auto& v : heads.heads)
       for (int32_t h = 0; h < n_ret; ++h) v.push_back(h);
   }
-  return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads), split));
+  return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads), split,
+                                      share == "head"));
 }
 
 }  // namespace lc

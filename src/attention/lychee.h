@@ -46,6 +46,9 @@ struct RetrievalHeads {
 
 // The per_layer heads of each layer with the largest mean far mass (ties: lower id).
 RetrievalHeads pick_retrieval_heads(const LycheeHeadStats& s, int64_t per_layer);
+// The `total` heads of the whole model with the largest mean far mass (ties: lower layer, then
+// lower id); layers may get none. For `--attn lychee:share=head,heads=FILE`.
+RetrievalHeads pick_retrieval_heads_total(const LycheeHeadStats& s, int64_t total);
 
 // Text format:
 //   longctx-retrieval-heads 1

@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "attention/lychee.h"
@@ -74,6 +77,67 @@ TEST(AttentionLychee, AgainstNaiveOnItsSelection) {
   }
 }
 
+// share=head: every query head keeps its own choice of blocks from layer to layer. Two layers
+// with the same q/k/v: in layer 0 no head has chosen yet, so all attend fully and choose from
+// their own mass; in layer 1 head 0 (the retrieval head) chooses again, and every other head
+// attends the blocks it chose itself in layer 0: the top 4 blocks by its own attention mass,
+// computed here in double precision.
+TEST(AttentionLychee, HeadSharingCarriesEachHeadsChoiceAcrossLayers) {
+  Seq s(600, 8, 2, 64, 64, 58);
+  const RopeTable rt = test_rope(64, true);
+  const int64_t block = 32, init_end = 32, local = 64, budget = 128, k_blocks = budget / block;
+  const auto r = run_seq(s, "lychee:budget=128,block=32,sinks=32,local=64,retrieval=1,share=head",
+                         kv_config(s, 16, rt, 2), {64, 7}, true);
+  EXPECT_LT(max_err_vs_selection(s, rt, r), 2e-4);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  int64_t checked = 0, differs_from_head0 = 0;
+  for (size_t c = 0; c < r.sel.size(); ++c)
+    for (int64_t t = 0; t < r.sel[c].n; ++t) {
+      const int64_t tg = r.chunk_t0[c] + t, vis = tg + 1;
+      const int64_t lb = std::max(init_end, (vis - local) / block * block), b0 = init_end / block, b1 = lb / block;
+      if (vis <= budget || b1 - b0 <= k_blocks) continue;
+      std::vector<std::vector<int64_t>> own(static_cast<size_t>(s.H));
+      for (int64_t h = 0; h < s.H; ++h) {
+        const int64_t hk = h / (s.H / s.Hkv);
+        const auto qr = rotate(s.qt(tg, h), s.d, rt, static_cast<int32_t>(tg));
+        std::vector<double> sc(static_cast<size_t>(vis));
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < vis; ++j) {
+          const auto kr = rotate(s.kt(j, hk), s.d, rt, static_cast<int32_t>(j));
+          double a = 0;
+          for (int64_t i = 0; i < s.d; ++i) a += qr[static_cast<size_t>(i)] * kr[static_cast<size_t>(i)];
+          sc[static_cast<size_t>(j)] = a * scale;
+          mx = std::max(mx, a * scale);
+        }
+        std::vector<std::pair<double, int64_t>> mass;
+        for (int64_t bb = b0; bb < b1; ++bb) {
+          double m = 0;
+          for (int64_t j = bb * block; j < (bb + 1) * block; ++j) m += std::exp(sc[static_cast<size_t>(j)] - mx);
+          mass.push_back({-m, bb});
+        }
+        std::sort(mass.begin(), mass.end());
+        for (int64_t i = 0; i < k_blocks; ++i) own[static_cast<size_t>(h)].push_back(mass[static_cast<size_t>(i)].second);
+        std::sort(own[static_cast<size_t>(h)].begin(), own[static_cast<size_t>(h)].end());
+      }
+      const auto& keys0 = r.sel[c].keys[static_cast<size_t>(t * s.H)];
+      EXPECT_EQ(static_cast<int64_t>(keys0.size()), vis) << "the retrieval head attends every token";
+      for (int64_t h = 1; h < s.H; ++h) {
+        std::set<int64_t> want;
+        for (int64_t j = 0; j < init_end; ++j) want.insert(j);
+        for (int64_t bb : own[static_cast<size_t>(h)])
+          for (int64_t j = bb * block; j < (bb + 1) * block; ++j) want.insert(j);
+        for (int64_t j = std::min(lb, vis); j < vis; ++j) want.insert(j);
+        std::set<int64_t> got;
+        for (const auto& k : r.sel[c].keys[static_cast<size_t>(t * s.H + h)]) got.insert(k.seq_index);
+        EXPECT_EQ(got, want) << "token " << tg << " head " << h;
+        ++checked;
+        differs_from_head0 += own[static_cast<size_t>(h)] != own[0];
+      }
+    }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(differs_from_head0, checked / 2) << "the heads' own choices must differ for the test to tell them apart";
+}
+
 TEST(AttentionLychee, DecodeSplitMatchesUnsplit) {
   // Decoding (chunks of 1) with split=64 runs the retrieval heads split-K over 64-token
   // segments: the same blocks are chosen as unsplit, the output is within float rounding of
@@ -114,6 +178,8 @@ TEST(AttentionLychee, CalibrationPicksFarLookingHeadsAndRoundTrips) {
   EXPECT_GT(st.mean(0, 3), 0.9);
   const RetrievalHeads rh = pick_retrieval_heads(st, 1);
   ASSERT_EQ(rh.heads[0], std::vector<int32_t>{3});
+  EXPECT_EQ(pick_retrieval_heads_total(st, 1).heads[0], std::vector<int32_t>{3});
+  EXPECT_EQ(pick_retrieval_heads_total(st, 4).heads[0], (std::vector<int32_t>{0, 1, 2, 3}));
   const std::string path = "/tmp/lc_heads_" + std::to_string(getpid()) + ".txt";
   ASSERT_TRUE(save_retrieval_heads(path, rh).is_ok());
   auto back = load_retrieval_heads(path);

@@ -119,6 +119,24 @@ TEST(Cli, CalibrateWritesRetrievalHeadsThatLycheeReads) {
   r = run("calibrate -m " + kStories + " -f " + kGolden + "prompts/p1.txt --far 256 -o " + heads);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("needs more than --far 256"), std::string::npos) << r.out;
+  // --total: three heads for the whole model, then head-level sharing across layers.
+  r = run("calibrate -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt --far 256 --total 3 -c 4096 -o " + heads);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string total = slurp(heads);
+  size_t listed = 0;
+  for (size_t at = total.find(':'); at != std::string::npos; at = total.find(':', at + 1))
+    for (size_t i = at + 1; i < total.size() && total[i] != '\n'; ++i)
+      listed += total[i] != ' ' && (i + 1 == total.size() || total[i + 1] == ' ' || total[i + 1] == '\n');
+  EXPECT_EQ(listed, 3u) << total;
+  r = run("run -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt -c 4096 -n 4 --attn lychee:budget=512,share=head,heads=" +
+          heads);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("calibrate -m " + kStories + " -f " + kGolden + "prompts/ppl_text.txt --far 256 --total 41 -o " + heads);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--total 41 exceeds the model's 40 heads"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n 2 --attn lychee:share=model");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("share=model"), std::string::npos) << r.out;
 }
 
 TEST(Cli, MethodFlagsAreValidated) {

@@ -324,10 +324,11 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
 
 // LycheeDecode: finds the heads that attend far back on a retrieval prompt and writes them to a
 // file for --attn lychee:heads=FILE.
-int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, int64_t per_layer,
+int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, int64_t per_layer, int64_t total,
                   const std::string& out) {
   if (far < 1) return fail("--far must be >= 1");
   if (per_layer < 1) return fail("--per-layer must be >= 1");
+  if (total < 0) return fail("--total must be >= 1 (or 0: --per-layer)");
   auto text = read_file(file);
   if (!text) return fail(text.error().message);
   auto model = load_model(co);
@@ -335,6 +336,9 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
   const lc::HParams& hp = (*model)->hparams();
   if (per_layer > hp.n_head) return fail(lc::strprintf("--per-layer %lld exceeds the %lld heads per layer",
                                                         (long long)per_layer, (long long)hp.n_head));
+  if (total > hp.n_layer * hp.n_head)
+    return fail(lc::strprintf("--total %lld exceeds the model's %lld heads", (long long)total,
+                              (long long)(hp.n_layer * hp.n_head)));
   lc::AttnShape as{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
   auto cal = lc::make_lychee_calibrator(as, far);
   if (!cal) return fail(cal.error().message);
@@ -350,7 +354,8 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
   if (!ctx) return fail(ctx.error().message);
   Status s = (*ctx)->decode(ids, lc::Logits::kNone);
   if (!s) return fail(s.message());
-  const lc::RetrievalHeads rh = lc::pick_retrieval_heads(stats->stats(), per_layer);
+  const lc::RetrievalHeads rh = total > 0 ? lc::pick_retrieval_heads_total(stats->stats(), total)
+                                           : lc::pick_retrieval_heads(stats->stats(), per_layer);
   s = lc::save_retrieval_heads(out, rh);
   if (!s) return fail(s.message());
   for (int64_t il = 0; il < hp.n_layer; ++il) {
@@ -359,7 +364,8 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
       std::printf(" %d (far mass %.3f)", h, stats->stats().mean(il, h));
     std::printf("\n");
   }
-  std::fprintf(stderr, "wrote %s; use --attn lychee:heads=%s\n", out.c_str(), out.c_str());
+  std::fprintf(stderr, "wrote %s; use --attn lychee:%sheads=%s\n", out.c_str(), total > 0 ? "share=head," : "",
+               out.c_str());
   return 0;
 }
 
@@ -813,12 +819,15 @@ int main(int argc, char** argv) {
 
   CommonOpts cal_co;
   std::string cal_file, cal_out = "retrieval-heads.txt";
-  int64_t cal_far = 1024, cal_per_layer = 2;
+  int64_t cal_far = 1024, cal_per_layer = 2, cal_total = 0;
   auto* cal = app.add_subcommand("calibrate", "pick a model's retrieval heads for --attn lychee from a retrieval prompt");
   cal_co.add(cal);
   cal->add_option("-f,--file", cal_file, "retrieval prompt (e.g. from `bench tasks --task passkey --show`)")->required();
   cal->add_option("--far", cal_far, "attention to tokens further back than this counts as retrieval")->capture_default_str();
   cal->add_option("--per-layer", cal_per_layer, "retrieval heads kept per layer")->capture_default_str();
+  cal->add_option("--total", cal_total,
+                  "instead of --per-layer: the N heads of the whole model that look furthest back, for "
+                  "lychee:share=head (layers may get none)");
   cal->add_option("-o,--output", cal_out, "heads file to write")->capture_default_str();
 
   std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
@@ -847,7 +856,7 @@ int main(int argc, char** argv) {
                      run_special, run_qttt);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
-    if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_out);
+    if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_total, cal_out);
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave);
