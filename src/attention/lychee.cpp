@@ -92,20 +92,29 @@ class LycheeBackend final : public ExecBackend {
     const int64_t n_r = static_cast<int64_t>(ret.size());
     lse_.assign(static_cast<size_t>(n_r * n * nb), kNegInf);
     // Phase 1: retrieval heads, dense, with the log-mass of every block.
+    // Consecutive retrieval heads of one GQA group share an item, so their KV head is read once
+    // for all of them (share=head's first layer: every head of every group).
+    std::vector<int64_t> ri_of(static_cast<size_t>(H), -1);
+    for (int64_t ri = 0; ri < n_r; ++ri) ri_of[static_cast<size_t>(ret[static_cast<size_t>(ri)])] = ri;
     std::vector<attn::Item> items;
-    for (int64_t ri = 0; ri < n_r; ++ri)
-      for (int64_t t0 = 0; t0 < n; t0 += attn::kMaxRows)
-        items.push_back(attn::Item{ret[static_cast<size_t>(ri)] / g, t0, std::min(attn::kMaxRows, n - t0),
-                                   ret[static_cast<size_t>(ri)], 1});
+    for (size_t a = 0; a < ret.size();) {
+      size_t b = a + 1;
+      while (b < ret.size() && ret[b] == ret[b - 1] + 1 && ret[b] / g == ret[a] / g) ++b;
+      const int64_t gi = static_cast<int64_t>(b - a), step = std::max<int64_t>(1, attn::kMaxRows / gi);
+      for (int64_t t0 = 0; t0 < n; t0 += step)
+        items.push_back(attn::Item{ret[a] / g, t0, std::min(step, n - t0), ret[a], gi});
+      a = b;
+    }
     const int64_t B = kv.block_tokens();
     // Runs the open item's retrieval rows over keys [s0, s1), spans cut at KV blocks and at
     // selection blocks, and adds each span's log-mass to its selection block.
-    auto retrieve = [&](attn::Runner& run, int64_t ri, int64_t s0, int64_t s1) {
+    auto retrieve = [&](attn::Runner& run, int64_t s0, int64_t s1) {
       float span_lse[attn::kMaxRows];
       for (int64_t first = s0; first < s1;) {
         const int64_t end = std::min({s1, (first / B + 1) * B, (first / block_ + 1) * block_});
         run.run(attn::Span{first, end - first, 0, false, run.all_rows()}, span_lse);
         for (int64_t r = 0; r < run.rows(); ++r) {
+          const int64_t ri = ri_of[static_cast<size_t>(run.head_of(r))];
           float& dst = lse_[static_cast<size_t>((ri * n + run.token_of(r)) * nb + first / block_)];
           dst = logaddexp(dst, span_lse[r]);
         }
@@ -113,12 +122,9 @@ class LycheeBackend final : public ExecBackend {
       }
     };
     // Block masses relative to the row's total log-mass `tot`.
-    auto normalise = [&](int64_t ri, int64_t t, float tot) {
-      float* row = lse_.data() + (ri * n + t) * nb;
+    auto normalise = [&](const attn::Runner& run, int64_t r, float tot) {
+      float* row = lse_.data() + (ri_of[static_cast<size_t>(run.head_of(r))] * n + run.token_of(r)) * nb;
       for (int64_t bb = 0; bb < nb; ++bb) row[bb] = row[bb] == kNegInf ? 0.0f : std::exp(row[bb] - tot);
-    };
-    auto ret_index = [&](const attn::Item& it) {
-      return static_cast<int64_t>(std::find(ret.begin(), ret.end(), static_cast<int32_t>(it.h0)) - ret.begin());
     };
     // A decoded token has one retrieval tile per retrieval head, fewer than the threads: the
     // keys are split into segments of whole selection blocks (split-K), each segment's partial
@@ -130,10 +136,9 @@ class LycheeBackend final : public ExecBackend {
         attn::Runner& run = attn::thread_runner();
         for (int64_t i = b; i < e; ++i) {
           const attn::Item& it = items[static_cast<size_t>(i)];
-          const int64_t ri = ret_index(it);
           run.begin(ctx, it);
-          retrieve(run, ri, 0, run.vis(run.rows() - 1));
-          for (int64_t r = 0; r < run.rows(); ++r) normalise(ri, run.token_of(r), run.row_lse(r));
+          retrieve(run, 0, run.vis(run.rows() - 1));
+          for (int64_t r = 0; r < run.rows(); ++r) normalise(run, r, run.row_lse(r));
           run.finish();
         }
       });
@@ -153,7 +158,7 @@ class LycheeBackend final : public ExecBackend {
           const attn::Item& it = items[i];
           run.begin(ctx, it);
           const int64_t s0 = (u - unit_first[i]) * seg;
-          retrieve(run, ret_index(it), s0, std::min(run.vis(run.rows() - 1), s0 + seg));
+          retrieve(run, s0, std::min(run.vis(run.rows() - 1), s0 + seg));
           run.export_partial(partials_.data() + u * stride);
         }
       }, attn::unit_grain(ctx, n_units));
@@ -170,8 +175,7 @@ class LycheeBackend final : public ExecBackend {
             for (int64_t r = 0; r < run.rows(); ++r, p += 2 + ctx.dv)
               if (p[0] != kNegInf) tot[r] = logaddexp(tot[r], p[0] + std::log(p[1]));
           }
-          const int64_t ri = ret_index(it);
-          for (int64_t r = 0; r < run.rows(); ++r) normalise(ri, run.token_of(r), tot[r]);
+          for (int64_t r = 0; r < run.rows(); ++r) normalise(run, r, tot[r]);
           run.finish();
         }
       });
