@@ -162,14 +162,19 @@ TEST(Cli, MethodFlagsAreValidated) {
   EXPECT_NE(r.out.find("spilled"), std::string::npos) << r.out;
 }
 
+// The JSON array a command printed (after any progress lines); empty if there is none.
+nlohmann::json json_array_in(const std::string& out) {
+  const size_t js = out.find('['), je = out.rfind(']');
+  if (js == std::string::npos || je == std::string::npos || je < js) return nlohmann::json::array();
+  return nlohmann::json::parse(out.substr(js, je - js + 1));
+}
+
 TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 1 --no-warmup -a dense -a quest:budget=64 "
                  "--fill-attn infllm:sinks=4,local=64,topk=0 -o json");
   ASSERT_EQ(r.code, 0) << r.out;
-  const size_t js = r.out.find('[');
-  ASSERT_NE(js, std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(js, r.out.rfind(']') - js + 1));
-  ASSERT_EQ(j.size(), 4u);
+  const auto j = json_array_in(r.out);
+  ASSERT_EQ(j.size(), 4u) << r.out;
   EXPECT_EQ(j[0]["attn"], "dense");
   EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2,share=1");
   for (const auto& row : j) {
@@ -191,10 +196,8 @@ TEST(Cli, BenchSpeedInterleavedRepetitions) {
   Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 3 --interleave -a dense "
                  "-a streaming:sinks=4,window=64 --fill-attn infllm:sinks=4,local=64,topk=0 -o json");
   ASSERT_EQ(r.code, 0) << r.out;
-  const size_t js = r.out.find('[');
-  ASSERT_NE(js, std::string::npos) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(js, r.out.rfind(']') - js + 1));
-  ASSERT_EQ(j.size(), 4u);
+  const auto j = json_array_in(r.out);
+  ASSERT_EQ(j.size(), 4u) << r.out;
   const char* tests[] = {"pp16 @ d300", "pp16 @ d300", "tg2 @ d300", "tg2 @ d300"};
   for (size_t i = 0; i < j.size(); ++i) {
     EXPECT_EQ(j[i]["attn"], i % 2 == 0 ? "dense" : "streaming:sinks=4,window=64") << i;

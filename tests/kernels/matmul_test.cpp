@@ -116,6 +116,23 @@ TEST_P(MatmulTypes, BatchAndThreadInvariant) {
   EXPECT_EQ(batch, batch2);
 }
 
+// matmul_multi over three matrices against one matmul call per matrix: bit-identical.
+void expect_multi_equals_single(const Weights (&w)[3], const std::vector<float>& x, int64_t nt, ThreadPool& pool,
+                                const std::string& what) {
+  std::vector<float> one[3], multi[3];
+  const TensorView* ws[3];
+  float* ys[3];
+  for (int i = 0; i < 3; ++i) {
+    one[i].assign(static_cast<size_t>(w[i].view.n_rows() * nt), NAN);
+    multi[i].assign(one[i].size(), NAN);
+    matmul(w[i].view, x.data(), nt, one[i].data(), pool);
+    ws[i] = &w[i].view;
+    ys[i] = multi[i].data();
+  }
+  matmul_multi(ws, ys, x.data(), nt, pool);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(one[i], multi[i]) << what << " matrix " << i << " nt=" << nt;
+}
+
 // matmul_multi (Q/K/V, gate/up in one loop) gives every matrix exactly what matmul gives it,
 // whatever the thread count cuts across matrix boundaries.
 TEST_P(MatmulTypes, MultiEqualsOneCallPerMatrix) {
@@ -127,19 +144,7 @@ TEST_P(MatmulTypes, MultiEqualsOneCallPerMatrix) {
     auto x = test::random_floats(rng, n_in * nt);
     for (int threads : {1, 2, 3}) {
       ThreadPool pool(threads);
-      std::vector<float> one[3], multi[3];
-      const TensorView* ws[3];
-      float* ys[3];
-      for (int i = 0; i < 3; ++i) {
-        one[i].assign(static_cast<size_t>(w[i].view.n_rows() * nt), NAN);
-        multi[i].assign(one[i].size(), NAN);
-        matmul(w[i].view, x.data(), nt, one[i].data(), pool);
-        ws[i] = &w[i].view;
-        ys[i] = multi[i].data();
-      }
-      matmul_multi(ws, ys, x.data(), nt, pool);
-      for (int i = 0; i < 3; ++i)
-        EXPECT_EQ(one[i], multi[i]) << dtype_name(t) << " matrix " << i << " nt=" << nt << " threads=" << threads;
+      expect_multi_equals_single(w, x, nt, pool, std::string(dtype_name(t)) + " threads=" + std::to_string(threads));
     }
   }
 }
@@ -168,18 +173,7 @@ TEST(Matmul, MultiWithMixedTypes) {
                   make_weights(rng, DType::Q4_K, n_in, 4)};
   auto x = test::random_floats(rng, n_in * nt);
   ThreadPool pool(2);
-  std::vector<float> one[3], multi[3];
-  const TensorView* ws[3];
-  float* ys[3];
-  for (int i = 0; i < 3; ++i) {
-    one[i].assign(static_cast<size_t>(w[i].view.n_rows() * nt), NAN);
-    multi[i].assign(one[i].size(), NAN);
-    matmul(w[i].view, x.data(), nt, one[i].data(), pool);
-    ws[i] = &w[i].view;
-    ys[i] = multi[i].data();
-  }
-  matmul_multi(ws, ys, x.data(), nt, pool);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(one[i], multi[i]) << "matrix " << i;
+  expect_multi_equals_single(w, x, nt, pool, "mixed");
 }
 
 TEST(Matmul, SupportsAndRejects) {
