@@ -5,6 +5,8 @@
 # The cache is filled to each depth once, untimed, by a local-window backend
 # (infllm with no retrieval: O(n)), and every backend is then timed over the same cache.
 # Takes about an hour on 2 cores (most of it dense prefill at 256K); DEPTHS narrows it.
+# Extra arguments go to `bench speed`, e.g. --interleave to alternate the backends turn by turn
+# (fairer on a machine whose speed drifts; streaming then refills the cache every turn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
