@@ -177,6 +177,8 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   ASSERT_EQ(j.size(), 4u) << r.out;
   EXPECT_EQ(j[0]["attn"], "dense");
   EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2,share=1");
+  // Not interleaved: quest's speed relative to dense on the same test is the ratio of means.
+  EXPECT_NEAR(j[2]["vs_first"].get<double>(), j[2]["avg_ts"].get<double>() / j[0]["avg_ts"].get<double>(), 1e-9);
   for (const auto& row : j) {
     EXPECT_EQ(row["n_depth"], 300);
     EXPECT_EQ(row["kv_bytes_per_token"], 1280);  // 5 layers x 4 heads x (8 + 8) floats
@@ -205,7 +207,12 @@ TEST(Cli, BenchSpeedInterleavedRepetitions) {
     EXPECT_EQ(j[i]["n_depth"], 300) << i;
     ASSERT_EQ(j[i]["samples_ts"].size(), 3u) << i;
     for (const auto& x : j[i]["samples_ts"]) EXPECT_GT(x.get<double>(), 0.0) << i;
+    // The speed relative to dense on the same test is the mean of the per-turn ratios.
+    double want = 0;
+    for (size_t k = 0; k < 3; ++k) want += j[i]["samples_ts"][k].get<double>() / j[i - i % 2]["samples_ts"][k].get<double>();
+    EXPECT_NEAR(j[i]["vs_first"].get<double>(), want / 3, 1e-9) << i;
   }
+  EXPECT_EQ(j[0]["vs_first"].get<double>(), 1.0);
 }
 
 // bench press: the row's KV bytes follow the ratio; --fill-attn prefills under another backend

@@ -595,24 +595,50 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   std::string type_str;
   for (const auto& [k, v] : types) type_str += (type_str.empty() ? "" : "+") + k;
   const std::string model_name = co.model.empty() ? kEmbeddedModelName : co.model;
+  // Speed relative to the first -a backend on the same test (prompt/generation length and
+  // depth). Interleaved, the mean of the per-turn ratios: each turn's backends ran back to
+  // back, so a drift in machine speed cancels out of them.
+  std::vector<double> vs_first(rows.size(), 1.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SpeedRow* first = nullptr;
+    for (const auto& r : rows)
+      if (r.t.name == rows[i].t.name) {
+        first = &r;
+        break;
+      }
+    if (!first || first->t.mean() <= 0) continue;
+    const auto& a = rows[i].t.tps;
+    const auto& b = first->t.tps;
+    if (interleave && a.size() == b.size()) {
+      double sum = 0;
+      for (size_t k = 0; k < a.size(); ++k) sum += a[k] / b[k];
+      vs_first[i] = sum / static_cast<double>(a.size());
+    } else {
+      vs_first[i] = rows[i].t.mean() / first->t.mean();
+    }
+  }
   if (output == "json") {
     nlohmann::json j = nlohmann::json::array();
-    for (const auto& r : rows) {
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
+      const SpeedRow& r = rows[ri];
       j.push_back({{"model", model_name}, {"weights", type_str}, {"size_bytes", m.weight_bytes()},
                    {"threads", threads}, {"n_batch", co.n_batch}, {"attn", r.attn}, {"fill_attn", fill_attn},
                    {"test", r.t.name}, {"n_prompt", r.t.n_prompt}, {"n_gen", r.t.n_gen}, {"n_depth", r.t.depth},
                    {"samples_ts", r.t.tps}, {"avg_ts", r.t.mean()}, {"stddev_ts", r.t.stddev()},
                    {"kv_bytes_per_token", r.kv.bytes_per_token}, {"kv_in_use_bytes", r.kv.in_use_bytes},
-                   {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss}});
+                   {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss},
+                   {"vs_first", vs_first[ri]}});
     }
     std::printf("%s\n", j.dump(1).c_str());
   } else {
-    std::printf("| model | weights | threads | attn | test | t/s | KV B/token | KV in use | peak RSS |\n"
-                "|---|---|---:|---|---|---:|---:|---:|---:|\n");
-    for (const auto& r : rows)
-      std::printf("| %s | %s | %d | %s | %s | %.2f ± %.2f | %zu | %.1f MiB | %.1f MiB |\n", model_name.c_str(),
+    std::printf("| model | weights | threads | attn | test | t/s | vs first | KV B/token | KV in use | peak RSS |\n"
+                "|---|---|---:|---|---|---:|---:|---:|---:|---:|\n");
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
+      const SpeedRow& r = rows[ri];
+      std::printf("| %s | %s | %d | %s | %s | %.2f ± %.2f | %.2fx | %zu | %.1f MiB | %.1f MiB |\n", model_name.c_str(),
                   type_str.c_str(), threads, r.attn.c_str(), r.t.name.c_str(), r.t.mean(), r.t.stddev(),
-                  r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
+                  vs_first[ri], r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
+    }
     if (!fill_attn.empty()) std::printf("\ncache filled to each depth with --fill-attn %s (not timed)\n", fill_attn.c_str());
   }
   return 0;
