@@ -74,7 +74,8 @@ class LycheeBackend final : public ExecBackend {
     // Head-level sharing: selections carry over from the layers below within one forward pass
     // (the model calls layers in order), and a head without one retrieves.
     if (il == 0) std::fill(has_sel_.begin(), has_sel_.end(), 0);
-    std::vector<int32_t> ret = heads_.heads[static_cast<size_t>(il)];
+    std::vector<int32_t>& ret = ret_;  // this layer's retrieval heads (reused buffer)
+    ret = heads_.heads[static_cast<size_t>(il)];
     if (head_share_) {
       for (int32_t h = 0; h < static_cast<int32_t>(H); ++h)
         if (!has_sel_[static_cast<size_t>(h)] && std::find(ret.begin(), ret.end(), h) == ret.end()) ret.push_back(h);
@@ -94,7 +95,8 @@ class LycheeBackend final : public ExecBackend {
     // Phase 1: retrieval heads, dense, with the log-mass of every block.
     // Consecutive retrieval heads of one GQA group share an item, so their KV head is read once
     // for all of them (share=head's first layer: every head of every group).
-    std::vector<int64_t> ri_of(static_cast<size_t>(H), -1);
+    std::vector<int64_t>& ri_of = ri_of_;
+    ri_of.assign(static_cast<size_t>(H), -1);
     for (int64_t ri = 0; ri < n_r; ++ri) ri_of[static_cast<size_t>(ret[static_cast<size_t>(ri)])] = ri;
     std::vector<attn::Item> items;
     for (size_t a = 0; a < ret.size();) {
@@ -260,6 +262,8 @@ class LycheeBackend final : public ExecBackend {
   std::vector<std::vector<int32_t>> chosen_;  // [n] chosen blocks (share=layer)
   std::vector<int64_t> lower_;                // [n] local window start
   bool head_share_;
+  std::vector<int32_t> ret_;    // scratch: the layer's retrieval heads
+  std::vector<int64_t> ri_of_;  // scratch: [n_head] index in ret_, or -1
   std::vector<std::vector<std::vector<int32_t>>> hsel_;  // [n_head][n] each head's blocks (share=head)
   std::vector<char> has_sel_;                            // [n_head] chosen in this forward pass
 };

@@ -621,13 +621,14 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
   else if (path == Path::kBlas) blas_init();
   // The rows of all the matrices, one after the other, in one parallel loop: contiguous ranges
   // per thread, cut where they cross from one matrix to the next.
-  std::vector<int64_t> first(ws.size() + 1, 0);
-  for (size_t i = 0; i < ws.size(); ++i) first[i + 1] = first[i] + ws[i]->n_rows();
-  if (first.back() == 0) return;
-  pool.parallel_for(first.back(), [&](int64_t b, int64_t e, int) {
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
-      if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first[i], hi - first[i], ys[i]);
+  int64_t total = 0;
+  for (const TensorView* w : ws) total += w->n_rows();
+  if (total == 0) return;
+  pool.parallel_for(total, [&](int64_t b, int64_t e, int) {
+    int64_t first = 0;  // the first row of matrix i in the joint numbering
+    for (size_t i = 0; i < ws.size() && first < e; first += ws[i]->n_rows(), ++i) {
+      const int64_t lo = std::max(b, first), hi = std::min(e, first + ws[i]->n_rows());
+      if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first, hi - first, ys[i]);
     }
   }, path == Path::kBlas ? 16 : kRM);
 }
