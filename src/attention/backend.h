@@ -80,12 +80,20 @@ class AttentionBackend {
   void record_selection(bool on) { record_ = on; }
   const Selection& selection() const { return selection_; }
 
+  // With keep_row_lse(true), a backend whose rows attend every visible token (dense) keeps the
+  // log-sum-exp of each row's scores from its last forward(): [n, n_head], row t * n_head + h
+  // (-inf for a row that saw no token). H2O's observer normalises its probabilities with it
+  // instead of recomputing the softmax denominators. Null for every other backend.
+  void keep_row_lse(bool on) { keep_lse_ = on; }
+  virtual const float* row_lse() const { return nullptr; }
+
  protected:
   explicit AttentionBackend(const AttnShape& s);
   Status check_call(int64_t il, int64_t n, const KvCache& kv) const;
 
   AttnShape shape_;
   bool record_ = false;
+  bool keep_lse_ = false;
   Selection selection_;
 };
 

@@ -441,6 +441,7 @@ void Runner::finish(uint64_t mask) {
     const float inv = tl_[r] > 0.0f ? 1.0f / tl_[r] : 0.0f;
     const float* o = to_.data() + r * c.dv;
     for (int64_t i = 0; i < c.dv; ++i) dst[i] = o[i] * inv;
+    if (c.lse) c.lse[t * c.n_head + h] = tl_[r] > 0.0f ? tm_[r] + std::log(tl_[r]) : kNegInf;
   }
 }
 

@@ -33,6 +33,7 @@ struct ExecCtx {
   QueryVariant var[kMaxVariants];
   float* out = nullptr;       // [n, n_head, head_dim_v]
   Selection* sel = nullptr;   // non-null: record attended keys
+  float* lse = nullptr;       // non-null: finish() writes each row's log-sum-exp, [n, n_head]
 };
 
 // Tokens [t0, t0 + nt) x query heads [h0, h0 + g) of KV head hk; row r = (t - t0) * g + (h - h0).

@@ -44,6 +44,9 @@ void softmax_inplace(float* x, int64_t n);
 float exp_sub_sum(float* x, int64_t n, float m);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
 float dot_f32(const float* a, const float* b, int64_t n);
+// out[j] = q . k[j] for j < nk; k: [nk, d] contiguous rows. Four rows at a time share each
+// load of q and one horizontal reduction (scores of one query against a block of keys).
+void dot_rows_f32(const float* q, const float* k, int64_t nk, int64_t d, float* out);
 void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 void add_inplace(float* y, const float* x, int64_t n);    // y += x
 void scale_inplace(float* y, float a, int64_t n);

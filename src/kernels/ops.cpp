@@ -118,6 +118,26 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+void dot_rows_f32(const float* q, const float* k, int64_t nk, int64_t d, float* out) {
+  int64_t j = 0;
+  if (d % 8 == 0) {
+    for (; j + 4 <= nk; j += 4) {
+      const float* k0 = k + j * d;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+      for (int64_t c = 0; c < d; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(q + c);
+        s0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + c), s0);
+        s1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + d + c), s1);
+        s2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 2 * d + c), s2);
+        s3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k0 + 3 * d + c), s3);
+      }
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+      _mm_storeu_ps(out + j, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+  }
+  for (; j < nk; ++j) out[j] = dot_f32(q, k + j * d, d);
+}
+
 void axpy(float a, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;

@@ -497,8 +497,8 @@ class ChainPress final : public KvPress {
   struct FanOut final : AttentionObserver {
     std::vector<AttentionObserver*> parts;
     void observe(const KvCache& kv, int64_t il, const float* q, const int32_t* q_pos, const int32_t* q_seq, int64_t n,
-                 ThreadPool* pool) override {
-      for (auto* o : parts) o->observe(kv, il, q, q_pos, q_seq, n, pool);
+                 ThreadPool* pool, const float* row_lse) override {
+      for (auto* o : parts) o->observe(kv, il, q, q_pos, q_seq, n, pool, row_lse);
     }
     void truncate(int64_t n_seq) override {
       for (auto* o : parts) o->truncate(n_seq);

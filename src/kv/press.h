@@ -97,14 +97,17 @@ struct PressSchedule {
 // observe() after each layer's attention, for prefill chunks and decode steps alike, but only
 // when the active press returns an observer (no cost otherwise). The observer recomputes the
 // exact softmax rows of those queries over the tokens the layer's heads held at that moment
-// (press_observer.cpp), so it needs nothing from the attention backends.
+// (press_observer.cpp); from the attention backend it takes at most each row's log-sum-exp,
+// which the dense backend keeps on request (AttentionBackend::row_lse).
 class AttentionObserver {
  public:
   virtual ~AttentionObserver() = default;
   // Layer il has just attended n queries: q [n, n_head, head_dim] pre-RoPE, at positions q_pos
   // and sequence indices q_seq; kv holds what they attended (their own keys included).
+  // row_lse: [n, n_head] each row's log-sum-exp over every token it could see, from a dense
+  // backend (AttentionBackend::row_lse), or null: the observer then computes it itself.
   virtual void observe(const KvCache& kv, int64_t il, const float* q, const int32_t* q_pos,
-                       const int32_t* q_seq, int64_t n, ThreadPool* pool) = 0;
+                       const int32_t* q_seq, int64_t n, ThreadPool* pool, const float* row_lse) = 0;
   // The sequence was cut back to n_seq tokens: statistics of tokens >= n_seq are dropped.
   virtual void truncate(int64_t n_seq) = 0;
 };

@@ -15,7 +15,7 @@ AttentionAccumulator::AttentionAccumulator(const PressShape& s)
     : shape_(s), sum_(static_cast<size_t>(s.n_layer * s.n_head_kv)), cnt_(static_cast<size_t>(s.n_layer)) {}
 
 void AttentionAccumulator::observe(const KvCache& kv, int64_t il, const float* q, const int32_t* q_pos,
-                                   const int32_t* q_seq, int64_t n, ThreadPool* pool) {
+                                   const int32_t* q_seq, int64_t n, ThreadPool* pool, const float* row_lse) {
   if (n <= 0 || il < 0 || il >= shape_.n_layer) return;
   const int64_t H = shape_.n_head, Hkv = shape_.n_head_kv, d = shape_.head_dim, g = H / Hkv;
   const float scale = press::attn_scale(shape_);
@@ -40,38 +40,87 @@ void AttentionAccumulator::observe(const KvCache& kv, int64_t il, const float* q
   const RopeTable& rt = kv.rope(il);
   if (rt.n_rot > 0) rt.apply(qr_.data(), n, H, d, q_pos);
   kernels::scale_inplace(qr_.data(), scale, n * H * d);
-  auto head = [&](int64_t h) {
-    auto& s = sum_[static_cast<size_t>(il * Hkv + h)];
-    if (s.size() < need) s.resize(need, 0.0f);
-    // Per-thread scratch, grown to the longest head seen, never allocated per query.
-    thread_local std::vector<float> K, z, acc;
-    press::read_head_keys(kv, il, h, K);
+
+  // Work units: (KV head h, slice s of the queries). Each unit sums into its own column buffer
+  // and the slices are added in order afterwards, so the result does not depend on the number
+  // of threads or on which thread ran what. Within a slice, tiles of a few tokens x the GQA group
+  // walk the head's keys one KV block at a time, so a block is read once per tile rather than
+  // once per query row (at 64K tokens a head's keys are 16 MiB, beyond the cache).
+  const int64_t B = kv.block_tokens();
+  const int64_t n_slice = std::min<int64_t>(n, kSlices);
+  const int64_t per_slice = (n + n_slice - 1) / n_slice;
+  int64_t nk_max = 0;
+  for (int64_t h = 0; h < Hkv; ++h) nk_max = std::max(nk_max, kv.n_tokens(il, h));
+  part_.resize(static_cast<size_t>(Hkv * n_slice));
+  for (auto& p : part_) p.assign(static_cast<size_t>(nk_max), 0.0f);
+  const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / g);
+  auto unit = [&](int64_t u) {
+    const int64_t h = u / n_slice, sl = u % n_slice;
+    const int64_t t_begin = sl * per_slice, t_end = std::min(n, t_begin + per_slice);
     const int64_t nk = kv.n_tokens(il, h);
     const int32_t* idx = kv.seq_index(il, h);
-    if (z.size() < static_cast<size_t>(nk)) z.resize(static_cast<size_t>(nk));
-    acc.assign(static_cast<size_t>(nk), 0.0f);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t vis = std::upper_bound(idx, idx + nk, q_seq[t]) - idx;
-      if (vis == 0) continue;
-      for (int64_t hq = h * g; hq < (h + 1) * g; ++hq) {
-        const float* qv = qr_.data() + (t * H + hq) * d;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < vis; ++j) {
-          z[static_cast<size_t>(j)] = kernels::dot_f32(qv, K.data() + j * d, d);
-          mx = std::max(mx, z[static_cast<size_t>(j)]);
+    float* acc = part_[static_cast<size_t>(u)].data();
+    thread_local std::vector<float> kbuf, z;
+    if (kbuf.size() < static_cast<size_t>(B * d)) kbuf.resize(static_cast<size_t>(B * d));
+    if (z.size() < static_cast<size_t>(B)) z.resize(static_cast<size_t>(B));
+    int64_t vis[kTileRows];
+    float m[kTileRows], l[kTileRows];
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += tile_tokens) {
+      const int64_t nt = std::min(tile_tokens, t_end - t0), rows = nt * g;
+      int64_t vmax = 0;
+      for (int64_t i = 0; i < nt; ++i) {
+        vis[i] = std::upper_bound(idx, idx + nk, q_seq[t0 + i]) - idx;
+        vmax = std::max(vmax, vis[i]);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        // With the backend's log-sum-exp, exp(s - lse) is the probability itself.
+        m[r] = row_lse ? row_lse[(t0 + r / g) * H + h * g + r % g] : -std::numeric_limits<float>::infinity();
+        l[r] = row_lse ? 1.0f : 0.0f;
+      }
+      // Pass 1 (without row_lse): each row's softmax normaliser (online max and sum over the
+      // blocks). Pass 2: the probabilities exp(s - m) / l, added to the key's column.
+      for (int pass = row_lse ? 1 : 0; pass < 2; ++pass) {
+        for (int64_t j0 = 0; j0 < vmax; j0 += B) {
+          const int64_t cnt_b = std::min(B, vmax - j0);
+          const float* K = kv.keys_f32(il, h, j0, cnt_b, kbuf.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = r / g, hq = h * g + r % g;
+            const int64_t lim = std::min(cnt_b, vis[i] - j0);
+            if (lim <= 0) continue;
+            const float* qv = qr_.data() + ((t0 + i) * H + hq) * d;
+            kernels::dot_rows_f32(qv, K, lim, d, z.data());
+            if (pass == 0) {
+              float mx = -std::numeric_limits<float>::infinity();
+              for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, z[static_cast<size_t>(j)]);
+              const float mnew = std::max(m[r], mx);
+              l[r] = l[r] * std::exp(m[r] - mnew) + kernels::exp_sub_sum(z.data(), lim, mnew);
+              m[r] = mnew;
+            } else {
+              kernels::exp_sub_sum(z.data(), lim, m[r]);
+              kernels::axpy(1.0f / l[r], z.data(), acc + j0, lim);
+            }
+          }
         }
-        const float tot = kernels::exp_sub_sum(z.data(), vis, mx);
-        kernels::axpy(1.0f / tot, z.data(), acc.data(), vis);
       }
     }
-    for (int64_t j = 0; j < nk; ++j) s[static_cast<size_t>(idx[j])] += acc[static_cast<size_t>(j)];
   };
-  if (pool && pool->size() > 1 && Hkv > 1) {
-    pool->parallel_for(Hkv, [&](int64_t b, int64_t e, int) {
-      for (int64_t h = b; h < e; ++h) head(h);
+  const int64_t n_units = Hkv * n_slice;
+  if (pool && pool->size() > 1 && n_units > 1) {
+    pool->parallel_for(n_units, [&](int64_t b, int64_t e, int) {
+      for (int64_t u = b; u < e; ++u) unit(u);
     });
   } else {
-    for (int64_t h = 0; h < Hkv; ++h) head(h);
+    for (int64_t u = 0; u < n_units; ++u) unit(u);
+  }
+  for (int64_t h = 0; h < Hkv; ++h) {
+    auto& s = sum_[static_cast<size_t>(il * Hkv + h)];
+    if (s.size() < need) s.resize(need, 0.0f);
+    const int64_t nk = kv.n_tokens(il, h);
+    const int32_t* idx = kv.seq_index(il, h);
+    for (int64_t sl = 0; sl < n_slice; ++sl) {
+      const float* acc = part_[static_cast<size_t>(h * n_slice + sl)].data();
+      for (int64_t j = 0; j < nk; ++j) s[static_cast<size_t>(idx[j])] += acc[j];
+    }
   }
 }
 

@@ -104,6 +104,8 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
       return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
                                   "same vocabulary as %s)", p.kv_press.c_str(), p.model_name.c_str()));
     c->observer_ = c->press_->observer();
+    // The observer normalises with the dense backend's row log-sum-exp (one pass instead of two).
+    c->backend_->keep_row_lse(c->observer_ != nullptr);
     c->record_queries(c->press_->n_obs());
   }
   const size_t nb = static_cast<size_t>(p.n_batch);
@@ -412,7 +414,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     // the sequence indices here).
     if (observer_ && observing_) {
       const double t0 = now_seconds();
-      observer_->observe(*kv_, il, q_.data(), pos_.data(), pos_.data(), n, &pool_);
+      observer_->observe(*kv_, il, q_.data(), pos_.data(), pos_.data(), n, &pool_, backend_->row_lse());
       t_press_ += now_seconds() - t0;
     }
     kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
@@ -470,6 +472,7 @@ Status Context::set_attention(std::string_view spec) {
     if (!st) return make_error("--kv-press: " + st.message());
   }
   LC_TRY((*attn)->attach(*kv_));
+  (*attn)->keep_row_lse(observer_ != nullptr);
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);
   return Status::ok();

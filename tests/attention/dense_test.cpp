@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <cstdlib>
 #include <string>
@@ -102,6 +104,54 @@ TEST(AttentionDense, SplitKIsBitIdenticalAndExact) {
     EXPECT_EQ(max_abs_diff(one.out, odd.out), 0.0) << "block " << block;
     EXPECT_LT(max_abs_diff(one.out, full_oracle(s, rt)), 2e-4) << "block " << block;
   }
+}
+
+// keep_row_lse: the dense backend hands out each row's log-sum-exp over every token it saw
+// (H2O's observer normalises with it), for prefill tiles and for split-K decode steps alike,
+// equal to the double-precision value; a sparse backend, which sees a subset, hands out none.
+TEST(AttentionDense, RowLseIsTheFullSoftmaxLogSumExp) {
+  Seq s(300, 8, 2, 64, 64, 21);
+  const RopeTable rt = test_rope(64, true);
+  const auto cfg = kv_config(s, 32, rt);
+  auto kv = KvCache::create(cfg);
+  ASSERT_TRUE(kv.has_value());
+  auto be = make_attention_backend("dense:split=64", shape_of(s));
+  ASSERT_TRUE(be.has_value());
+  ASSERT_TRUE((*be)->attach(**kv).is_ok());
+  EXPECT_EQ((*be)->row_lse(), nullptr);
+  (*be)->keep_row_lse(true);
+  const double scale = 1.0 / std::sqrt(64.0);
+  std::vector<float> out;
+  double worst = 0;
+  for (int64_t t0 = 0; t0 < s.T;) {
+    const int64_t n = t0 < 256 ? 64 : 1;  // prefill tiles, then decode steps (split-K)
+    out.assign(static_cast<size_t>(n * s.H * s.dv), 0.0f);
+    ASSERT_TRUE((*kv)->append(0, n, s.kt(t0, 0), s.vt(t0, 0), s.pos.data() + t0).is_ok());
+    ASSERT_TRUE((*be)->forward(0, n, s.qt(t0, 0), s.pos.data() + t0, **kv, out.data(), test_pool()).is_ok());
+    const float* lse = (*be)->row_lse();
+    ASSERT_NE(lse, nullptr);
+    for (int64_t t = t0; t < t0 + n; ++t)
+      for (int64_t h = 0; h < s.H; ++h) {
+        const auto qr = rotate(s.qt(t, h), s.d, rt, s.pos[t]);
+        std::vector<double> sc;
+        for (int64_t j = 0; j <= t; ++j) {
+          const auto kr = rotate(s.kt(j, h / 4), s.d, rt, s.pos[j]);
+          double a = 0;
+          for (int64_t c = 0; c < s.d; ++c) a += qr[static_cast<size_t>(c)] * kr[static_cast<size_t>(c)];
+          sc.push_back(a * scale);
+        }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double sum = 0;
+        for (double x : sc) sum += std::exp(x - mx);
+        worst = std::max(worst, std::abs(static_cast<double>(lse[(t - t0) * s.H + h]) - (mx + std::log(sum))));
+      }
+    t0 += n;
+  }
+  EXPECT_LT(worst, 1e-4);
+  auto quest = make_attention_backend("quest:budget=64,page=16,dense_layers=0", shape_of(s));
+  ASSERT_TRUE(quest.has_value());
+  (*quest)->keep_row_lse(true);
+  EXPECT_EQ((*quest)->row_lse(), nullptr);
 }
 
 TEST(AttentionDense, NanInUnusedSlotsChangesNothing) {

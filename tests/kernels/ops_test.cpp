@@ -87,6 +87,22 @@ TEST(Ops, DotAxpyAddScale) {
     double mag = 0;
     for (int64_t i = 0; i < n; ++i) mag += std::fabs(a[i] * b[i]);
     EXPECT_NEAR(dot_f32(a.data(), b.data(), n), ref::dot_f32(a.data(), b.data(), n), 1e-6 * mag + 1e-30);
+    // One query against rows: every row count (the 4-row body and the tail), d with and without
+    // a multiple of 8.
+    for (int64_t d : {n, int64_t{64}}) {
+      if (d > n) continue;
+      for (int64_t nk : {1, 3, 4, 7, 13}) {
+        if (nk * d > n) continue;
+        std::vector<float> out(static_cast<size_t>(nk), -1.0f);
+        dot_rows_f32(a.data(), b.data(), nk, d, out.data());
+        for (int64_t j = 0; j < nk; ++j) {
+          double mj = 0;
+          for (int64_t i = 0; i < d; ++i) mj += std::fabs(a[i] * b[j * d + i]);
+          EXPECT_NEAR(out[static_cast<size_t>(j)], ref::dot_f32(a.data(), b.data() + j * d, d), 1e-6 * mj + 1e-30)
+              << "d " << d << " nk " << nk << " j " << j;
+        }
+      }
+    }
     auto y1 = b, y2 = b;
     axpy(0.37f, a.data(), y1.data(), n);
     ref::axpy(0.37f, a.data(), y2.data(), n);

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "kv/press.h"
 #include "kv/press_impl.h"
@@ -659,6 +661,28 @@ std::vector<double> naive_probs(const Fixture& f, int64_t il, const float* q, in
   return p;
 }
 
+// log(sum_j exp(s_j)) of query head hq at sequence index qs over the held tokens it sees, in
+// double (what a dense backend hands the observer as row_lse).
+double naive_lse(const Fixture& f, int64_t il, const float* q, int64_t hq, int32_t qp, int32_t qs,
+                 const std::vector<int32_t>& held) {
+  const RopeTable& rt = f.kv->rope(il);
+  const int64_t d = f.d, g = f.H / f.Hkv;
+  std::vector<double> qr(static_cast<size_t>(d)), kr(static_cast<size_t>(d));
+  rope_d(q + hq * d, d, rt, qp, qr.data());
+  std::vector<double> s;
+  for (int32_t j : held) {
+    if (j > qs) continue;
+    rope_d(f.kptr(il, j) + (hq / g) * d, d, rt, f.pos[static_cast<size_t>(j)], kr.data());
+    double a = 0;
+    for (int64_t e = 0; e < d; ++e) a += qr[static_cast<size_t>(e)] * kr[static_cast<size_t>(e)];
+    s.push_back(a / std::sqrt(static_cast<double>(d)));
+  }
+  const double mx = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double x : s) sum += std::exp(x - mx);
+  return mx + std::log(sum);
+}
+
 // SpecKV: SnapKV's formula over the last obs prompt queries AND lookahead queries that lie
 // after the cache's end (their sequence indices given), max-pooled, window +max.
 TEST(KvPressScores, SpecKvUsesLookaheadQueries) {
@@ -708,6 +732,58 @@ TEST(KvPressScores, SpecKvUsesLookaheadQueries) {
     EXPECT_FALSE(make_kv_press(bad, f.shape).has_value()) << bad;
 }
 
+// The tiled observer over many KV blocks, several query tiles and slices per call, on 1 to 3
+// threads, and normalised either by its own first pass or by a given row log-sum-exp: every
+// variant matches the double-precision softmax sums, and the thread count changes no bit.
+TEST(KvPressObserver, TiledAcrossBlocksThreadsAndGivenRowLse) {
+  const int64_t L = 301, H = 8, Hkv = 2, g = H / Hkv;
+  Fixture f(1, H, Hkv, 16, L, 16, 11);
+  std::vector<int32_t> all;
+  for (int32_t j = 0; j < L; ++j) all.push_back(j);
+  std::vector<double> want(static_cast<size_t>(Hkv * L), 0.0);
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t hq = 0; hq < H; ++hq) {
+      const auto p = naive_probs(f, 0, f.qptr(0, t), hq, f.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all, L);
+      for (int64_t j = 0; j <= t; ++j) want[static_cast<size_t>((hq / g) * L + j)] += p[static_cast<size_t>(j)];
+    }
+  const std::pair<int64_t, int64_t> chunks[] = {{0, 200}, {200, 100}, {300, 1}};  // prefill chunks, a decode step
+  auto run = [&](int threads, bool with_lse) {
+    Fixture h(1, H, Hkv, 16, L, 16, 11);
+    h.kv->clear();
+    auto press = make("h2o:ratio=0.5", h.shape);
+    auto* acc = dynamic_cast<AttentionAccumulator*>(press->observer());
+    EXPECT_NE(acc, nullptr);
+    std::unique_ptr<ThreadPool> pool;
+    if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+    for (auto [first, n] : chunks) {
+      h.append(first, n);
+      std::vector<int32_t> seq;
+      std::vector<float> lse;
+      for (int64_t t = first; t < first + n; ++t) {
+        seq.push_back(static_cast<int32_t>(t));
+        for (int64_t hq = 0; hq < H; ++hq)
+          lse.push_back(static_cast<float>(
+              naive_lse(h, 0, h.qptr(0, t), hq, h.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all)));
+      }
+      acc->observe(*h.kv, 0, h.qptr(0, first), h.pos.data() + first, seq.data(), n, pool.get(),
+                   with_lse ? lse.data() : nullptr);
+    }
+    std::vector<float> got;
+    for (int64_t h2 = 0; h2 < Hkv; ++h2)
+      for (int64_t j = 0; j < L; ++j) got.push_back(acc->sum(0, h2, j));
+    return got;
+  };
+  const auto one = run(1, false);
+  for (int64_t i = 0; i < Hkv * L; ++i) EXPECT_NEAR(one[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << i;
+  EXPECT_EQ(run(2, false), one);
+  EXPECT_EQ(run(3, false), one);
+  for (int threads : {1, 2}) {
+    const auto lse = run(threads, true);
+    for (int64_t i = 0; i < Hkv * L; ++i)
+      EXPECT_NEAR(lse[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << threads << " " << i;
+  }
+}
+
 // The observer accumulates the exact softmax of every query the "forward" evaluated, over the
 // tokens each head held at that moment (an eviction between chunks changes what later queries
 // see), and H2O's forward score is sum / (group size * queries that saw the token).
@@ -730,7 +806,7 @@ TEST(KvPressObserver, AccumulatesNaiveSoftmaxOfTheForward) {
     for (int64_t il = 0; il < 2; ++il) {
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t t = first; t < first + n; ++t) held[static_cast<size_t>(il * 2 + h)].push_back(static_cast<int32_t>(t));
-      obs->observe(*f.kv, il, f.qptr(il, first), f.pos.data() + first, seq.data(), n, nullptr);
+      obs->observe(*f.kv, il, f.qptr(il, first), f.pos.data() + first, seq.data(), n, nullptr, nullptr);
       for (int64_t t = first; t < first + n; ++t) {
         for (int64_t j = 0; j <= t; ++j) cnt[static_cast<size_t>(il)][static_cast<size_t>(j)] += 1;
         for (int64_t hq = 0; hq < 4; ++hq) {
@@ -767,7 +843,7 @@ TEST(KvPressObserver, AccumulatesNaiveSoftmaxOfTheForward) {
     g.append(first, n);  // no eviction here: every token stays visible
     std::vector<int32_t> seq;
     for (int64_t t = first; t < first + n; ++t) seq.push_back(static_cast<int32_t>(t));
-    for (int64_t il = 0; il < 2; ++il) o2->observe(*g.kv, il, g.qptr(il, first), g.pos.data() + first, seq.data(), n, nullptr);
+    for (int64_t il = 0; il < 2; ++il) o2->observe(*g.kv, il, g.qptr(il, first), g.pos.data() + first, seq.data(), n, nullptr, nullptr);
   }
   ASSERT_TRUE(p->compress(g.ctx(0, 0), 0).is_ok());
   // Oracle for layer 0, head 0 (no eviction there): recompute sums with every token held.
