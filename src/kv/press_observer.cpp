@@ -60,11 +60,15 @@ void AttentionAccumulator::observe(const KvCache& kv, int64_t il, const float* q
     const int64_t nk = kv.n_tokens(il, h);
     const int32_t* idx = kv.seq_index(il, h);
     float* acc = part_[static_cast<size_t>(u)].data();
-    thread_local std::vector<float> kbuf, z;
+    // Per-thread scratch, grown to the largest shape seen, never allocated per tile. A tile has
+    // at most kTileRows tokens and max(kTileRows, g) rows (one token when the group is large).
+    thread_local std::vector<float> kbuf, z, m, l;
+    thread_local std::vector<int64_t> vis;
+    const size_t max_rows = static_cast<size_t>(tile_tokens * g);
     if (kbuf.size() < static_cast<size_t>(B * d)) kbuf.resize(static_cast<size_t>(B * d));
     if (z.size() < static_cast<size_t>(B)) z.resize(static_cast<size_t>(B));
-    int64_t vis[kTileRows];
-    float m[kTileRows], l[kTileRows];
+    if (m.size() < max_rows) m.resize(max_rows), l.resize(max_rows);
+    if (vis.size() < static_cast<size_t>(tile_tokens)) vis.resize(static_cast<size_t>(tile_tokens));
     for (int64_t t0 = t_begin; t0 < t_end; t0 += tile_tokens) {
       const int64_t nt = std::min(tile_tokens, t_end - t0), rows = nt * g;
       int64_t vmax = 0;

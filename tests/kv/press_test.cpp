@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -734,59 +735,68 @@ TEST(KvPressScores, SpecKvUsesLookaheadQueries) {
 
 // The tiled observer over many KV blocks, several query tiles and slices per call, on 1 to 3
 // threads, and normalised either by its own first pass or by a given row log-sum-exp: every
-// variant matches the double-precision softmax sums, and the thread count changes no bit.
+// variant matches the double-precision softmax sums, and the thread count changes no bit. The
+// second shape has a GQA group (64 heads) larger than a tile's rows.
 TEST(KvPressObserver, TiledAcrossBlocksThreadsAndGivenRowLse) {
-  const int64_t L = 301, H = 8, Hkv = 2, g = H / Hkv;
-  Fixture f(1, H, Hkv, 16, L, 16, 11);
-  std::vector<int32_t> all;
-  for (int32_t j = 0; j < L; ++j) all.push_back(j);
-  std::vector<double> want(static_cast<size_t>(Hkv * L), 0.0);
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t hq = 0; hq < H; ++hq) {
-      const auto p = naive_probs(f, 0, f.qptr(0, t), hq, f.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all, L);
-      for (int64_t j = 0; j <= t; ++j) want[static_cast<size_t>((hq / g) * L + j)] += p[static_cast<size_t>(j)];
-    }
-  const std::pair<int64_t, int64_t> chunks[] = {{0, 200}, {200, 100}, {300, 1}};  // prefill chunks, a decode step
-  auto run = [&](int threads, bool with_lse) {
-    Fixture h(1, H, Hkv, 16, L, 16, 11);
-    h.kv->clear();
-    auto press = make("h2o:ratio=0.5", h.shape);
-    auto* acc = dynamic_cast<AttentionAccumulator*>(press->observer());
-    EXPECT_NE(acc, nullptr);
-    std::unique_ptr<ThreadPool> pool;
-    if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
-    for (auto [first, n] : chunks) {
-      h.append(first, n);
-      std::vector<int32_t> seq;
-      std::vector<float> lse;
-      for (int64_t t = first; t < first + n; ++t) {
-        seq.push_back(static_cast<int32_t>(t));
-        for (int64_t hq = 0; hq < H; ++hq)
-          lse.push_back(static_cast<float>(
-              naive_lse(h, 0, h.qptr(0, t), hq, h.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all)));
+  for (const auto& shp : {std::tuple<int64_t, int64_t, int64_t>{8, 2, 301}, {64, 1, 90}}) {
+    const int64_t H = std::get<0>(shp), Hkv = std::get<1>(shp), L = std::get<2>(shp), g = H / Hkv;
+    Fixture f(1, H, Hkv, 16, L, 16, 11);
+    std::vector<int32_t> all;
+    for (int32_t j = 0; j < L; ++j) all.push_back(j);
+    std::vector<double> want(static_cast<size_t>(Hkv * L), 0.0);
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t hq = 0; hq < H; ++hq) {
+        const auto p =
+            naive_probs(f, 0, f.qptr(0, t), hq, f.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all, L);
+        for (int64_t j = 0; j <= t; ++j) want[static_cast<size_t>((hq / g) * L + j)] += p[static_cast<size_t>(j)];
       }
-      acc->observe(*h.kv, 0, h.qptr(0, first), h.pos.data() + first, seq.data(), n, pool.get(),
-                   with_lse ? lse.data() : nullptr);
-    }
-    std::vector<float> got;
-    for (int64_t h2 = 0; h2 < Hkv; ++h2)
-      for (int64_t j = 0; j < L; ++j) got.push_back(acc->sum(0, h2, j));
-    return got;
-  };
-  const auto one = run(1, false);
-  for (int64_t i = 0; i < Hkv * L; ++i) EXPECT_NEAR(one[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << i;
-  EXPECT_EQ(run(2, false), one);
-  EXPECT_EQ(run(3, false), one);
-  for (int threads : {1, 2}) {
-    const auto lse = run(threads, true);
+    // Prefill chunks, then a decode step.
+    const std::vector<std::pair<int64_t, int64_t>> chunks =
+        L > 200 ? std::vector<std::pair<int64_t, int64_t>>{{0, 200}, {200, L - 201}, {L - 1, 1}}
+                : std::vector<std::pair<int64_t, int64_t>>{{0, L - 1}, {L - 1, 1}};
+    auto run = [&](int threads, bool with_lse) {
+      Fixture h(1, H, Hkv, 16, L, 16, 11);
+      h.kv->clear();
+      auto press = make("h2o:ratio=0.5", h.shape);
+      auto* acc = dynamic_cast<AttentionAccumulator*>(press->observer());
+      EXPECT_NE(acc, nullptr);
+      std::unique_ptr<ThreadPool> pool;
+      if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+      for (auto [first, n] : chunks) {
+        h.append(first, n);
+        std::vector<int32_t> seq;
+        std::vector<float> lse;
+        for (int64_t t = first; t < first + n; ++t) {
+          seq.push_back(static_cast<int32_t>(t));
+          for (int64_t hq = 0; hq < H; ++hq)
+            lse.push_back(static_cast<float>(
+                naive_lse(h, 0, h.qptr(0, t), hq, h.pos[static_cast<size_t>(t)], static_cast<int32_t>(t), all)));
+        }
+        acc->observe(*h.kv, 0, h.qptr(0, first), h.pos.data() + first, seq.data(), n, pool.get(),
+                     with_lse ? lse.data() : nullptr);
+      }
+      std::vector<float> got;
+      for (int64_t h2 = 0; h2 < Hkv; ++h2)
+        for (int64_t j = 0; j < L; ++j) got.push_back(acc->sum(0, h2, j));
+      return got;
+    };
+    const auto one = run(1, false);
     for (int64_t i = 0; i < Hkv * L; ++i)
-      EXPECT_NEAR(lse[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << threads << " " << i;
+      EXPECT_NEAR(one[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << i;
+    EXPECT_EQ(run(2, false), one);
+    EXPECT_EQ(run(3, false), one);
+    for (int threads : {1, 2}) {
+      const auto lse = run(threads, true);
+      for (int64_t i = 0; i < Hkv * L; ++i)
+        EXPECT_NEAR(lse[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 2e-4) << threads << " " << i;
+    }
   }
 }
 
-// The observer accumulates the exact softmax of every query the "forward" evaluated, over the
-// tokens each head held at that moment (an eviction between chunks changes what later queries
-// see), and H2O's forward score is sum / (group size * queries that saw the token).
+// The observer accumulates the exact softmax of every query the "forward"
+// evaluated, over the tokens each head held at that moment (an eviction between
+// chunks changes what later queries see), and H2O's forward score is sum /
+// (group size * queries that saw the token).
 TEST(KvPressObserver, AccumulatesNaiveSoftmaxOfTheForward) {
   const int64_t L = 37;
   Fixture f(2, 4, 2, 8, L, 8, 5);
