@@ -255,6 +255,43 @@ TEST(Cli, MakeModelLayers) {
   EXPECT_NE(r.out.find("--layers"), std::string::npos) << r.out;
 }
 
+// make-vocab trains a byte-level BPE vocabulary on the curriculum's text; train takes it as
+// --vocab and exports a model that carries it. Missing or bad input names the flag.
+TEST(Cli, MakeVocabFeedsTrain) {
+  const std::string vocab = testing::TempDir() + "cli_bpe_vocab.gguf";
+  const std::string model = testing::TempDir() + "cli_bpe_model.gguf";
+  Result r = run("make-vocab --curriculum default --from-vocab " + kStories +
+                 " --samples 20 --seq-len 512 --size 400 -o " + vocab);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("400 tokens"), std::string::npos) << r.out;
+  r = run("train --vocab " + vocab + " --curriculum default --seq-len 512 --cur-min-len 300 --steps 2 --batch 1 "
+          "--n-layer 1 --n-embd 32 --n-head 2 --n-ff 64 -t 1 -o " + model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("info " + model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("gpt2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("400"), std::string::npos) << r.out;
+  r = run("tokenize -m " + model + " --ids -p 'the pass key is 4395874'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("[398, ", 0), 0u) << r.out;  // BOS (<s>, id 398) first
+  for (const char* f : {".loss.csv", ".loss.svg", ".loss.png"}) std::remove((model + f).c_str());
+  std::remove(model.c_str());
+  std::remove(vocab.c_str());
+
+  r = run("make-vocab -o " + vocab);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--data"), std::string::npos) << r.out;
+  r = run("make-vocab --curriculum default -o " + vocab);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--from-vocab"), std::string::npos) << r.out;
+  r = run("make-vocab --data " + testing::TempDir() + "no_such_file.txt -o " + vocab);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no_such_file.txt"), std::string::npos) << r.out;
+  r = run("make-vocab --curriculum default --from-vocab " + kStories + " --samples 2 --size 10 -o " + vocab);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("size 10"), std::string::npos) << r.out;
+}
+
 }  // namespace
 
 namespace {
