@@ -72,21 +72,24 @@ void accumulate_values(float* o, const float* p, const T* v, int64_t nk, int64_t
 constexpr int64_t kMaxD = 512;
 constexpr int64_t kFusedMaxRows = 8;
 
-// sc[j] = q . k[j] for j < nk, keys as f32 or as f16 read in place; four keys at a time so q is
-// loaded once per four. Widening f16 is exact and the arithmetic and its order are the same
-// for both, so f16 keys give the bits their f32 copies would.
+// sc[j] = q . k[j] for j < nk, keys as f32 (kernels::dot_rows_f32) or as f16 read in place;
+// four keys at a time so q is loaded once per four. Widening f16 is exact and the arithmetic
+// and its order are those of dot_rows_f32, so f16 keys give the bits their f32 copies would.
+void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
+  kernels::dot_rows_f32(q, k, nk, d, sc);
+}
+
 template <class T>
 void scores(const float* q, const T* k, int64_t nk, int64_t d, float* sc) {
+  static_assert(sizeof(T) == 2, "f32 keys use the overload above");
   int64_t j = 0;
 #if LC_ATTN_AVX2
   if (d % 8 == 0) {
     for (; j + 4 <= nk; j += 4) {
       const T* k0 = k + j * d;
-      if constexpr (sizeof(T) == 2) {
-        // The next four rows are usually in the same block: ask for them while these compute.
-        _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
-      }
+      // The next four rows are usually in the same block: ask for them while these compute.
+      _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
       for (int64_t c = 0; c < d; c += 8) {
         const __m256 qc = _mm256_loadu_ps(q + c);
@@ -104,13 +107,9 @@ void scores(const float* q, const T* k, int64_t nk, int64_t d, float* sc) {
   }
 #endif
   for (; j < nk; ++j) {
-    if constexpr (sizeof(T) == 2) {
-      alignas(32) float row[kMaxD];
-      for (int64_t c = 0; c < d; ++c) row[c] = to_f32(k[j * d + c]);
-      sc[j] = kernels::dot_f32(q, row, d);
-    } else {
-      sc[j] = kernels::dot_f32(q, k + j * d, d);
-    }
+    alignas(32) float row[kMaxD];
+    for (int64_t c = 0; c < d; ++c) row[c] = to_f32(k[j * d + c]);
+    sc[j] = kernels::dot_f32(q, row, d);
   }
 }
 
