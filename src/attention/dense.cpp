@@ -24,10 +24,6 @@ Status ExecBackend::begin_forward(int64_t il, int64_t n, const float* q, const i
   ctx.d = shape_.head_dim;
   ctx.dv = shape_.head_dim_v;
   ctx.out = out;
-  if (keep_lse_) {
-    lse_.assign(static_cast<size_t>(n * shape_.n_head), -std::numeric_limits<float>::infinity());
-    ctx.lse = lse_.data();
-  }
   if (record_) {
     selection_ = Selection{il, n, shape_.n_head, {}};
     selection_.keys.assign(static_cast<size_t>(n * shape_.n_head), {});
@@ -223,11 +219,18 @@ class DenseBackend final : public ExecBackend {
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
+    if (keep_lse_) {
+      lse_.assign(static_cast<size_t>(n * shape_.n_head), -std::numeric_limits<float>::infinity());
+      ctx.lse = lse_.data();
+    }
     run_dense(ctx, pool);
     return Status::ok();
   }
   // Every row attends every visible token, so the kept log-sum-exp is the full softmax's.
   const float* row_lse() const override { return keep_lse_ && !lse_.empty() ? lse_.data() : nullptr; }
+
+ private:
+  std::vector<float> lse_;  // [n, n_head] of the last forward, with keep_row_lse(true)
 };
 
 }  // namespace
