@@ -43,6 +43,7 @@ struct AttnShape {
   int64_t head_dim = 0;
   int64_t head_dim_v = 0;
   float scale = 0.0f;  // on q.k; 0: 1/sqrt(head_dim)
+  int64_t fixed_distance = 0;  // the model's trained distance ceiling (attention `fixed`), 0: none
 };
 
 // One key a query attended: the score was rope(q, q_pos) . rope(k, k_pos) * scale, where q

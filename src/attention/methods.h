@@ -20,6 +20,7 @@ Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s);
 Expected<BackendPtr> make_infllm(MethodSpec& spec, const AttnShape& s);
 Expected<BackendPtr> make_dssa(MethodSpec& spec, const AttnShape& s);
 Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s);
+Expected<BackendPtr> make_fixed(MethodSpec& spec, const AttnShape& s);
 
 // Base of the backends built on attn::Runner: owns the rotated query copies.
 class ExecBackend : public AttentionBackend {

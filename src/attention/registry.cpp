@@ -23,6 +23,9 @@ const Entry kMethods[] = {
     {"dssa", make_dssa,
      "DSSA / InfLLM-v2: dense below switch, block-sparse above; "
      "switch=8192,block=64,kernel=32,stride=16,topk=16,sinks=64,local=512"},
+    {"fixed", make_fixed,
+     "exact attention with keys further than distance=N scored at that distance (LM-Infinite's ceiling); "
+     "default for models trained with it (their GGUF gives N); split=1024"},
     {"lychee", make_lychee,
      "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others; "
      "budget=2048,block=64,sinks=64,local=256,retrieval=1,heads=FILE,split=1024"},
@@ -37,7 +40,9 @@ Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_v
                                 "n_head must be a multiple of n_head_kv",
                                 (long long)s.n_layer, (long long)s.n_head, (long long)s.n_head_kv,
                                 (long long)s.head_dim, (long long)s.head_dim_v));
-  LC_ASSIGN_OR_RETURN(MethodSpec spec, MethodSpec::parse(text.empty() ? std::string_view("dense") : text));
+  // The default: dense, or the distance ceiling a model was trained with.
+  const std::string dflt = s.fixed_distance > 0 ? "fixed" : "dense";
+  LC_ASSIGN_OR_RETURN(MethodSpec spec, MethodSpec::parse(text.empty() ? std::string_view(dflt) : text));
   for (const auto& e : kMethods)
     if (spec.name() == e.name) return e.make(spec, s);
   std::string list;

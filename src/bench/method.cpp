@@ -56,7 +56,7 @@ Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const Me
   // The rope, attention and press registries check the specs when the context is made.
   ContextParams q = p;
   q.rope = default_rope(m.rope) ? "" : m.rope;
-  q.attn = default_attn(m.attn) ? "dense" : m.attn;
+  q.attn = m.attn;  // empty: the model's default attention
   q.kv_press = default_press(m.press) ? "" : m.press;
   auto qp = qttt_params(m);
   if (!qp) return make_error(strprintf("method %s: %s", m.label().c_str(), qp.error().message.c_str()));

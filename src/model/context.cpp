@@ -33,6 +33,7 @@ AttnShape attn_shape_of(const HParams& hp) {
   as.n_head_kv = hp.n_head_kv;
   as.head_dim = hp.head_dim;
   as.head_dim_v = hp.head_dim_v;
+  as.fixed_distance = hp.fixed_distance;
   return as;
 }
 }  // namespace

@@ -26,7 +26,7 @@ struct ContextParams {
   int64_t n_batch = 512; // tokens per forward chunk
   int n_threads = 0;     // 0: all cores
   std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
-  std::string attn = "dense";  // --attn spec (attention backend registry)
+  std::string attn;  // --attn spec (attention backend registry); empty: the model's default (dense, or fixed)
   int64_t kv_block = 64;       // --kv-block: tokens per KV block
   DType kv_type_k = DType::F32, kv_type_v = DType::F32;  // --kv-type-k / --kv-type-v
   int64_t kv_budget = 0;       // --kv-budget in bytes; 0 = no cap

@@ -45,6 +45,9 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   LC_ASSIGN_OR_RETURN(uint32_t n_head_kv, f.get_u32_or(a + "attention.head_count_kv",
                                                        static_cast<uint32_t>(hp.n_head)));
   hp.n_head_kv = n_head_kv;
+  // Written by `longctx train --fixed-distance` (attention `fixed`); other tools ignore it.
+  LC_ASSIGN_OR_RETURN(uint32_t fixed_distance, f.get_u32_or("longctx.attention.fixed_distance", 0));
+  hp.fixed_distance = fixed_distance;
   auto bad = [&](const char* what) {
     return make_error(strprintf("%s: invalid hyper-parameters: %s", f.path().c_str(), what));
   };
@@ -54,6 +57,7 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   if (hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv != 0)
     return bad("head_count must be a positive multiple of head_count_kv");
   if (hp.n_ff <= 0 || hp.n_ff > (1 << 20)) return bad("feed_forward_length out of range");
+  if (hp.fixed_distance > (1 << 30)) return bad("longctx.attention.fixed_distance out of range");
   const uint32_t dflt_hd = static_cast<uint32_t>(hp.n_embd / hp.n_head);
   LC_ASSIGN_OR_RETURN(hp.head_dim, f.get_u32_or(a + "attention.key_length", dflt_hd));
   LC_ASSIGN_OR_RETURN(hp.head_dim_v, f.get_u32_or(a + "attention.value_length", dflt_hd));

@@ -21,6 +21,7 @@ struct HParams {
   std::string arch_str;
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
+  int64_t fixed_distance = 0;  // trained distance ceiling (longctx.attention.fixed_distance), 0: none
   int64_t n_embd = 0;
   int64_t n_layer = 0;
   int64_t n_head = 0;

@@ -22,13 +22,15 @@ Expected<ModelConfig> resolve_config(ModelConfig c) {
   if (c.n_ctx < 2 || c.n_ctx > (1 << 20)) return bad("n_ctx must be in [2, 2^20]");
   if (!(c.rope_base > 1.0f) || !std::isfinite(c.rope_base)) return bad("rope base must be > 1");
   if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f)) return bad("rms eps must be in (0, 1)");
+  if (c.fixed_distance < 0 || c.fixed_distance > (1 << 20)) return bad("fixed distance must be in [0, 2^20]");
   return c;
 }
 
 std::string describe(const ModelConfig& c) {
   return strprintf("%lld layers, n_embd %lld, %lld heads (%lld kv), n_ff %lld, vocab %lld, n_ctx %lld, %s output",
                    (long long)c.n_layer, (long long)c.n_embd, (long long)c.n_head, (long long)c.n_head_kv,
-                   (long long)c.n_ff, (long long)c.n_vocab, (long long)c.n_ctx, c.tied ? "tied" : "separate");
+                   (long long)c.n_ff, (long long)c.n_vocab, (long long)c.n_ctx, c.tied ? "tied" : "separate") +
+         (c.fixed_distance > 0 ? strprintf(", fixed distance %lld", (long long)c.fixed_distance) : std::string());
 }
 
 }  // namespace lc::train

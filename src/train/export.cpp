@@ -27,6 +27,11 @@ Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, con
   w.set_f32("llama.rope.freq_base", c.rope_base);
   w.set_f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps);
   w.set_u32("llama.vocab_size", static_cast<uint32_t>(c.n_vocab));
+  // Trained with a distance ceiling: the engine's default attention for this file attends keys
+  // beyond it at that distance (attention `fixed`); other readers ignore the key and see a
+  // plain llama model, identical within the ceiling.
+  if (c.fixed_distance > 0)
+    w.set_u32("longctx.attention.fixed_distance", static_cast<uint32_t>(c.fixed_distance));
   for (const std::string& key : vocab.keys()) {
     if (key.rfind("tokenizer.", 0) != 0) continue;
     w.set_value(key, *vocab.find(key));

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
+#include "core/status.h"
 #include "kernels/kernels.h"
 
 namespace lc::train {
@@ -228,18 +230,67 @@ void cross_entropy_backward(T* logits, const int32_t* targets, const T* lse, int
 // uses the same aligned blocks, so every entry it reads was written by this call.
 constexpr int64_t kAttnBlock = 32;
 
+namespace {
+
+// The fixed-distance variant (AttnDims::fixed_distance = W): the queries rotated from pos[t]
+// on to W - pos[t] more and the keys from pos[s] back to 0, so qf[t] . kf[s] = rope(q, W) .
+// rope(k, 0) for the raw q and k; lim[t] = the first key the query at t sees at its real
+// distance (keys s < lim[t] are further than W).
+template <class T>
+struct FarQk {
+  std::vector<T> qf, kf;
+  std::vector<int32_t> pq, pk;
+  std::vector<int64_t> lim;
+};
+
+template <class T>
+void far_qk(const AttnDims& d, const T* q, const T* k, FarQk<T>& f, ThreadPool& pool) {
+  const int64_t T_ = d.n_tokens, W = d.fixed_distance;
+  LC_CHECK(d.pos && d.rope && d.rope_inv);
+  f.qf.assign(q, q + T_ * d.n_head * d.head_dim);
+  f.kf.assign(k, k + T_ * d.n_head_kv * d.head_dim);
+  f.pq.resize(static_cast<size_t>(T_));
+  f.pk.resize(static_cast<size_t>(T_));
+  f.lim.resize(static_cast<size_t>(T_));
+  int64_t s = 0;
+  for (int64_t t = 0; t < T_; ++t) {
+    LC_CHECK(t == 0 || d.pos[t] > d.pos[t - 1]);
+    f.pq[static_cast<size_t>(t)] = static_cast<int32_t>(W - d.pos[t]);
+    f.pk[static_cast<size_t>(t)] = -d.pos[t];
+    while (static_cast<int64_t>(d.pos[t]) - d.pos[s] > W) ++s;
+    f.lim[static_cast<size_t>(t)] = s;
+  }
+  rope_rotate<T>(f.qf.data(), T_, d.n_head, d.head_dim, f.pq.data(), *d.rope, pool);
+  rope_rotate<T>(f.kf.data(), T_, d.n_head_kv, d.head_dim, f.pk.data(), *d.rope, pool);
+}
+
+}  // namespace
+
 template <class T>
 void attention_forward(const AttnDims& d, const T* q, const T* k, const T* v, T* out, T* probs, ThreadPool& pool) {
   const int64_t T_ = d.n_tokens, H = d.n_head, hd = d.head_dim, group = d.n_head / d.n_head_kv;
   const int64_t qs = H * hd, ks = d.n_head_kv * hd;  // token strides
   const int64_t nb = (T_ + kAttnBlock - 1) / kAttnBlock;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  FarQk<T> far;
+  if (d.fixed_distance > 0) far_qk<T>(d, q, k, far, pool);
   strided_rows(pool, H * nb, [&](int64_t task) {
     const int64_t h = task % H, kh = h / group;
     const int64_t t0 = (task / H) * kAttnBlock, t1 = std::min(T_, t0 + kAttnBlock);
     T* P = probs + h * T_ * T_;
     // S[t0:t1, 0:t1] = scale * Q_h[t0:t1] K_kh[0:t1]^T
     gemm<T>(false, true, t1 - t0, t1, hd, scale, q + t0 * qs + h * hd, qs, k + kh * hd, ks, T(0), P + t0 * T_, T_);
+    if (d.fixed_distance > 0) {
+      // Keys beyond the fixed distance: the same product with qf and kf.
+      const int64_t cf = far.lim[static_cast<size_t>(t1 - 1)];
+      if (cf > 0) {
+        std::vector<T> F(static_cast<size_t>((t1 - t0) * cf));
+        gemm<T>(false, true, t1 - t0, cf, hd, scale, far.qf.data() + t0 * qs + h * hd, qs, far.kf.data() + kh * hd,
+                ks, T(0), F.data(), cf);
+        for (int64_t t = t0; t < t1; ++t)
+          std::copy_n(F.data() + (t - t0) * cf, far.lim[static_cast<size_t>(t)], P + t * T_);
+      }
+    }
     for (int64_t t = t0; t < t1; ++t) {
       T* p = P + t * T_;
       T mx = -INFINITY;
@@ -265,6 +316,17 @@ void attention_backward(const AttnDims& d, const T* q, const T* k, const T* v, c
   const int64_t qs = H * hd, ks = d.n_head_kv * hd;
   const int64_t nb = (T_ + kAttnBlock - 1) / kAttnBlock;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const bool fixed = d.fixed_distance > 0;
+  // With a fixed distance, dS splits into its near part (gradient of the rotated q and k) and
+  // its far part (gradient of qf and kf, rotated back at the end).
+  FarQk<T> far;
+  std::vector<T> dqf, dkf;
+  if (fixed) {
+    far_qk<T>(d, q, k, far, pool);
+    dqf.assign(static_cast<size_t>(T_ * qs), T(0));
+    dkf.assign(static_cast<size_t>(T_ * ks), T(0));
+  }
+  auto lim = [&](int64_t t) { return fixed ? far.lim[static_cast<size_t>(t)] : int64_t{0}; };
   // Query blocks: dP = dO V^T; dS = P * (dP - rowsum(P * dP)) (softmax backward);
   // dQ = scale * dS K. dS goes to scratch for the key pass.
   strided_rows(pool, H * nb, [&](int64_t task) {
@@ -281,24 +343,62 @@ void attention_backward(const AttnDims& d, const T* q, const T* k, const T* v, c
       for (int64_t s = 0; s <= t; ++s) ds[s] = p[s] * (ds[s] - dsum);
       for (int64_t s = t + 1; s < t1; ++s) ds[s] = T(0);
     }
-    gemm<T>(false, false, t1 - t0, hd, t1, scale, dS + t0 * T_, T_, k + kh * hd, ks, T(0), dq + t0 * qs + h * hd, qs);
+    if (!fixed) {
+      gemm<T>(false, false, t1 - t0, hd, t1, scale, dS + t0 * T_, T_, k + kh * hd, ks, T(0), dq + t0 * qs + h * hd, qs);
+      return;
+    }
+    const int64_t nt = t1 - t0, cf = lim(t1 - 1);
+    std::vector<T> near(static_cast<size_t>(nt * t1)), farp(static_cast<size_t>(nt * cf), T(0));
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* ds = dS + t * T_;
+      T* nr = near.data() + (t - t0) * t1;
+      std::copy_n(ds, t1, nr);
+      std::fill_n(nr, lim(t), T(0));
+      std::copy_n(ds, lim(t), farp.data() + (t - t0) * cf);
+    }
+    gemm<T>(false, false, nt, hd, t1, scale, near.data(), t1, k + kh * hd, ks, T(0), dq + t0 * qs + h * hd, qs);
+    gemm<T>(false, false, nt, hd, cf, scale, farp.data(), cf, far.kf.data() + kh * hd, ks, T(0),
+            dqf.data() + t0 * qs + h * hd, qs);
   });
   // Key blocks [s0, s1) of KV head kh: only queries t >= s0 see them. Summing over the group's
   // query heads inside one task keeps each row of dk and dv with one thread.
   strided_rows(pool, d.n_head_kv * nb, [&](int64_t task) {
     const int64_t kh = task % d.n_head_kv;
     const int64_t s0 = (task / d.n_head_kv) * kAttnBlock, s1 = std::min(T_, s0 + kAttnBlock);
+    const int64_t ns = s1 - s0, nr = T_ - s0;
+    std::vector<T> near, farp;
+    if (fixed) near.resize(static_cast<size_t>(nr * ns)), farp.resize(static_cast<size_t>(nr * ns));
     for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
       const T beta = h == kh * group ? T(0) : T(1);
       const T* P = probs + h * T_ * T_;
       const T* dS = scratch + h * T_ * T_;
       // dK[s0:s1] (+)= scale * dS[s0:T, s0:s1]^T Q_h[s0:T]; dV[s0:s1] (+)= P[s0:T, s0:s1]^T dO_h[s0:T]
-      gemm<T>(true, false, s1 - s0, hd, T_ - s0, scale, dS + s0 * T_ + s0, T_, q + s0 * qs + h * hd, qs, beta,
-              dk + s0 * ks + kh * hd, ks);
-      gemm<T>(true, false, s1 - s0, hd, T_ - s0, T(1), P + s0 * T_ + s0, T_, dout + s0 * qs + h * hd, qs, beta,
+      if (!fixed) {
+        gemm<T>(true, false, ns, hd, nr, scale, dS + s0 * T_ + s0, T_, q + s0 * qs + h * hd, qs, beta,
+                dk + s0 * ks + kh * hd, ks);
+      } else {
+        for (int64_t t = s0; t < T_; ++t)
+          for (int64_t s = s0; s < s1; ++s) {
+            const T x = dS[t * T_ + s];
+            const bool is_far = s < lim(t);
+            near[static_cast<size_t>((t - s0) * ns + (s - s0))] = is_far ? T(0) : x;
+            farp[static_cast<size_t>((t - s0) * ns + (s - s0))] = is_far ? x : T(0);
+          }
+        gemm<T>(true, false, ns, hd, nr, scale, near.data(), ns, q + s0 * qs + h * hd, qs, beta,
+                dk + s0 * ks + kh * hd, ks);
+        gemm<T>(true, false, ns, hd, nr, scale, farp.data(), ns, far.qf.data() + s0 * qs + h * hd, qs, beta,
+                dkf.data() + s0 * ks + kh * hd, ks);
+      }
+      gemm<T>(true, false, ns, hd, nr, T(1), P + s0 * T_ + s0, T_, dout + s0 * qs + h * hd, qs, beta,
               dv + s0 * ks + kh * hd, ks);
     }
   });
+  if (!fixed) return;
+  // qf = R(W - pos) q and kf = R(-pos) k: their gradients go back through the inverse rotations.
+  rope_rotate<T>(dqf.data(), T_, H, hd, far.pq.data(), *d.rope_inv, pool);
+  rope_rotate<T>(dkf.data(), T_, d.n_head_kv, hd, far.pk.data(), *d.rope_inv, pool);
+  for (int64_t i = 0; i < T_ * qs; ++i) dq[i] += dqf[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < T_ * ks; ++i) dk[i] += dkf[static_cast<size_t>(i)];
 }
 
 #define LC_TRAIN_INSTANTIATE(T)                                                                     \

@@ -68,6 +68,15 @@ void cross_entropy_backward(T* logits, const int32_t* targets, const T* lse, int
 // behind the same arguments).
 struct AttnDims {
   int64_t n_tokens = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  // > 0: a key more than `fixed_distance` positions before its query is attended as if exactly
+  // that far, rope(q, W) . rope(k, 0): the distance ceiling of LM-Infinite (Han et al. 2023)
+  // and InfLLM (Xiao et al. 2024), trained in so that the model reads any length with the
+  // relative positions it was trained on. Needs pos (increasing), rope and rope_inv (the
+  // tables q and k were rotated with, and inverse_rope of it).
+  int64_t fixed_distance = 0;
+  const int32_t* pos = nullptr;
+  const RopeTable* rope = nullptr;
+  const RopeTable* rope_inv = nullptr;
 };
 // q: [T, n_head, hd], k, v: [T, n_head_kv, hd] (already rotated). out: [T, n_head, hd];
 // probs: [n_head, T, T] (row t holds p(t, s) for s <= t; saved for the backward pass).

@@ -80,6 +80,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
     return make_error(strprintf("sequence length %lld is out of range [1, 65536]", (long long)o.seq_len));
   if (o.batch < 1 || o.batch > (1 << 16))
     return make_error(strprintf("batch %lld is out of range [1, 65536]", (long long)o.batch));
+  if (o.chunk > 0 && o.model.fixed_distance > 0)
+    return make_error("--fixed-distance is not supported with --chunk (the chunk-recurrent attention reads its "
+                      "paged keys at their real distances)");
   if (o.chunk < 0 || o.chunk > o.seq_len)
     return make_error(strprintf("--chunk %lld must be in [1, --seq-len = %lld] (0: the whole window at once)",
                                 (long long)o.chunk, (long long)o.seq_len));

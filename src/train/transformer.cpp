@@ -167,6 +167,16 @@ BlockActs<T> Transformer<T>::acts(int64_t il) {
 }
 
 template <class T>
+AttnDims Transformer<T>::attn_dims(int64_t n) const {
+  AttnDims d{n, c_.n_head, c_.n_head_kv, c_.head_dim()};
+  d.fixed_distance = c_.fixed_distance;
+  d.pos = pos_.data();
+  d.rope = &rope_;
+  d.rope_inv = &rope_inv_;
+  return d;
+}
+
+template <class T>
 double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t n, ThreadPool& pool) {
   LC_CHECK(n >= 1 && n <= max_t_);
   const int64_t E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
@@ -187,7 +197,7 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
   for (int64_t t = 0; t < n; ++t)
     std::memcpy(x0 + t * E, W + tok_embd_ + static_cast<size_t>(tokens[t]) * E, static_cast<size_t>(E) * sizeof(T));
 
-  AttnDims ad{n, H, c_.n_head_kv, hd};
+  const AttnDims ad = attn_dims(n);
   for (int64_t il = 0; il < c_.n_layer; ++il) {
     const BlockActs<T> a = acts(il);
     block_forward<T>(c_, W, layers_[static_cast<size_t>(il)], a, n, pos_.data(), rope_, tmp_.data(), pool,
@@ -217,7 +227,7 @@ void Transformer<T>::backward(T loss_scale, ThreadPool& pool) {
   rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * Tn * E, W + output_norm_, rstdf_.data(), dresid,
                       G + output_norm_, n, E, pool);
 
-  AttnDims ad{n, H, c_.n_head_kv, hd};
+  const AttnDims ad = attn_dims(n);
   const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
   for (int64_t il = c_.n_layer - 1; il >= 0; --il) {
     const BlockOffsets& L = layers_[static_cast<size_t>(il)];

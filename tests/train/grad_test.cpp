@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "train/ops.h"
@@ -200,6 +201,73 @@ TEST_F(OpsGrad, AttentionManyBlocks) {
   expect_grad(q, dq, loss, "attention dq", 1e-6, 1e-6, 5);
   expect_grad(k, dk, loss, "attention dk", 1e-6, 1e-6, 3);
   expect_grad(v, dv, loss, "attention dv", 1e-6, 1e-6, 3);
+}
+
+// The fixed distance (keys further than W attended as if exactly W away): the forward against
+// scores formed from the raw q and k, and the backward against finite differences, over
+// several blocks, GQA, and positions with gaps.
+TEST_F(OpsGrad, AttentionFixedDistance) {
+  for (const auto& [T, H, Hkv, W, step] : {std::tuple{9, 2, 1, 3, 1}, std::tuple{70, 4, 2, 20, 1},
+                                          std::tuple{40, 2, 2, 30, 3}}) {
+    AttnDims d{T, H, Hkv, 8};
+    const int64_t hd = d.head_dim;
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(step * t + 2);
+    LlamaCppRopeParams rp;
+    rp.n_rot = hd;
+    const RopeTable rope = make_llama_cpp_rope(rp), rope_inv = inverse_rope(rope);
+    d.fixed_distance = W;
+    d.pos = pos.data();
+    d.rope = &rope;
+    d.rope_inv = &rope_inv;
+    const size_t qn = T * H * hd, kn = T * Hkv * hd;
+    auto qraw = randn(qn, 30 + T), kraw = randn(kn, 31 + T), v = randn(kn, 32), dout = randn(qn, 33);
+    std::vector<double> q = qraw, k = kraw;
+    rope_rotate<double>(q.data(), T, H, hd, pos.data(), rope, pool);
+    rope_rotate<double>(k.data(), T, Hkv, hd, pos.data(), rope, pool);
+    std::vector<double> out(qn), probs(H * T * T), scratch(probs.size());
+    attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+    // Oracle: near keys score rope(q, pos[t]) . rope(k, pos[s]); far keys rope(q, W) . k.
+    std::vector<double> qw = qraw;
+    std::vector<int32_t> wpos(static_cast<size_t>(T), static_cast<int32_t>(W));
+    rope_rotate<double>(qw.data(), T, H, hd, wpos.data(), rope, pool);
+    int64_t n_far = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kh = h / (H / Hkv);
+        std::vector<double> sc(static_cast<size_t>(t + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t s = 0; s <= t; ++s) {
+          const bool far = pos[t] - pos[s] > W;
+          n_far += far;
+          const double* qa = (far ? qw.data() : q.data()) + (t * H + h) * hd;
+          const double* ka = (far ? kraw.data() : k.data()) + (s * Hkv + kh) * hd;
+          double dd = 0;
+          for (int64_t i = 0; i < hd; ++i) dd += qa[i] * ka[i];
+          sc[s] = dd / std::sqrt(double(hd));
+          mx = std::max(mx, sc[s]);
+        }
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int64_t s = 0; s <= t; ++s) o += sc[s] / sum * v[(s * Hkv + kh) * hd + i];
+          EXPECT_NEAR(out[(t * H + h) * hd + i], o, 1e-6) << "T " << T << " t " << t << " h " << h;
+        }
+      }
+    EXPECT_GT(n_far, T);  // the case reaches beyond the fixed distance
+    auto loss = [&] {
+      attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+      return weighted_sum(dout, out);
+    };
+    loss();
+    std::vector<double> dq(qn), dk(kn), dv(kn);
+    attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                               dv.data(), scratch.data(), pool);
+    const size_t stride = T > 50 ? 5 : 1;
+    expect_grad(q, dq, loss, "fixed-distance dq", 1e-6, 1e-6, stride);
+    expect_grad(k, dk, loss, "fixed-distance dk", 1e-6, 1e-6, stride);
+    expect_grad(v, dv, loss, "fixed-distance dv", 1e-6, 1e-6, stride);
+  }
 }
 
 // The float instantiation (inference kernels for rmsnorm, rope, swiglu, dot, axpy) computes

@@ -154,11 +154,16 @@ void check_export(TrainOptions o, const fs::path& dir) {
   EXPECT_EQ((*model)->hparams().n_head_kv, o.model.n_head_kv);
   EXPECT_EQ((*model)->tied_output(), o.model.tied);
   EXPECT_EQ((*model)->tokenizer().n_vocab(), 512);
+  EXPECT_EQ((*model)->hparams().fixed_distance, o.model.fixed_distance);
   ContextParams cp;
   cp.n_ctx = o.seq_len;
   cp.n_threads = 2;
   auto ctx = Context::create(**model, cp);
   ASSERT_TRUE(ctx) << ctx.error().message;
+  // A model trained with a distance ceiling runs with it by default.
+  EXPECT_EQ((*ctx)->attention().spec(), o.model.fixed_distance > 0
+                                            ? "fixed:distance=" + std::to_string(o.model.fixed_distance)
+                                            : std::string("dense"));
   const auto& data = (*tr)->data().tokens();
   std::vector<int32_t> toks(data.begin() + 3, data.begin() + 3 + o.seq_len);
   ASSERT_TRUE((*ctx)->decode(toks, Logits::kAll).is_ok());
@@ -176,6 +181,40 @@ void check_export(TrainOptions o, const fs::path& dir) {
 }
 
 TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsTied) { check_export(tiny(), dir_); }
+
+// Trained with a distance ceiling shorter than the window: the engine's default attention for
+// the exported file (`fixed`) gives the trainer's logits, and plain dense attention does not.
+TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsFixedDistance) {
+  TrainOptions o = tiny();
+  o.model.fixed_distance = 5;
+  check_export(o, dir_);
+  auto model = Model::load((dir_ / "tied.gguf").string());
+  ASSERT_TRUE(model) << model.error().message;
+  auto tr = Trainer::create(o);
+  ASSERT_TRUE(tr) << tr.error().message;
+  const auto& data = (*tr)->data().tokens();
+  std::vector<int32_t> toks(data.begin() + 3, data.begin() + 3 + o.seq_len);
+  ContextParams cp;
+  cp.n_ctx = o.seq_len;
+  cp.n_threads = 2;
+  cp.attn = "dense";
+  auto dense = Context::create(**model, cp);
+  ASSERT_TRUE(dense) << dense.error().message;
+  cp.attn = "";
+  auto fixed = Context::create(**model, cp);
+  ASSERT_TRUE(fixed) << fixed.error().message;
+  ASSERT_TRUE((*dense)->decode(toks, Logits::kAll).is_ok());
+  ASSERT_TRUE((*fixed)->decode(toks, Logits::kAll).is_ok());
+  double near = 0, far = 0;
+  for (int64_t t = 0; t < o.seq_len; ++t)
+    for (int64_t i = 0; i < 512; ++i) {
+      const double d = std::fabs((*dense)->logits(t)[i] - (*fixed)->logits(t)[i]);
+      double& m = t <= 5 ? near : far;
+      m = std::max(m, d);
+    }
+  EXPECT_LT(near, 1e-5);  // within the ceiling the two are the same attention
+  EXPECT_GT(far, 1e-3);   // beyond it they differ
+}
 
 TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsSeparateOutput) {
   TrainOptions o = tiny();
@@ -233,6 +272,13 @@ TEST_F(TrainerTest, BadInputsGiveClearErrors) {
   o = tiny();
   o.batch = 0;
   expect_error(o, "batch");
+  o = tiny();
+  o.model.fixed_distance = 4;
+  o.chunk = 8;
+  expect_error(o, "--fixed-distance is not supported with --chunk");
+  o = tiny();
+  o.model.fixed_distance = -2;
+  expect_error(o, "fixed distance");
   o = tiny();
   o.checkpoint_dir = (dir_ / "none").string();
   o.resume = true;

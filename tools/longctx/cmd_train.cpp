@@ -43,6 +43,11 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
   t->add_option("--n-layer", o.model.n_layer, "transformer blocks")->capture_default_str();
   t->add_option("--n-embd", o.model.n_embd, "embedding width")->capture_default_str();
   t->add_option("--n-head", o.model.n_head, "attention heads")->capture_default_str();
+  t->add_option("--fixed-distance", o.model.fixed_distance,
+                 "train attention with a distance ceiling: keys more than N positions back are attended as if "
+                 "exactly N back (LM-Infinite / InfLLM), so the model reads longer inputs at trained distances "
+                 "(0: off)")
+      ->capture_default_str();
   t->add_option("--n-head-kv", o.model.n_head_kv, "key/value heads (0: --n-head; fewer: grouped-query attention)")->capture_default_str();
   t->add_option("--n-ff", o.model.n_ff, "feed-forward width (0: 8/3 n_embd rounded up to 32)")->capture_default_str();
   t->add_option("--n-ctx", o.model.n_ctx, "context length written to the GGUF (0: --seq-len)")->capture_default_str();

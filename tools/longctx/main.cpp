@@ -57,7 +57,7 @@ struct CommonOpts {
   int64_t n_batch = 512;
   int threads = 0;
   std::string rope;
-  std::string attn = "dense";
+  std::string attn;
   int64_t kv_block = 64;
   std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill, kv_press, draft;
   bool verbose = false;
@@ -71,7 +71,8 @@ struct CommonOpts {
     app->add_option("--rope", rope, "RoPE scaling NAME:key=value,...[+logn] overriding the GGUF's "
                     "(none, linear, ntk, dynamic-ntk, yarn, llama3, mrrope-uni, mrrope-pro; see docs/rope.md)");
     app->add_option("--attn", attn, "attention backend NAME:key=value,... (dense, streaming, quest, infllm, "
-                    "dssa, lychee; see docs/attention.md)")->capture_default_str();
+                    "dssa, lychee, fixed; see docs/attention.md). Default: dense, or fixed for a model trained "
+                    "with a distance ceiling");
     app->add_option("--kv-block", kv_block, "tokens per KV-cache block")->capture_default_str();
     app->add_option("--kv-type-k", kv_type_k, "key storage type: f32, f16, bf16, q8_0")->capture_default_str();
     app->add_option("--kv-type-v", kv_type_v, "value storage type: f32, f16, bf16, q8_0")->capture_default_str();
@@ -516,6 +517,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   auto ctx = lc::Context::create(**model, cp);
   if (!ctx) return fail(ctx.error().message);
   lc::Context& c = **ctx;
+  // The model's default attention, named as it runs.
+  for (auto& a : attns)
+    if (a.empty()) a = c.attention().spec();
   // Every spec is checked before the first (possibly long) fill.
   for (const auto& a : attns)
     if (auto st = c.set_attention(a); !st.is_ok()) return fail(st.message());
