@@ -19,7 +19,7 @@ namespace lc::bench {
 struct MethodSetting {
   std::string name;            // label in reports; empty: made from the specs
   std::string rope = "gguf";   // "" or "gguf": the scaling the GGUF file asks for
-  std::string attn = "dense";
+  std::string attn;  // empty: the model's default (dense, or fixed)
   std::string press = "none";
   std::string qttt = "none";   // "steps=N,lr=X,span=S": query-only test-time training (model/qttt.h)
   std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"

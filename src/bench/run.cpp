@@ -587,7 +587,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         SampleRecord rec;
         rec.model = model_name;
         rec.method = mlabel;
-        rec.rope = method.rope, rec.attn = method.attn, rec.press = method.press;
+        // An empty attention is the model's default (dense, or fixed); record which ran.
+        rec.rope = method.rope, rec.attn = method.attn.empty() ? ctx->attention().spec() : method.attn;
+        rec.press = method.press;
         rec.qttt = qttt.enabled() ? qttt.spec() : "";
         rec.query = query_mode;
         rec.task = cell.task;

@@ -61,7 +61,10 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   RopeModelInfo ri;
   ri.gguf = llama_cpp_rope_params(hp, model.rope_freq_factors());
   ri.n_ctx_train = hp.n_ctx_train;
-  auto plan = make_rope_plan(p.rope, ri);
+  // A model trained with logit scaling gets it by default (an explicit --rope is taken as given).
+  const std::string rope_spec =
+      p.rope.empty() && hp.logn_orig > 0 ? strprintf("logn:orig=%lld", (long long)hp.logn_orig) : p.rope;
+  auto plan = make_rope_plan(rope_spec, ri);
   if (!plan) return make_error("--rope: " + plan.error().message);
   auto c = std::unique_ptr<Context>(new Context(model, p));
   c->rope_plan_ = std::make_unique<RopePlan>(std::move(*plan));

@@ -48,6 +48,8 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   // Written by `longctx train --fixed-distance` (attention `fixed`); other tools ignore it.
   LC_ASSIGN_OR_RETURN(uint32_t fixed_distance, f.get_u32_or("longctx.attention.fixed_distance", 0));
   hp.fixed_distance = fixed_distance;
+  LC_ASSIGN_OR_RETURN(uint32_t logn_orig, f.get_u32_or("longctx.attention.logn_orig", 0));
+  hp.logn_orig = logn_orig;
   auto bad = [&](const char* what) {
     return make_error(strprintf("%s: invalid hyper-parameters: %s", f.path().c_str(), what));
   };
@@ -58,6 +60,7 @@ Expected<HParams> read_hparams(const gguf::File& f) {
     return bad("head_count must be a positive multiple of head_count_kv");
   if (hp.n_ff <= 0 || hp.n_ff > (1 << 20)) return bad("feed_forward_length out of range");
   if (hp.fixed_distance > (1 << 30)) return bad("longctx.attention.fixed_distance out of range");
+  if (hp.logn_orig == 1 || hp.logn_orig > (1 << 30)) return bad("longctx.attention.logn_orig out of range");
   const uint32_t dflt_hd = static_cast<uint32_t>(hp.n_embd / hp.n_head);
   LC_ASSIGN_OR_RETURN(hp.head_dim, f.get_u32_or(a + "attention.key_length", dflt_hd));
   LC_ASSIGN_OR_RETURN(hp.head_dim_v, f.get_u32_or(a + "attention.value_length", dflt_hd));

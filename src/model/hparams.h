@@ -22,6 +22,7 @@ struct HParams {
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   int64_t fixed_distance = 0;  // trained distance ceiling (longctx.attention.fixed_distance), 0: none
+  int64_t logn_orig = 0;       // trained logit scaling `logn:orig=N` (longctx.attention.logn_orig), 0: none
   int64_t n_embd = 0;
   int64_t n_layer = 0;
   int64_t n_head = 0;

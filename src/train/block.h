@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/thread_pool.h"
+#include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
 #include "train/config.h"
 #include "train/ops.h"
@@ -38,6 +39,20 @@ struct BlockActs {
   T* xout;          // [n, n_embd] output
 };
 
+// Attention logit scaling (rope `logn`, trained in): q at 0-based position pos[t] times
+// logn_scale(pos[t], logn_orig), the engine's factor; a no-op when logn_orig is 0. The same
+// scaling is its own backward (the factor multiplies dq).
+template <class T>
+void scale_q_logn(const ModelConfig& c, T* q, int64_t n, const int32_t* pos) {
+  if (c.logn_orig <= 0) return;
+  const int64_t qd = c.q_dim();
+  for (int64_t t = 0; t < n; ++t) {
+    const T f = static_cast<T>(logn_scale(pos[t], c.logn_orig));
+    if (f != T(1))
+      for (int64_t i = 0; i < qd; ++i) q[t * qd + i] *= f;
+  }
+}
+
 // Forward of the block; attend() fills a.att from a.q, a.k, a.v. tmp: [n, n_embd] scratch.
 template <class T, class Attend>
 void block_forward(const ModelConfig& c, const T* W, const BlockOffsets& L, const BlockActs<T>& a, int64_t n,
@@ -49,6 +64,7 @@ void block_forward(const ModelConfig& c, const T* W, const BlockOffsets& L, cons
   linear_forward<T>(a.ln1, W + L.wv, a.v, n, E, kd, pool);
   rope_rotate<T>(a.q, n, c.n_head, c.head_dim(), pos, rope, pool);
   rope_rotate<T>(a.k, n, c.n_head_kv, c.head_dim(), pos, rope, pool);
+  scale_q_logn<T>(c, a.q, n, pos);
   attend();
   linear_forward<T>(a.att, W + L.wo, tmp, n, qd, E, pool);
   for (int64_t i = 0; i < n * E; ++i) a.mid[i] = a.xin[i] + tmp[i];
@@ -91,6 +107,7 @@ void block_backward_from_qkv(const ModelConfig& c, const T* W, T* G, const Block
                              int64_t n, T* dq, T* dk, const T* dv, const int32_t* pos, const RopeTable& rope_inv,
                              T* dresid, const BlockGradScratch<T>& s, ThreadPool& pool) {
   const int64_t E = c.n_embd, qd = c.q_dim(), kd = c.kv_dim();
+  scale_q_logn<T>(c, dq, n, pos);
   rope_rotate<T>(dq, n, c.n_head, c.head_dim(), pos, rope_inv, pool);
   rope_rotate<T>(dk, n, c.n_head_kv, c.head_dim(), pos, rope_inv, pool);
   linear_backward<T>(dq, a.ln1, W + L.wq, s.dln, G + L.wq, n, E, qd, false, pool);

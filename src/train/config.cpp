@@ -23,6 +23,7 @@ Expected<ModelConfig> resolve_config(ModelConfig c) {
   if (!(c.rope_base > 1.0f) || !std::isfinite(c.rope_base)) return bad("rope base must be > 1");
   if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f)) return bad("rms eps must be in (0, 1)");
   if (c.fixed_distance < 0 || c.fixed_distance > (1 << 20)) return bad("fixed distance must be in [0, 2^20]");
+  if (c.logn_orig < 0 || c.logn_orig == 1 || c.logn_orig > (1 << 20)) return bad("logn length must be 0 or in [2, 2^20]");
   return c;
 }
 
@@ -30,7 +31,8 @@ std::string describe(const ModelConfig& c) {
   return strprintf("%lld layers, n_embd %lld, %lld heads (%lld kv), n_ff %lld, vocab %lld, n_ctx %lld, %s output",
                    (long long)c.n_layer, (long long)c.n_embd, (long long)c.n_head, (long long)c.n_head_kv,
                    (long long)c.n_ff, (long long)c.n_vocab, (long long)c.n_ctx, c.tied ? "tied" : "separate") +
-         (c.fixed_distance > 0 ? strprintf(", fixed distance %lld", (long long)c.fixed_distance) : std::string());
+         (c.fixed_distance > 0 ? strprintf(", fixed distance %lld", (long long)c.fixed_distance) : std::string()) +
+         (c.logn_orig > 0 ? strprintf(", logn from %lld", (long long)c.logn_orig) : std::string());
 }
 
 }  // namespace lc::train

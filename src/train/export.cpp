@@ -32,6 +32,9 @@ Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, con
   // plain llama model, identical within the ceiling.
   if (c.fixed_distance > 0)
     w.set_u32("longctx.attention.fixed_distance", static_cast<uint32_t>(c.fixed_distance));
+  // Trained with logit scaling: the engine composes `logn:orig=N` with the GGUF's rope unless
+  // --rope says otherwise.
+  if (c.logn_orig > 0) w.set_u32("longctx.attention.logn_orig", static_cast<uint32_t>(c.logn_orig));
   for (const std::string& key : vocab.keys()) {
     if (key.rfind("tokenizer.", 0) != 0) continue;
     w.set_value(key, *vocab.find(key));

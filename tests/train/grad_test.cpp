@@ -303,7 +303,7 @@ TEST_F(OpsGrad, FloatMatchesDouble) {
 }
 
 // The whole model: d(mean loss)/d(every parameter) against central differences, in double.
-void check_model(bool tied, int64_t n_head_kv) {
+void check_model(bool tied, int64_t n_head_kv, int64_t fixed_distance = 0, int64_t logn_orig = 0, double eps = 1e-6) {
   ThreadPool pool(1);  // ~1600 forward passes of a toy model: threads would only add overhead
   ModelConfig c;
   c.n_layer = 2;
@@ -315,6 +315,8 @@ void check_model(bool tied, int64_t n_head_kv) {
   c.n_ctx = 6;
   c.rope_base = 100.0f;
   c.tied = tied;
+  c.fixed_distance = fixed_distance;
+  c.logn_orig = logn_orig;
   auto m = Transformer<double>::create(c, 6);
   ASSERT_TRUE(m) << m.error().message;
   Transformer<double>& M = **m;
@@ -333,7 +335,6 @@ void check_model(bool tied, int64_t n_head_kv) {
   double max_abs = 0;
   for (double a : analytic) max_abs = std::max(max_abs, std::fabs(a));
   ASSERT_GT(max_abs, 1e-3);
-  const double eps = 1e-6;
   int bad = 0;
   for (size_t i = 0; i < p.size(); ++i) {
     double* x = M.params() + i;
@@ -366,6 +367,12 @@ void check_model(bool tied, int64_t n_head_kv) {
 
 TEST(ModelGrad, TiedGqa) { check_model(true, 1); }
 TEST(ModelGrad, SeparateOutputMha) { check_model(false, 2); }
+// Keys beyond 2 positions at the fixed distance, and q scaled by ln n / ln 2 from position 2 on.
+// The far-key path makes this toy (weights x15) curved enough that central differences at
+// eps 1e-6 carry truncation error above the tolerance: the count of mismatching parameters
+// falls as eps^2 (48, 21, 9, 1, 0 for eps 1e-5, 3e-6, 1e-6, 3e-7, 1e-7), so the step is 1e-7.
+TEST(ModelGrad, FixedDistanceAndLognScaling) { check_model(true, 1, 2, 2, 1e-7); }
+TEST(ModelGrad, LognScaling) { check_model(false, 2, 0, 2); }
 
 TEST(ModelGrad, ParameterLayoutMatchesGguf) {
   ModelConfig c;

@@ -155,6 +155,7 @@ void check_export(TrainOptions o, const fs::path& dir) {
   EXPECT_EQ((*model)->tied_output(), o.model.tied);
   EXPECT_EQ((*model)->tokenizer().n_vocab(), 512);
   EXPECT_EQ((*model)->hparams().fixed_distance, o.model.fixed_distance);
+  EXPECT_EQ((*model)->hparams().logn_orig, o.model.logn_orig);
   ContextParams cp;
   cp.n_ctx = o.seq_len;
   cp.n_threads = 2;
@@ -187,6 +188,7 @@ TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsTied) { check_export(tiny
 TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsFixedDistance) {
   TrainOptions o = tiny();
   o.model.fixed_distance = 5;
+  o.model.logn_orig = 4;  // and trained logit scaling, also the exported model's default
   check_export(o, dir_);
   auto model = Model::load((dir_ / "tied.gguf").string());
   ASSERT_TRUE(model) << model.error().message;
@@ -198,9 +200,11 @@ TEST_F(TrainerTest, ExportedGgufReproducesTrainerLogitsFixedDistance) {
   cp.n_ctx = o.seq_len;
   cp.n_threads = 2;
   cp.attn = "dense";
+  cp.rope = "logn:orig=4";
   auto dense = Context::create(**model, cp);
   ASSERT_TRUE(dense) << dense.error().message;
   cp.attn = "";
+  cp.rope = "";
   auto fixed = Context::create(**model, cp);
   ASSERT_TRUE(fixed) << fixed.error().message;
   ASSERT_TRUE((*dense)->decode(toks, Logits::kAll).is_ok());
@@ -279,6 +283,9 @@ TEST_F(TrainerTest, BadInputsGiveClearErrors) {
   o = tiny();
   o.model.fixed_distance = -2;
   expect_error(o, "fixed distance");
+  o = tiny();
+  o.model.logn_orig = 1;
+  expect_error(o, "logn length");
   o = tiny();
   o.checkpoint_dir = (dir_ / "none").string();
   o.resume = true;

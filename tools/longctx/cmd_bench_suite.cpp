@@ -81,7 +81,8 @@ struct MethodOpts {
       return out;
     }
     const std::vector<std::string> r = rope.empty() ? std::vector<std::string>{"gguf"} : rope;
-    const std::vector<std::string> a = attn.empty() ? std::vector<std::string>{"dense"} : attn;
+    // "": each model's default attention (dense, or fixed for a model trained with it).
+    const std::vector<std::string> a = attn.empty() ? std::vector<std::string>{""} : attn;
     const std::vector<std::string> p = press.empty() ? std::vector<std::string>{"none"} : press;
     const std::vector<std::string> q = qttt.empty() ? std::vector<std::string>{"none"} : qttt;
     for (const auto& x : r)

@@ -48,6 +48,10 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
                  "exactly N back (LM-Infinite / InfLLM), so the model reads longer inputs at trained distances "
                  "(0: off)")
       ->capture_default_str();
+  t->add_option("--logn", o.model.logn_orig,
+                 "train with attention logit scaling: q at position n times max(1, ln n / ln N), the rope "
+                 "method `logn:orig=N`, which the exported model then uses by default (0: off)")
+      ->capture_default_str();
   t->add_option("--n-head-kv", o.model.n_head_kv, "key/value heads (0: --n-head; fewer: grouped-query attention)")->capture_default_str();
   t->add_option("--n-ff", o.model.n_ff, "feed-forward width (0: 8/3 n_embd rounded up to 32)")->capture_default_str();
   t->add_option("--n-ctx", o.model.n_ctx, "context length written to the GGUF (0: --seq-len)")->capture_default_str();
