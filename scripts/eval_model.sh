@@ -21,17 +21,25 @@ mkdir -p "$OUT"
 for part in $PARTS; do
   case $part in
   lengths)
-    # Dense attention is quadratic: it runs up to 16K. The sparse backends and the RoPE
-    # scalings run at every length given in LONG (default up to 64K).
-    m=(--method "rope=gguf;attn=dense;name=dense"
+    # The model's default (`fixed:distance=64` with `logn:orig=1024`, from its GGUF) against
+    # plain RoPE with dense attention (what llama.cpp runs), each part alone, YaRN, and the
+    # sparse backends. `rope=none` is the plain rope without the model's logn.
+    m=(--method "name=default"
+       --method "rope=none;attn=fixed;name=fixed"
+       --method "rope=none;attn=dense;name=dense"
+       --method "rope=logn;attn=dense;name=dense+logn"
        --method "rope=yarn:factor=4;attn=dense;name=yarn4"
-       --method "rope=yarn:factor=16;attn=dense;name=yarn16"
-       --method "rope=gguf;attn=infllm:sinks=4,local=512,topk=8,block=32;name=infllm"
-       --method "rope=yarn:factor=4;attn=infllm:sinks=4,local=512,topk=8,block=32;name=yarn4+infllm"
-       --method "rope=gguf;attn=quest:budget=512,page=16,dense_layers=0;name=quest"
-       --method "rope=yarn:factor=4;attn=quest:budget=512,page=16,dense_layers=0;name=yarn4+quest"
-       --method "rope=gguf;attn=streaming:sinks=4,window=512;name=streaming")
+       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
+       --method "rope=logn;attn=quest:budget=512,page=16,dense_layers=0;name=quest"
+       --method "rope=none;attn=streaming:sinks=4,window=512;name=streaming")
     "$LC" bench run "${common[@]}" -L "${SHORT:-1K,4K,16K}" -o "$OUT/lengths" "${m[@]}"
+    # Beyond 16K: the default (quadratic prefill) to 64K, InfLLM (retrieval at the trained
+    # fixed distance) to 1M, on the single needle and the pass key.
+    long=(-m "$M" --task niah_single_2 --task passkey --samples "${LONG_SAMPLES:-2}" --max-new-tokens 48 -t "$THREADS" --no-plots)
+    "$LC" bench run "${long[@]}" -L 64K -o "$OUT/long64k" --method "name=default" \
+      --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
+    "$LC" bench run "${long[@]}" -L "${LONGEST:-256K,1M}" -o "$OUT/longest" \
+      --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
     ;;
   press)
     args=(--method "press=none;name=full")

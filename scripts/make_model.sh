@@ -5,7 +5,13 @@
 #   stage 2  the retrieval curriculum (RULER needles, passkey, variable tracking, associative
 #            recall, repeats, some text) at windows up to 1,024 tokens, from stage 1's weights;
 #   stage 3  the same tasks weighted towards variable tracking and multi-key needles, at
-#            256..1,024 tokens, answers scored more often, half the learning rate.
+#            256..1,024 tokens, answers scored more often, half the learning rate;
+#   stage 4  the stage-3 mix with more multi-key needles, trained with a distance ceiling
+#            (--fixed-distance 64: keys more than 64 positions back are attended as if 64
+#            back, as LM-Infinite and InfLLM do at inference). The exported model keeps it as
+#            its default attention (`fixed`), so it reads inputs far longer than 1K at trained
+#            distances; --logn 1024 (the identity inside the 1K window) makes `logn` logit
+#            scaling its default beyond it.
 # Then scores the result at its training length and copies it to models/longctx-2l.gguf.
 #   scripts/make_model.sh                 # THREADS=2 OUT=out/make-model BUILD=build-rel
 # Each stage resumes from its checkpoint if the script is interrupted and run again.
@@ -45,8 +51,17 @@ if [ ! -f "$OUT/stage3.done" ]; then
   "$LC" train "${SHAPE[@]}" "${init[@]}" --seq-len 1024 --batch 8 --steps 6000 --lr 1e-3 --warmup 50 \
     --weight-decay 0 --cur-min-len 256 --cur-ramp 0 --cur-lm 0.25 \
     --curriculum niah_single_1=0.5,niah_single_2=0.5,niah_multikey_1=3,niah_multikey_2=1,passkey=0.25,vt=4,recall=1,repeat=0.25,text=0.25 \
-    --checkpoint-dir "$OUT/ck3" --checkpoint-every 500 -o "$OUT/longctx-2l.gguf"
+    --checkpoint-dir "$OUT/ck3" --checkpoint-every 500 -o "$OUT/stage3.gguf"
   touch "$OUT/stage3.done"
+fi
+if [ ! -f "$OUT/stage4.done" ]; then
+  init=(--init-from "$OUT/stage3.gguf")
+  [ -f "$OUT/ck4/checkpoint.bin" ] && init=(--resume)
+  "$LC" train "${SHAPE[@]}" "${init[@]}" --fixed-distance 64 --logn 1024 --seq-len 1024 --batch 8 --steps 6000 \
+    --lr 1e-3 --warmup 50 --weight-decay 0 --cur-min-len 256 --cur-ramp 0 --cur-lm 0.25 \
+    --curriculum niah_single_1=0.5,niah_single_2=0.5,niah_multikey_1=4,niah_multikey_2=1,passkey=0.25,vt=2,recall=1,repeat=0.25,text=0.25 \
+    --checkpoint-dir "$OUT/ck4" --checkpoint-every 1000 -o "$OUT/longctx-2l.gguf"
+  touch "$OUT/stage4.done"
 fi
 echo "make_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
 cp "$OUT/longctx-2l.gguf" models/longctx-2l.gguf

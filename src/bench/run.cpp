@@ -589,6 +589,8 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         rec.method = mlabel;
         // An empty attention is the model's default (dense, or fixed); record which ran.
         rec.rope = method.rope, rec.attn = method.attn.empty() ? ctx->attention().spec() : method.attn;
+        if ((rec.rope.empty() || rec.rope == "gguf") && ctx->rope_plan().logn())  // the model's own logn
+          rec.rope = strprintf("gguf+logn:orig=%lld", (long long)ctx->rope_plan().logn_l0());
         rec.press = method.press;
         rec.qttt = qttt.enabled() ? qttt.spec() : "";
         rec.query = query_mode;

@@ -61,9 +61,11 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   RopeModelInfo ri;
   ri.gguf = llama_cpp_rope_params(hp, model.rope_freq_factors());
   ri.n_ctx_train = hp.n_ctx_train;
-  // A model trained with logit scaling gets it by default (an explicit --rope is taken as given).
+  // A model trained with logit scaling gets it with its GGUF rope ("" or "gguf"); any other
+  // --rope (e.g. `none`, the plain rope) is taken as given.
+  const bool own_rope = p.rope.empty() || p.rope == "gguf";
   const std::string rope_spec =
-      p.rope.empty() && hp.logn_orig > 0 ? strprintf("logn:orig=%lld", (long long)hp.logn_orig) : p.rope;
+      own_rope && hp.logn_orig > 0 ? strprintf("logn:orig=%lld", (long long)hp.logn_orig) : p.rope;
   auto plan = make_rope_plan(rope_spec, ri);
   if (!plan) return make_error("--rope: " + plan.error().message);
   auto c = std::unique_ptr<Context>(new Context(model, p));

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -51,6 +52,26 @@ double weighted_sum(const std::vector<double>& w, const std::vector<double>& y) 
 class OpsGrad : public ::testing::Test {
  protected:
   ThreadPool pool{2};
+
+  // attention_backward's dq, dk, dv against finite differences of sum(dout * attention(q, k, v))
+  // (strides: every stride-th element of q, and of k and v). Leaves the forward's out filled.
+  void expect_attention_grads(const AttnDims& d, std::vector<double>& q, std::vector<double>& k, std::vector<double>& v,
+                              const std::vector<double>& dout, std::vector<double>& out, const char* what,
+                              size_t q_stride = 1, size_t kv_stride = 1) {
+    std::vector<double> probs(d.n_head * d.n_tokens * d.n_tokens), scratch(probs.size());
+    auto loss = [&] {
+      attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
+      return weighted_sum(dout, out);
+    };
+    loss();
+    std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+    attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
+                               dv.data(), scratch.data(), pool);
+    expect_grad(q, dq, loss, (std::string(what) + " dq").c_str(), 1e-6, 1e-6, q_stride);
+    expect_grad(k, dk, loss, (std::string(what) + " dk").c_str(), 1e-6, 1e-6, kv_stride);
+    expect_grad(v, dv, loss, (std::string(what) + " dv").c_str(), 1e-6, 1e-6, kv_stride);
+    loss();
+  }
 };
 
 TEST_F(OpsGrad, Linear) {
@@ -148,18 +169,8 @@ TEST_F(OpsGrad, AttentionGqa) {
   AttnDims d{5, 4, 2, 4};  // 5 tokens, 4 query heads sharing 2 KV heads
   const size_t qn = d.n_tokens * d.n_head * d.head_dim, kn = d.n_tokens * d.n_head_kv * d.head_dim;
   auto q = randn(qn, 13), k = randn(kn, 14), v = randn(kn, 15), dout = randn(qn, 16);
-  std::vector<double> out(qn), probs(d.n_head * d.n_tokens * d.n_tokens), scratch(probs.size());
-  auto loss = [&] {
-    attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
-    return weighted_sum(dout, out);
-  };
-  loss();
-  std::vector<double> dq(qn), dk(kn), dv(kn);
-  attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
-                             dv.data(), scratch.data(), pool);
-  expect_grad(q, dq, loss, "attention dq");
-  expect_grad(k, dk, loss, "attention dk");
-  expect_grad(v, dv, loss, "attention dv");
+  std::vector<double> out(qn);
+  expect_attention_grads(d, q, k, v, dout, out, "attention");
   // Causality: the first token attends only to itself, so its output is v[0] of its KV head.
   for (int64_t h = 0; h < d.n_head; ++h)
     for (int64_t i = 0; i < d.head_dim; ++i)
@@ -171,7 +182,7 @@ TEST_F(OpsGrad, AttentionManyBlocks) {
   AttnDims d{70, 3, 1, 6};
   const size_t qn = d.n_tokens * d.n_head * d.head_dim, kn = d.n_tokens * d.n_head_kv * d.head_dim;
   auto q = randn(qn, 20), k = randn(kn, 21), v = randn(kn, 22), dout = randn(qn, 23);
-  std::vector<double> out(qn), probs(d.n_head * d.n_tokens * d.n_tokens), scratch(probs.size());
+  std::vector<double> out(qn), probs(d.n_head * d.n_tokens * d.n_tokens);
   attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
   const int64_t T = d.n_tokens, H = d.n_head, hd = d.head_dim;
   for (int64_t t = 0; t < T; t += 7)
@@ -191,16 +202,7 @@ TEST_F(OpsGrad, AttentionManyBlocks) {
         EXPECT_NEAR(out[(t * H + h) * hd + i], o, 1e-12);
       }
     }
-  auto loss = [&] {
-    attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
-    return weighted_sum(dout, out);
-  };
-  std::vector<double> dq(qn), dk(kn), dv(kn);
-  attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
-                             dv.data(), scratch.data(), pool);
-  expect_grad(q, dq, loss, "attention dq", 1e-6, 1e-6, 5);
-  expect_grad(k, dk, loss, "attention dk", 1e-6, 1e-6, 3);
-  expect_grad(v, dv, loss, "attention dv", 1e-6, 1e-6, 3);
+  expect_attention_grads(d, q, k, v, dout, out, "attention", 5, 3);
 }
 
 // The fixed distance (keys further than W attended as if exactly W away): the forward against
@@ -225,7 +227,7 @@ TEST_F(OpsGrad, AttentionFixedDistance) {
     std::vector<double> q = qraw, k = kraw;
     rope_rotate<double>(q.data(), T, H, hd, pos.data(), rope, pool);
     rope_rotate<double>(k.data(), T, Hkv, hd, pos.data(), rope, pool);
-    std::vector<double> out(qn), probs(H * T * T), scratch(probs.size());
+    std::vector<double> out(qn), probs(H * T * T);
     attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
     // Oracle: near keys score rope(q, pos[t]) . rope(k, pos[s]); far keys rope(q, W) . k.
     std::vector<double> qw = qraw;
@@ -255,18 +257,8 @@ TEST_F(OpsGrad, AttentionFixedDistance) {
         }
       }
     EXPECT_GT(n_far, T);  // the case reaches beyond the fixed distance
-    auto loss = [&] {
-      attention_forward<double>(d, q.data(), k.data(), v.data(), out.data(), probs.data(), pool);
-      return weighted_sum(dout, out);
-    };
-    loss();
-    std::vector<double> dq(qn), dk(kn), dv(kn);
-    attention_backward<double>(d, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq.data(), dk.data(),
-                               dv.data(), scratch.data(), pool);
     const size_t stride = T > 50 ? 5 : 1;
-    expect_grad(q, dq, loss, "fixed-distance dq", 1e-6, 1e-6, stride);
-    expect_grad(k, dk, loss, "fixed-distance dk", 1e-6, 1e-6, stride);
-    expect_grad(v, dv, loss, "fixed-distance dv", 1e-6, 1e-6, stride);
+    expect_attention_grads(d, q, k, v, dout, out, "fixed-distance", stride, stride);
   }
 }
 

@@ -45,7 +45,7 @@ lc::Expected<std::vector<int64_t>> parse_lengths(const std::vector<std::string>&
 bench::ModelRef model_ref(const std::string& path) {
   if (!path.empty()) return {"", path, nullptr, 0};
   auto img = embedded_model();
-  return {"stories260K (embedded)", "", img.data(), img.size()};
+  return {"longctx-2l (embedded)", "", img.data(), img.size()};
 }
 
 lc::Expected<std::unique_ptr<lc::Model>> load(const bench::ModelRef& r) {
@@ -212,7 +212,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     auto o = std::make_shared<O>();
     CLI::App* app = bench_app->add_subcommand("tasks", "generate long-context task samples (JSON lines), or --list them");
     app->add_flag("--list", o->list, "list the tasks and what they measure");
-    app->add_option("-m,--model", o->model, "GGUF model whose tokenizer sizes the samples (default: the embedded stories260K)");
+    app->add_option("-m,--model", o->model, "GGUF model whose tokenizer sizes the samples (default: the embedded longctx-2l)");
     app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
     app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K")->delimiter(',')->capture_default_str();
     app->add_option("--depth", o->depths, "needle depths in percent (default: drawn from RULER's 40 depths)")->delimiter(',');
@@ -250,7 +250,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     };
     auto o = std::make_shared<O>();
     CLI::App* app = bench_app->add_subcommand("run", "run a benchmark matrix: models x methods x tasks x lengths x depths x samples");
-    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded stories260K)");
+    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded longctx-2l)");
     app->add_option("--config", o->config, "JSON run config (see docs/benchmarks.md); flags override it");
     app->add_option("--suite", o->suite, "preset: tiny (every task at 512 and 1K, for plumbing) or standard (4K..128K)");
     app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
@@ -331,7 +331,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     };
     auto o = std::make_shared<O>();
     CLI::App* app = bench_app->add_subcommand("ppl", "perplexity as a function of position over one long text");
-    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded stories260K)");
+    app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded longctx-2l)");
     app->add_option("-f,--file", o->file, "text file (default: the shipped essay, data/haystack/opticks.txt)");
     app->add_option("-L,--length", o->length, "tokens to evaluate in one sequence, e.g. 32K")->capture_default_str();
     app->add_option("--bucket", o->bucket, "positions per bucket (default: length / 16)");

@@ -2,6 +2,6 @@
 
 #include <span>
 
-// The GGUF image of models/stories260K.gguf, compiled in.
+// The GGUF image of models/longctx-2l.gguf (the project's retrieval model), compiled in.
 std::span<const unsigned char> embedded_model();
-inline constexpr const char* kEmbeddedModelName = "stories260K.gguf (embedded)";
+inline constexpr const char* kEmbeddedModelName = "longctx-2l.gguf (embedded)";

@@ -63,7 +63,7 @@ struct CommonOpts {
   bool verbose = false;
   mutable std::shared_ptr<lc::Model> draft_model;  // --draft, loaded by ctx_params()
   void add(CLI::App* app) {
-    app->add_option("-m,--model", model, "GGUF model file (default: the embedded stories260K)");
+    app->add_option("-m,--model", model, "GGUF model file (default: the embedded longctx-2l, the project's retrieval model)");
     app->add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's training context)")
         ->capture_default_str();
     app->add_option("-b,--batch-size", n_batch, "tokens per prefill chunk")->capture_default_str();
@@ -168,6 +168,8 @@ void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
                mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
                mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), (long long)ctx.n_past(),
                ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
+  std::fprintf(stderr, "method:     rope %s, attention %s\n", ctx.rope_plan().describe().c_str(),
+               ctx.attention().spec().c_str());
 }
 
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
