@@ -10,7 +10,17 @@
 //
 // Keys are stored rotated at their positions; far keys are rotated back to position 0 as they
 // are read (Span::unrotate), the queries rotated at W once per call (variant 1).
+//
+// With budget=B > 0 the far keys are read sparsely, as Quest (Tang et al. 2024) reads a cache:
+// pages of `page` far keys keep the per-channel min/max of their keys rotated back to 0, and
+// a tile attends only the B/page pages with the largest bound sum_i max(q_i m_i, q_i M_i) for
+// its queries at the fixed distance (the box of a tile's queries, per head, the largest over
+// the GQA group), plus the near keys and the far keys of the last, incomplete page, exactly.
+// The last `tail` tokens of each call (the decoded token; the question at the end of a prompt)
+// choose alone; earlier tokens choose per tile of up to 64 query rows.
 #include <algorithm>
+#include <limits>
+#include <numeric>
 #include <vector>
 
 #include "attention/methods.h"
@@ -20,12 +30,15 @@ namespace {
 
 class FixedBackend final : public ExecBackend {
  public:
-  FixedBackend(const AttnShape& s, int64_t distance, int64_t split) : ExecBackend(s), distance_(distance) {
+  FixedBackend(const AttnShape& s, int64_t distance, int64_t budget, int64_t page, int64_t tail, int64_t split)
+      : ExecBackend(s), distance_(distance), budget_(budget), page_(page), tail_(tail),
+        heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {
     split_ = split;
   }
 
   std::string spec() const override {
     std::string s = strprintf("fixed:distance=%lld", (long long)distance_);
+    if (budget_ > 0) s += strprintf(",budget=%lld,page=%lld,tail=%lld", (long long)budget_, (long long)page_, (long long)tail_);
     if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
     return s;
   }
@@ -36,35 +49,41 @@ class FixedBackend final : public ExecBackend {
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
     wpos_.assign(static_cast<size_t>(n), static_cast<int32_t>(distance_));
     add_variant(1, q, wpos_.data(), kv, ctx);
-    const int64_t B = kv.block_tokens();
-    const std::vector<attn::Item> items = attn::make_items(ctx);
+    const int64_t B = kv.block_tokens(), Hkv = shape_.n_head_kv;
+    std::vector<attn::Item> items = attn::make_items(ctx);
+    if (budget_ > 0) {
+      items = split_tail(items, n - tail_);
+      pool.parallel_for(Hkv, [&](int64_t b, int64_t e, int) {
+        for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
+      });
+    }
     spans_.resize(items.size());
-    near_.resize(static_cast<size_t>(n));
-    int64_t cached_hk = -1;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const attn::Item& it = items[i];
-      if (it.hk != cached_hk) {
-        // near_[t]: the first key of this head that query t sees at its real distance. Keys are
-        // in position order, so it is a binary search; beyond it every key is near.
-        const int64_t N = kv.n_tokens(il, it.hk);
-        const int32_t* kp = kv.positions(il, it.hk);
-        for (int64_t t = 0; t < n; ++t) {
-          const int64_t vis = N - n + t + 1;
-          const int64_t lo_pos = static_cast<int64_t>(pos[t]) - distance_;
-          near_[static_cast<size_t>(t)] =
-              std::lower_bound(kp, kp + vis, lo_pos, [](int32_t a, int64_t b) { return a < b; }) - kp;
-        }
-        cached_hk = it.hk;
+    // near_[hk * n + t]: the first key of KV head hk that query t sees at its real distance.
+    // Keys are in position order, so it is a binary search; beyond it every key is near.
+    near_.resize(static_cast<size_t>(Hkv * n));
+    for (int64_t hk = 0; hk < Hkv; ++hk) {
+      const int64_t N = kv.n_tokens(il, hk);
+      const int32_t* kp = kv.positions(il, hk);
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t vis = N - n + t + 1;
+        const int64_t lo_pos = static_cast<int64_t>(pos[t]) - distance_;
+        near_[static_cast<size_t>(hk * n + t)] =
+            std::lower_bound(kp, kp + vis, lo_pos, [](int32_t a, int64_t b) { return a < b; }) - kp;
       }
-      auto& sp = spans_[i];
+    }
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t ib, int64_t ie, int) {
+      for (int64_t i = ib; i < ie; ++i) {
+      const attn::Item& it = items[static_cast<size_t>(i)];
+      const int64_t* near = near_.data() + it.hk * n;
+      auto& sp = spans_[static_cast<size_t>(i)];
       sp.clear();
-      // Rows are (token, head) with tokens in order and near_ nondecreasing in the token, so the
+      // Rows are (token, head) with tokens in order and near nondecreasing in the token, so the
       // keys below the first row's bound are far for every row and those from the last row's on
       // are near for every row; in between, row r is far up to its own bound.
-      const int64_t a = near_[static_cast<size_t>(it.t0)], b = near_[static_cast<size_t>(it.t0 + it.nt - 1)];
-      attn::add_spans(sp, 0, a, B, 1, true);
+      const int64_t a = near[it.t0], b = near[it.t0 + it.nt - 1];
+      add_far(ctx, kv, il, it, a, sp);
       for (int64_t t = it.t0; t < it.t0 + it.nt - 1; ++t) {
-        const int64_t lo = near_[static_cast<size_t>(t)], hi = near_[static_cast<size_t>(t + 1)];
+        const int64_t lo = near[t], hi = near[t + 1];
         if (hi <= lo) continue;
         // Keys [lo, hi): near for tokens <= t, far for tokens > t.
         uint64_t near_rows = 0;
@@ -78,15 +97,131 @@ class FixedBackend final : public ExecBackend {
       }
       const int64_t vis_max = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
       attn::add_spans(sp, b, vis_max - b, B, 0, false);
-    }
+      }
+    });
     run_spans(ctx, items, spans_, pool);
     return Status::ok();
   }
 
  private:
-  int64_t distance_;
+  struct HeadState {
+    uint64_t epoch = ~uint64_t{0};
+    int64_t n_full = 0;         // complete pages with bounds
+    std::vector<uint16_t> b;    // [n_full, 2, head_dim] f16 min | max of the keys at position 0
+    std::vector<uint8_t> wide;  // [n_full] a bound is infinite: the page is always a candidate
+  };
+
+  // Items of tokens >= first cut into one-token items (they choose their pages alone).
+  static std::vector<attn::Item> split_tail(const std::vector<attn::Item>& in, int64_t first) {
+    std::vector<attn::Item> out;
+    for (const attn::Item& it : in) {
+      if (it.t0 + it.nt <= first || it.nt == 1) {
+        out.push_back(it);
+        continue;
+      }
+      const int64_t keep = std::max<int64_t>(0, first - it.t0);
+      if (keep > 0) out.push_back(attn::Item{it.hk, it.t0, keep, it.h0, it.g});
+      for (int64_t t = it.t0 + keep; t < it.t0 + it.nt; ++t) out.push_back(attn::Item{it.hk, t, 1, it.h0, it.g});
+    }
+    return out;
+  }
+
+  // Bounds of every complete page of KV head hk, from its keys rotated back to position 0.
+  void update_bounds(KvCache& kv, int64_t il, int64_t hk) {
+    HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
+    const int64_t d = shape_.head_dim;
+    const int64_t low = kv.take_low_water(il, hk);  // truncated: pages below stay valid
+    hs.n_full = std::min(hs.n_full, low / page_);
+    if (hs.epoch != kv.epoch(il, hk)) {  // tokens changed under us: rebuild
+      hs.epoch = kv.epoch(il, hk);
+      hs.n_full = 0;
+    }
+    const int64_t n_full = kv.n_tokens(il, hk) / page_;
+    hs.b.resize(static_cast<size_t>(n_full * 2 * d));
+    hs.wide.resize(static_cast<size_t>(n_full));
+    std::vector<float> rows(static_cast<size_t>(page_ * d)), mn(static_cast<size_t>(d)), mx(static_cast<size_t>(d));
+    for (int64_t p = hs.n_full; p < n_full; ++p) {
+      kv.read_keys(il, hk, p * page_, page_, rows.data());
+      attn::unrotate_rows(rows.data(), page_, d, kv.positions(il, hk) + p * page_, kv.rope(il));
+      std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+      for (int64_t j = 0; j < page_; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          mn[static_cast<size_t>(c)] = std::min(mn[static_cast<size_t>(c)], rows[static_cast<size_t>(j * d + c)]);
+          mx[static_cast<size_t>(c)] = std::max(mx[static_cast<size_t>(c)], rows[static_cast<size_t>(j * d + c)]);
+        }
+      uint16_t* b = hs.b.data() + p * 2 * d;
+      attn::store_page_bounds(mn.data(), mx.data(), d, b);
+      hs.wide[static_cast<size_t>(p)] = !attn::page_bounds_finite(b, d);
+    }
+    hs.n_full = n_full;
+  }
+
+  // Spans of the keys [0, a), far for every row of the item: all of them, or with a budget the
+  // pages of the largest bounds for the item's queries at the fixed distance.
+  void add_far(const attn::ExecCtx& ctx, const KvCache& kv, int64_t il, const attn::Item& it, int64_t a,
+               std::vector<attn::Span>& sp) const {
+    const int64_t B = kv.block_tokens(), d = shape_.head_dim;
+    const int64_t n_pages = a / page_, k = budget_ / page_;
+    if (budget_ == 0 || n_pages <= k) {
+      attn::add_spans(sp, 0, a, B, 1, true);
+      return;
+    }
+    const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
+    // Per head of the group, its queries (variant 1) as a box [lo, hi]; one query: hi null.
+    thread_local std::vector<float> box;
+    thread_local std::vector<float> ub, out;
+    thread_local std::vector<int32_t> order;
+    const float* lo[attn::kMaxRows];
+    const float* hi[attn::kMaxRows];
+    box.resize(static_cast<size_t>(it.g * 2 * d));
+    const float* qv = ctx.var[1].q;
+    for (int64_t hg = 0; hg < it.g; ++hg) {
+      const int64_t h = it.h0 + hg;
+      if (it.nt == 1) {
+        lo[hg] = qv + (it.t0 * ctx.n_head + h) * d;
+        hi[hg] = nullptr;
+        continue;
+      }
+      float* l = box.data() + hg * 2 * d;
+      float* u = l + d;
+      std::copy_n(qv + (it.t0 * ctx.n_head + h) * d, d, l);
+      std::copy_n(l, d, u);
+      for (int64_t t = it.t0 + 1; t < it.t0 + it.nt; ++t) {
+        const float* q = qv + (t * ctx.n_head + h) * d;
+        for (int64_t c = 0; c < d; ++c) {
+          l[c] = std::min(l[c], q[c]);
+          u[c] = std::max(u[c], q[c]);
+        }
+      }
+      lo[hg] = l;
+      hi[hg] = u;
+    }
+    ub.resize(static_cast<size_t>(n_pages));
+    out.resize(static_cast<size_t>(it.g));
+    for (int64_t p = 0; p < n_pages; ++p) {
+      if (hs.wide[static_cast<size_t>(p)]) {
+        ub[static_cast<size_t>(p)] = std::numeric_limits<float>::infinity();
+        continue;
+      }
+      attn::page_bounds(lo, hi, it.g, hs.b.data() + p * 2 * d, d, out.data());
+      ub[static_cast<size_t>(p)] = *std::max_element(out.begin(), out.end());
+    }
+    order.resize(static_cast<size_t>(n_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
+      const float bx = ub[static_cast<size_t>(x)], by = ub[static_cast<size_t>(y)];
+      return bx > by || (bx == by && x < y);
+    });
+    std::sort(order.begin(), order.begin() + k);
+    for (int64_t j = 0; j < k; ++j) attn::add_spans(sp, order[static_cast<size_t>(j)] * page_, page_, B, 1, true);
+    attn::add_spans(sp, n_pages * page_, a - n_pages * page_, B, 1, true);  // the incomplete page
+  }
+
+  int64_t distance_, budget_, page_, tail_;
+  std::vector<HeadState> heads_;                // [n_layer * n_head_kv] page bounds (budget > 0)
   std::vector<int32_t> wpos_;                   // [n] the fixed distance
-  std::vector<int64_t> near_;                   // [n] first near key of the current KV head
+  std::vector<int64_t> near_;                   // [n_head_kv, n] first near key of each query
   std::vector<std::vector<attn::Span>> spans_;  // [items]
 };
 
@@ -95,13 +230,20 @@ class FixedBackend final : public ExecBackend {
 Expected<BackendPtr> make_fixed(MethodSpec& spec, const AttnShape& s) {
   int64_t distance = s.fixed_distance;
   LC_TRY(spec.get_int("distance", &distance, 0, int64_t{1} << 30));
+  int64_t budget = 0, page = 16, tail = 64;
+  LC_TRY(spec.get_int("budget", &budget, 0, int64_t{1} << 30));
+  LC_TRY(spec.get_int("page", &page, 1, 65536));
+  LC_TRY(spec.get_int("tail", &tail, 0, int64_t{1} << 30));
   int64_t split = ExecBackend::kDefaultSplit;
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
   LC_TRY(spec.finish());
+  if (budget > 0 && budget < page)
+    return make_error(strprintf("fixed: budget=%lld is less than one page (page=%lld); give budget=0 for all far "
+                                "keys or at least one page", (long long)budget, (long long)page));
   if (distance < 1)
     return make_error("fixed: give distance=N (the model was not trained with a distance ceiling, so there is no "
                       "default: its GGUF has no longctx.attention.fixed_distance)");
-  return BackendPtr(new FixedBackend(s, distance, split));
+  return BackendPtr(new FixedBackend(s, distance, budget, page, tail, split));
 }
 
 }  // namespace lc
