@@ -102,6 +102,9 @@ void BM_Quest(benchmark::State& st) { run_backend(st, "quest:budget=2048,page=16
 void BM_InfLlm(benchmark::State& st) { run_backend(st, "infllm", 256); }
 void BM_Dssa(benchmark::State& st) { run_backend(st, "dssa:switch=4096", 256); }
 void BM_Lychee(benchmark::State& st) { run_backend(st, "lychee:budget=2048", 256); }
+// The distance ceiling: every key beyond 64 rotated back to 0 as it is read; and read sparsely.
+void BM_Fixed(benchmark::State& st) { run_backend(st, "fixed:distance=64", 256); }
+void BM_FixedBudget(benchmark::State& st) { run_backend(st, "fixed:distance=64,budget=2048,page=16", 256); }
 
 // One decoded token through all 30 layers of SmolLM2-135M's shape with f16 K/V (as llama.cpp
 // caches them): 30 layers of cache do not fit in any cache level, so this shows what one layer
@@ -198,6 +201,8 @@ BENCHMARK(BM_Quest)->Apply(lengths);
 BENCHMARK(BM_InfLlm)->Apply(lengths);
 BENCHMARK(BM_Dssa)->Apply(lengths);
 BENCHMARK(BM_Lychee)->Apply(lengths);
+BENCHMARK(BM_Fixed)->Apply(lengths);
+BENCHMARK(BM_FixedBudget)->Apply(lengths);
 BENCHMARK(BM_StackDense)->Apply(stack_lengths);
 BENCHMARK(BM_StackQuest)->Apply(stack_lengths);
 BENCHMARK(BM_StackLychee)->Apply(stack_lengths);

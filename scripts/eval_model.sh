@@ -42,17 +42,19 @@ for part in $PARTS; do
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
     ;;
   press)
-    args=(--method "press=none;name=full")
+    # Dense attention: the presses that observe attention (and qTTT) need it, and the press
+    # tables were measured on the stage-3 model, which has no distance ceiling.
+    args=(--method "attn=dense;press=none;name=full")
     for p in ${PRESSES:-snapkv h2o tova knorm expected_attention streaming_llm pyramidkv adakv speckv specpc random}; do
       for r in ${RATIOS:-0.5 0.75 0.9}; do
-        for q in aware agnostic; do args+=(--method "press=$p:ratio=$r,query=$q;name=$p-$r-$q"); done
+        for q in aware agnostic; do args+=(--method "attn=dense;press=$p:ratio=$r,query=$q;name=$p-$r-$q"); done
       done
     done
     # speckv / specpc draft with stories260K: same 512-piece vocabulary, a different model.
     "$LC" bench run "${common[@]}" -L 1K --draft models/stories260K.gguf -o "$OUT/press" "${args[@]}"
     ;;
   qttt)
-    "$LC" bench run "${common[@]}" -L 1K,2K -o "$OUT/qttt" --qttt none --qttt steps=8,lr=1e-3,span=128
+    "$LC" bench run "${common[@]}" -L 1K,2K -o "$OUT/qttt" --attn dense --qttt none --qttt steps=8,lr=1e-3,span=128
     ;;
   *) echo "eval_model: unknown part '$part'" >&2; exit 1 ;;
   esac

@@ -49,7 +49,7 @@ class FixedBackend final : public ExecBackend {
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
     wpos_.assign(static_cast<size_t>(n), static_cast<int32_t>(distance_));
     add_variant(1, q, wpos_.data(), kv, ctx);
-    const int64_t B = kv.block_tokens(), Hkv = shape_.n_head_kv;
+    const int64_t Hkv = shape_.n_head_kv;
     std::vector<attn::Item> items = attn::make_items(ctx);
     if (budget_ > 0) {
       items = split_tail(items, n - tail_);
@@ -71,33 +71,9 @@ class FixedBackend final : public ExecBackend {
             std::lower_bound(kp, kp + vis, lo_pos, [](int32_t a, int64_t b) { return a < b; }) - kp;
       }
     }
-    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t ib, int64_t ie, int) {
-      for (int64_t i = ib; i < ie; ++i) {
-      const attn::Item& it = items[static_cast<size_t>(i)];
-      const int64_t* near = near_.data() + it.hk * n;
-      auto& sp = spans_[static_cast<size_t>(i)];
-      sp.clear();
-      // Rows are (token, head) with tokens in order and near nondecreasing in the token, so the
-      // keys below the first row's bound are far for every row and those from the last row's on
-      // are near for every row; in between, row r is far up to its own bound.
-      const int64_t a = near[it.t0], b = near[it.t0 + it.nt - 1];
-      add_far(ctx, kv, il, it, a, sp);
-      for (int64_t t = it.t0; t < it.t0 + it.nt - 1; ++t) {
-        const int64_t lo = near[t], hi = near[t + 1];
-        if (hi <= lo) continue;
-        // Keys [lo, hi): near for tokens <= t, far for tokens > t.
-        uint64_t near_rows = 0;
-        for (int64_t r = 0; r < it.rows(); ++r)
-          if (it.t0 + r / it.g <= t) near_rows |= uint64_t{1} << r;
-        const size_t first = sp.size();
-        attn::add_spans(sp, lo, hi - lo, B, 0, false);
-        attn::add_spans(sp, lo, hi - lo, B, 1, true);
-        const size_t mid = first + (sp.size() - first) / 2;
-        for (size_t j = first; j < sp.size(); ++j) sp[j].rows = j < mid ? near_rows : ~near_rows;
-      }
-      const int64_t vis_max = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
-      attn::add_spans(sp, b, vis_max - b, B, 0, false);
-      }
+    pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i)
+        item_spans(ctx, kv, il, n, items[static_cast<size_t>(i)], spans_[static_cast<size_t>(i)]);
     });
     run_spans(ctx, items, spans_, pool);
     return Status::ok();
@@ -110,6 +86,34 @@ class FixedBackend final : public ExecBackend {
     std::vector<uint16_t> b;    // [n_full, 2, head_dim] f16 min | max of the keys at position 0
     std::vector<uint8_t> wide;  // [n_full] a bound is infinite: the page is always a candidate
   };
+
+  // What the rows of one item attend. Rows are (token, head) with tokens in order and near
+  // nondecreasing in the token, so the keys below the first row's bound are far for every row
+  // and those from the last row's on are near for every row; in between, each row is far up to
+  // its own bound.
+  void item_spans(const attn::ExecCtx& ctx, const KvCache& kv, int64_t il, int64_t n, const attn::Item& it,
+                  std::vector<attn::Span>& sp) const {
+    const int64_t B = kv.block_tokens();
+    const int64_t* near = near_.data() + it.hk * n;
+    sp.clear();
+    const int64_t a = near[it.t0], b = near[it.t0 + it.nt - 1];
+    add_far(ctx, kv, il, it, a, sp);
+    for (int64_t t = it.t0; t < it.t0 + it.nt - 1; ++t) {
+      const int64_t lo = near[t], hi = near[t + 1];
+      if (hi <= lo) continue;
+      // Keys [lo, hi): near for tokens <= t, far for tokens > t.
+      uint64_t near_rows = 0;
+      for (int64_t r = 0; r < it.rows(); ++r)
+        if (it.t0 + r / it.g <= t) near_rows |= uint64_t{1} << r;
+      const size_t first = sp.size();
+      attn::add_spans(sp, lo, hi - lo, B, 0, false);
+      attn::add_spans(sp, lo, hi - lo, B, 1, true);
+      const size_t mid = first + (sp.size() - first) / 2;
+      for (size_t j = first; j < sp.size(); ++j) sp[j].rows = j < mid ? near_rows : ~near_rows;
+    }
+    const int64_t vis_max = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
+    attn::add_spans(sp, b, vis_max - b, B, 0, false);
+  }
 
   // Items of tokens >= first cut into one-token items (they choose their pages alone).
   static std::vector<attn::Item> split_tail(const std::vector<attn::Item>& in, int64_t first) {
