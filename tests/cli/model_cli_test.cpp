@@ -54,16 +54,18 @@ TEST(ShippedModel, RetrievesAtItsTrainingLength) {
 // trained with, and logn scaling from its GGUF), it still finds the needle and the pass key;
 // plain RoPE with dense attention, what a reader without those defaults runs, does not.
 TEST(ShippedModel, RetrievesFarBeyondItsTrainingLength) {
-  const std::string tasks = "--task niah_single_1 --task passkey -L 8K --samples 5 --seed 42";
+  // Greedy decoding of fixed held-out samples: deterministic, 3 per task to stay quick under
+  // the sanitizers.
+  const std::string tasks = "--task niah_single_1 --task passkey -L 8K --samples 3 --seed 42";
   const auto with = scores(tasks);
   ASSERT_EQ(with.size(), 2u);
   for (const auto& [task, sn] : with) {
-    EXPECT_EQ(sn.second, 5) << task;
-    EXPECT_GE(sn.first, 80.0) << task;
+    EXPECT_EQ(sn.second, 3) << task;
+    EXPECT_GE(sn.first, 66.0) << task;  // at least 2 of 3
   }
   const auto plain = scores(tasks + " --rope none --attn dense");
   ASSERT_EQ(plain.size(), 2u);
-  for (const auto& [task, sn] : plain) EXPECT_LE(sn.first, 40.0) << task;
+  for (const auto& [task, sn] : plain) EXPECT_LE(sn.first, 34.0) << task;  // at most 1 of 3
 }
 
 }  // namespace
