@@ -181,7 +181,7 @@ TEST(BenchRun, MethodSettings) {
   auto m = parse_method("rope=yarn:factor=8;press=snapkv:ratio=0.5,window=64;name=y8");
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->rope, "yarn:factor=8");
-  EXPECT_EQ(m->attn, "dense");
+  EXPECT_EQ(m->attn, "");  // not given: the model's default attention (dense, or fixed)
   EXPECT_EQ(m->press, "snapkv:ratio=0.5,window=64");
   EXPECT_EQ(m->label(), "y8");
   EXPECT_FALSE(parse_method("bogus=1").has_value());
@@ -196,6 +196,7 @@ TEST(BenchRun, MethodSettings) {
   auto ok = make_context_for(**model, base, cp);
   ASSERT_TRUE(ok.has_value()) << ok.error().message;
   EXPECT_EQ((*ok)->n_ctx(), 256);
+  EXPECT_EQ((*ok)->attention().spec(), "dense");  // this model has no distance ceiling
   auto ok2 = make_context_for(**model, MethodSetting{"", "linear:factor=2", "streaming:sinks=4,window=64", "none"}, cp);
   ASSERT_TRUE(ok2.has_value()) << ok2.error().message;
   auto bad = make_context_for(**model, MethodSetting{"", "nosuchrope:x=1", "dense", "none"}, cp);
