@@ -124,6 +124,19 @@ void store_page_bounds(const float* mn, const float* mx, int64_t d, uint16_t* pa
   }
 }
 
+bool bound_rows(const float* rows, int64_t count, int64_t d, uint16_t* page) {
+  thread_local std::vector<float> mn, mx;
+  mn.assign(static_cast<size_t>(d), std::numeric_limits<float>::infinity());
+  mx.assign(static_cast<size_t>(d), -std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t c = 0; c < d; ++c) {
+      mn[static_cast<size_t>(c)] = std::min(mn[static_cast<size_t>(c)], rows[j * d + c]);
+      mx[static_cast<size_t>(c)] = std::max(mx[static_cast<size_t>(c)], rows[j * d + c]);
+    }
+  store_page_bounds(mn.data(), mx.data(), d, page);
+  return page_bounds_finite(page, d);
+}
+
 bool page_bounds_finite(const uint16_t* page, int64_t d) {
   for (int64_t i = 0; i < 2 * d; ++i)
     if ((page[i] & 0x7c00u) == 0x7c00u) return false;

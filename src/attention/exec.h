@@ -129,6 +129,9 @@ float dot(const float* a, const float* b, int64_t n);
 // so they bound every key of the page and take half the bytes of f32 (at 64K tokens they are
 // read for every decoded token).
 void store_page_bounds(const float* mn, const float* mx, int64_t d, uint16_t* page);
+// The bounds of rows [count, d] (per-channel min and max, stored as store_page_bounds does);
+// returns page_bounds_finite of the result.
+bool bound_rows(const float* rows, int64_t count, int64_t d, uint16_t* page);
 // False when a stored bound is infinite (a key beyond the f16 range): the page's bound is then
 // meaningless (0 x inf) and the caller must treat the page as always relevant.
 bool page_bounds_finite(const uint16_t* page, int64_t d);

@@ -143,20 +143,11 @@ class FixedBackend final : public ExecBackend {
     const int64_t n_full = kv.n_tokens(il, hk) / page_;
     hs.b.resize(static_cast<size_t>(n_full * 2 * d));
     hs.wide.resize(static_cast<size_t>(n_full));
-    std::vector<float> rows(static_cast<size_t>(page_ * d)), mn(static_cast<size_t>(d)), mx(static_cast<size_t>(d));
+    std::vector<float> rows(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_full; ++p) {
       kv.read_keys(il, hk, p * page_, page_, rows.data());
       attn::unrotate_rows(rows.data(), page_, d, kv.positions(il, hk) + p * page_, kv.rope(il));
-      std::fill(mn.begin(), mn.end(), std::numeric_limits<float>::infinity());
-      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
-      for (int64_t j = 0; j < page_; ++j)
-        for (int64_t c = 0; c < d; ++c) {
-          mn[static_cast<size_t>(c)] = std::min(mn[static_cast<size_t>(c)], rows[static_cast<size_t>(j * d + c)]);
-          mx[static_cast<size_t>(c)] = std::max(mx[static_cast<size_t>(c)], rows[static_cast<size_t>(j * d + c)]);
-        }
-      uint16_t* b = hs.b.data() + p * 2 * d;
-      attn::store_page_bounds(mn.data(), mx.data(), d, b);
-      hs.wide[static_cast<size_t>(p)] = !attn::page_bounds_finite(b, d);
+      hs.wide[static_cast<size_t>(p)] = !attn::bound_rows(rows.data(), page_, d, hs.b.data() + p * 2 * d);
     }
     hs.n_full = n_full;
   }

@@ -143,7 +143,6 @@ class QuestBackend final : public ExecBackend {
     std::vector<uint16_t> b;     // [n_pages, 2, head_dim] f16 min | max (attn::store_page_bounds)
     std::vector<uint8_t> wide;   // [n_pages] a bound is infinite: the page is always a candidate
     std::vector<float> rows;     // [page, head_dim] scratch
-    std::vector<float> mn, mx;   // [head_dim] scratch
   };
 
   // What one tile attends. Pages [own_first, n_pages) hold the tile's own tokens and are always
@@ -308,23 +307,10 @@ class QuestBackend final : public ExecBackend {
     hs.b.resize(static_cast<size_t>(n_pages * 2 * d));
     hs.wide.resize(static_cast<size_t>(n_pages));
     hs.rows.resize(static_cast<size_t>(page_ * d));
-    hs.mn.resize(static_cast<size_t>(d));
-    hs.mx.resize(static_cast<size_t>(d));
     for (int64_t p = hs.n_full; p < n_pages; ++p) {
       const int64_t first = p * page_, cnt = std::min(page_, N - first);
       kv.read_keys(il, hk, first, cnt, hs.rows.data());
-      float* mn = hs.mn.data();
-      float* mx = hs.mx.data();
-      std::fill(mn, mn + d, std::numeric_limits<float>::infinity());
-      std::fill(mx, mx + d, -std::numeric_limits<float>::infinity());
-      for (int64_t j = 0; j < cnt; ++j)
-        for (int64_t c = 0; c < d; ++c) {
-          mn[c] = std::min(mn[c], hs.rows[static_cast<size_t>(j * d + c)]);
-          mx[c] = std::max(mx[c], hs.rows[static_cast<size_t>(j * d + c)]);
-        }
-      uint16_t* b = hs.b.data() + p * 2 * d;
-      attn::store_page_bounds(mn, mx, d, b);
-      hs.wide[static_cast<size_t>(p)] = !attn::page_bounds_finite(b, d);
+      hs.wide[static_cast<size_t>(p)] = !attn::bound_rows(hs.rows.data(), cnt, d, hs.b.data() + p * 2 * d);
       if (cnt == page_) hs.n_full = p + 1;
     }
   }
