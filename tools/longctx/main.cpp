@@ -393,6 +393,11 @@ int cmd_info(const std::string& path) {
               hp.rope_kind == lc::RopeKind::kNorm ? "adjacent" : "neox", (long long)hp.n_rot, hp.rope_base,
               lc::rope_scaling_name(hp.rope_scaling), hp.rope_freq_scale, (long long)hp.rope_orig_ctx,
               m.rope_freq_factors().empty() ? "" : ", rope_freqs tensor present");
+  if (hp.fixed_distance > 0 || hp.logn_orig > 0)
+    std::printf("long context:    trained distance ceiling %lld, logn from %lld (defaults: --attn fixed:distance=%lld, "
+                "--rope logn:orig=%lld; 0: none)\n",
+                (long long)hp.fixed_distance, (long long)hp.logn_orig, (long long)hp.fixed_distance,
+                (long long)hp.logn_orig);
   std::printf("output:          %s\n", m.tied_output() ? "tied to token_embd" : "separate output.weight");
   std::printf("tokenizer:       %s (pre %s), %d tokens, bos %d, eos %d, add_bos %s, add_eos %s\n",
               tok.model_name().c_str(), tok.pre_name().empty() ? "-" : tok.pre_name().c_str(), tok.n_vocab(),
