@@ -143,7 +143,8 @@ class FixedBackend final : public ExecBackend {
     const int64_t n_full = kv.n_tokens(il, hk) / page_;
     hs.b.resize(static_cast<size_t>(n_full * 2 * d));
     hs.wide.resize(static_cast<size_t>(n_full));
-    std::vector<float> rows(static_cast<size_t>(page_ * d));
+    thread_local std::vector<float> rows;  // scratch: no allocation per decoded token
+    rows.resize(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_full; ++p) {
       kv.read_keys(il, hk, p * page_, page_, rows.data());
       attn::unrotate_rows(rows.data(), page_, d, kv.positions(il, hk) + p * page_, kv.rope(il));
