@@ -59,6 +59,16 @@ std::string assemble(const std::vector<std::string>& hay, const std::vector<Inse
 // 40 depths without replacement (all drawn when depth < 0).
 std::vector<double> needle_depths(Rng& rng, int depth, size_t k);
 
+// RULER's needle sentence: "One of the special magic {type} for {key} is: {value}."
+std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value);
+
+// RULER's wording for one queried key with one value (the singular template): the prompt is
+// head + context + question, and the answer follows answer_prefix. type is plural ("numbers").
+struct NiahWording {
+  std::string head, question, answer_prefix;
+};
+NiahWording niah_single_wording(const std::string& type, const std::string& query);
+
 // `n` haystack sentences cycling through the noise sentences.
 std::vector<std::string> noise_haystack(int64_t n);
 

@@ -14,10 +14,6 @@ namespace lc::bench::detail {
 
 namespace {
 
-std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value) {
-  return "One of the special magic " + type + " for " + key + " is: " + value + ".";
-}
-
 std::string draw(Rng& rng, const std::string& kind) {
   if (kind == "numbers") return random_number(rng, 7);
   if (kind == "uuids") return random_uuid(rng);
@@ -43,6 +39,18 @@ NiahCfg niah_cfg(const std::string& task) {
 }
 
 }  // namespace
+
+std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value) {
+  return "One of the special magic " + type + " for " + key + " is: " + value + ".";
+}
+
+NiahWording niah_single_wording(const std::string& type, const std::string& query) {
+  const std::string t = type.substr(0, type.size() - 1);
+  return {"A special magic " + t + " is hidden within the following text. Make sure to memorize it. "
+          "I will quiz you about the " + t + " afterwards.\n",
+          "\nWhat is the special magic " + t + " for " + query + " mentioned in the provided text?",
+          " The special magic " + t + " for " + query + " mentioned in the provided text is"};
+}
 
 Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
   const NiahCfg c = niah_cfg(spec.task);
@@ -118,11 +126,9 @@ Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
       query += keys[static_cast<size_t>(queried[i])];
     }
     if (c.nq * c.nv == 1) {  // RULER's singular wording
-      const std::string t = c.value_type.substr(0, c.value_type.size() - 1);
-      b.user = "A special magic " + t + " is hidden within the following text. Make sure to memorize it. "
-               "I will quiz you about the " + t + " afterwards.\n" + b.context +
-               "\nWhat is the special magic " + t + " for " + query + " mentioned in the provided text?";
-      b.answer_prefix = " The special magic " + t + " for " + query + " mentioned in the provided text is";
+      const NiahWording w = niah_single_wording(c.value_type, query);
+      b.user = w.head + b.context + w.question;
+      b.answer_prefix = w.answer_prefix;
     } else {
       const std::string& t = c.value_type;
       b.user = "Some special magic " + t + " are hidden within the following text. Make sure to memorize it. "

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "bench/haystack.h"
+#include "bench/task_impl.h"
 #include "bench/text.h"
 
 namespace lc::train {
@@ -28,7 +29,7 @@ const std::vector<CurriculumTask>& default_mix() {
 }
 
 bool is_own_task(const std::string& n) {
-  return n == "recall" || n == "copy" || n == "text" || n == "repeat" || n == "induction";
+  return n == "recall" || n == "quiz" || n == "copy" || n == "text" || n == "repeat" || n == "induction";
 }
 
 std::string trim(const std::string& s) {
@@ -76,7 +77,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(strprintf("--curriculum: weight '%s' of '%s' must be a positive number", w.c_str(), t.name.c_str()));
     }
     if (!is_own_task(t.name) && !bench::find_task(t.name))
-      return make_error(strprintf("--curriculum: unknown task '%s' (bench tasks, recall, copy, repeat, induction, text)", t.name.c_str()));
+      return make_error(strprintf("--curriculum: unknown task '%s' (bench tasks, recall, quiz, copy, repeat, induction, text)", t.name.c_str()));
     if (!seen.insert(t.name).second)
       return make_error(strprintf("--curriculum: task '%s' is listed twice", t.name.c_str()));
     out.push_back(t);
@@ -117,6 +118,9 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
       c->plain_ids_.push_back(id);
   }
   if (c->plain_ids_.empty()) return make_error("curriculum: the vocabulary has no text pieces");
+  if (o.alphabet < 0 || o.alphabet == 1)
+    return make_error(strprintf("curriculum: alphabet %lld must be 0 (all pieces) or at least 2", (long long)o.alphabet));
+  if (o.alphabet > 0 && o.alphabet < static_cast<int64_t>(c->plain_ids_.size())) c->plain_ids_.resize(static_cast<size_t>(o.alphabet));
   if (need_text) {
     if (text) {
       c->text_tokens_ = text->tokens();
@@ -149,6 +153,16 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
     c->min_len_.push_back(len);
   }
   return c;
+}
+
+std::vector<int32_t> Curriculum::warmup_pieces() const {
+  if (o_.alphabet <= 0) return {};
+  for (const auto& t : o_.tasks)
+    if (t.name != "repeat" && t.name != "induction") return {};
+  std::vector<int32_t> ids = plain_ids_;
+  if (tok_.bos() >= 0) ids.push_back(tok_.bos());
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 int64_t Curriculum::max_len_at(int64_t step) const {
@@ -193,6 +207,8 @@ Expected<CurriculumSample> Curriculum::draw(const std::string& task, int64_t len
     s = induction(len, seed, tokens, targets);
   } else if (task == "recall") {
     LC_ASSIGN_OR_RETURN(s, recall(len, seed, tokens, targets));
+  } else if (task == "quiz") {
+    LC_ASSIGN_OR_RETURN(s, quiz(len, seed, tokens, targets));
   } else if (task == "copy") {
     LC_ASSIGN_OR_RETURN(s, copy(len, seed, tokens, targets));
   } else {
@@ -292,6 +308,78 @@ Expected<CurriculumSample> Curriculum::recall(int64_t len, uint64_t seed, int32_
     text += " " + v + "\n";
   }
   return encode_scored(text, scored, false, len, tokens, targets);
+}
+
+// Needle quiz: niah_multikey_1's needles in its essay haystack, then some of the keys asked
+// in RULER's question and answer template, each answer scored. The bench task asks one key
+// among 4 needles; a quiz sequence asks up to 3 of its up to 6, and each question names its
+// key several tokens before the answer starts, as at evaluation. One sequence thus carries up
+// to three key-matching targets. Its generator is seeded apart from the bench tasks' (and the
+// evaluation's), so no quiz sequence is an evaluation sample.
+Expected<CurriculumSample> Curriculum::quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
+  bench::Rng rng(bench::mix64(seed ^ 0x71a7e5a1ull));
+  LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, bench::essay_words());
+  // A needle takes about 35 tokens and a question about 80 with the 512-piece vocabulary:
+  // up to 6 needles, up to 3 of them asked, leave about half of a 1K window to the haystack.
+  // Asking only some of the keys keeps elimination ("the needle not asked yet") from
+  // answering the later questions: each is a choice among the needles not asked before it.
+  const int64_t k_max = std::clamp<int64_t>((std::min(len, o_.max_len) - 64) / 100, 1, 6);
+  const int64_t k = bench::uniform(rng, std::min<int64_t>(2, k_max), k_max);
+  const int64_t m = bench::uniform(rng, 1, std::clamp<int64_t>(k - 1, 1, 3));  // keys 0..m-1 are asked
+  std::set<std::string> used;
+  std::vector<std::pair<std::string, std::string>> kv;
+  while (static_cast<int64_t>(kv.size()) < k) {
+    std::string key = bench::random_key_word(rng), value = bench::random_number(rng, 7);
+    if (used.count(key) || used.count(value)) continue;
+    used.insert(key);
+    used.insert(value);
+    kv.emplace_back(key, value);
+  }
+  const std::vector<double> depths = bench::detail::needle_depths(rng, -1, kv.size());
+  const std::vector<int64_t> order = bench::sample_without_replacement(rng, m, m);
+  const size_t start = bench::essay_sentence_start(*words, static_cast<size_t>(bench::uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
+  // The text with the first n_keys keys (needles and questions) and n_words of essay.
+  auto build = [&](int64_t n_keys, int64_t n_words, std::vector<std::pair<size_t, size_t>>* scored) {
+    std::vector<bench::detail::Insert> inserts;
+    for (int64_t i = 0; i < n_keys; ++i) {
+      const auto& [key, value] = kv[static_cast<size_t>(i)];
+      inserts.push_back({depths[static_cast<size_t>(i)], bench::detail::needle_sentence("numbers", key, value)});
+    }
+    std::string text = bench::detail::niah_single_wording("numbers", "").head +
+                       bench::detail::assemble(bench::essay_sentences(*words, start, static_cast<size_t>(n_words)),
+                                               inserts, " ", false, nullptr);
+    scored->clear();
+    const int64_t asked = n_keys >= 2 ? std::min(m, n_keys - 1) : 1;  // one needle stays unasked
+    for (int64_t q : order) {
+      if (q >= asked) continue;
+      const auto& [key, value] = kv[static_cast<size_t>(q)];
+      const bench::detail::NiahWording w = bench::detail::niah_single_wording("numbers", key);
+      text += w.question + w.answer_prefix;
+      scored->emplace_back(text.size(), text.size() + 2 + value.size());
+      text += " " + value + ".";
+    }
+    return text;
+  };
+  auto n_tokens = [&](const std::string& text) { return static_cast<int64_t>(tok_.encode(text, true, false).size()) + 1; };  // + EOS
+  // Needles are dropped (unasked ones first) until the needles and questions fit; the haystack
+  // fills the rest, its size estimated from the tokens per word of a first try and shrunk
+  // until the whole text fits.
+  std::vector<std::pair<size_t, size_t>> scored;
+  int64_t n_keys = k, fixed = 0;
+  for (;; --n_keys) {
+    fixed = n_tokens(build(n_keys, 0, &scored));
+    if (fixed <= len + 1) break;
+    if (n_keys == 1) return make_error(strprintf("curriculum: a quiz of one key needs %lld tokens", (long long)fixed));
+  }
+  int64_t n_words = (len + 1 - fixed) / 2;
+  std::string text;
+  for (int tries = 0;; ++tries) {
+    text = build(n_keys, n_words, &scored);
+    const int64_t n = n_tokens(text);
+    if (n <= len + 1 || n_words == 0) break;
+    n_words = tries < 4 ? n_words * (len + 1 - fixed) / std::max<int64_t>(1, n - fixed) * 19 / 20 : 0;
+  }
+  return encode_scored(text, scored, true, len, tokens, targets);
 }
 
 // Copying: a list of words, then the same list again; the copy is scored.

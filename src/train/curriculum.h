@@ -1,8 +1,9 @@
 // The synthetic long-context curriculum: training sequences drawn from the benchmark's own
 // task generators (src/bench: passkey, RULER needles with distractors, variable tracking,
-// counting and state tracking) with seeds of their own, plus three generators that exist for
-// training only (multi-query associative recall, copying of words, repeated random pieces, and
-// plain text that keeps a language prior). A task sequence scores either only its answer (and the end-of-sequence
+// counting and state tracking) with seeds of their own, plus generators that exist for
+// training only (multi-query associative recall, a quiz of several keys of multi-key needles,
+// copying of words, repeated random pieces, the induction warm-up, and plain text that keeps a
+// language prior). A task sequence scores either only its answer (and the end-of-sequence
 // token that stops generation; the prompt's targets are -1) or, with probability lm_fraction,
 // every token. Plain text scores every token.
 //
@@ -26,7 +27,7 @@
 namespace lc::train {
 
 struct CurriculumTask {
-  std::string name;  // a bench task, or "recall", "copy", "repeat", "induction", "text"
+  std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text"
   double weight = 1;
 };
 
@@ -48,6 +49,12 @@ struct CurriculumOptions {
   // (induction) circuits that retrieval needs; the answer-only sequences then weigh the answer
   // fully (a window's loss is the mean over its scored tokens).
   double lm_fraction = 0.5;
+  // "repeat" and "induction" draw their random pieces from the first `alphabet` text pieces of
+  // the vocabulary (lowest ids: a BPE vocabulary's bytes and most frequent merges); 0 = all.
+  // A large vocabulary's induction warm-up stalls where 512 pieces form the circuit
+  // (docs/model.md). The trainer then keeps the other pieces' embeddings frozen
+  // (warmup_pieces()).
+  int64_t alphabet = 0;
 };
 
 struct CurriculumSample {
@@ -66,6 +73,9 @@ class Curriculum {
   Expected<CurriculumSample> sample(Rng& rng, int64_t step, int32_t* tokens, int32_t* targets) const;
   // The length bound at a step (the ramp).
   int64_t max_len_at(int64_t step) const;
+  // Where an alphabet is set and every task draws random pieces (repeat, induction): the only
+  // pieces a sequence can hold (the alphabet and BOS), sorted. Empty otherwise.
+  std::vector<int32_t> warmup_pieces() const;
   const CurriculumOptions& options() const { return o_; }
 
  private:
@@ -76,6 +86,7 @@ class Curriculum {
   Expected<CurriculumSample> bench_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                         int32_t* targets) const;
   Expected<CurriculumSample> recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  Expected<CurriculumSample> quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
   CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;

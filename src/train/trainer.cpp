@@ -115,8 +115,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
     co.max_len = o.seq_len;
     co.ramp = o.cur_ramp;
     co.lm_fraction = o.cur_lm;
+    co.alphabet = o.cur_alphabet;
     co.total_steps = o.optim.steps;
     LC_ASSIGN_OR_RETURN(tr->cur_, Curriculum::create(*tr->tok_, co, o.data_path.empty() ? nullptr : &tr->data_));
+    // A warm-up over part of the vocabulary never shows the other pieces, and the softmax
+    // pushes all of their (tied) embeddings the same way, by Adam's full step size: they
+    // collapse onto one direction with eight times the norm of the used ones (docs/model.md).
+    // They stay as initialised instead, distinct, for the stages that use them.
+    const std::vector<int32_t> used = tr->cur_->warmup_pieces();
+    if (!used.empty())
+      for (int32_t id = 0; id < tr->tok_->n_vocab(); ++id)
+        if (!std::binary_search(used.begin(), used.end(), id)) tr->frozen_rows_.push_back(id);
   } else if (tr->data_.size() < o.seq_len + 1)
     return make_error(strprintf("data '%s' has %lld tokens; one training window needs seq_len + 1 = %lld",
                                 o.data_path.c_str(), (long long)tr->data_.size(), (long long)(o.seq_len + 1)));
@@ -200,6 +209,13 @@ StepRecord Trainer::step() {
     }
   }
   loss /= static_cast<double>(std::max<int64_t>(windows, 1));
+  if (!frozen_rows_.empty()) {  // AdamW then moves them only by weight decay (none in a warm-up)
+    for (const ParamTensor& pt : m.tensors()) {
+      if (pt.name != "token_embd.weight" && pt.name != "output.weight") continue;
+      const size_t row = static_cast<size_t>(pt.ne[0]);
+      for (int32_t id : frozen_rows_) std::fill_n(m.grads() + pt.offset + static_cast<size_t>(id) * row, row, 0.0f);
+    }
+  }
   const double norm = global_norm(m.grads(), m.n_params(), *pool_);
   if (o_.optim.grad_clip > 0 && norm > o_.optim.grad_clip) {
     const float f = static_cast<float>(o_.optim.grad_clip / norm);

@@ -31,6 +31,7 @@ struct TrainOptions {
   int64_t cur_min_len = 256;
   double cur_ramp = 0.3;
   double cur_lm = 0.5;  // fraction of task sequences scored on every token
+  int64_t cur_alphabet = 0;  // repeat/induction pieces: the first N text pieces (0 = all)
   DataFormat data_format = DataFormat::kAuto;
   std::string out_path;        // exported GGUF; the loss curve goes next to it. "" = no export
   std::string checkpoint_dir;  // "" = no checkpoints
@@ -99,6 +100,9 @@ class Trainer {
   std::unique_ptr<Curriculum> cur_;
   Status data_error_ = Status::ok();  // a curriculum failure inside step(); run() returns it
   std::vector<int32_t> inputs_, targets_;  // [batch, seq_len]
+  // Token rows whose embedding (and output row) get no update: the pieces an alphabet-limited
+  // warm-up never shows (Curriculum::warmup_pieces). Sorted; empty = none.
+  std::vector<int32_t> frozen_rows_;
 };
 
 }  // namespace lc::train

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -177,6 +178,62 @@ TEST(Curriculum, RecallScoresValuesOfEarlierKeys) {
   EXPECT_GE(s->n_scored, 4 * checked);  // four digits each (the space joins the first)
 }
 
+// Quiz: some needles' keys are asked, each once, after the haystack, in RULER's question
+// template, and at least one needle is never asked where there are two or more; the scored
+// text is exactly " value." of each asked key's needle, in the order asked, then EOS.
+TEST(Curriculum, QuizScoresTheValueOfEveryAskedKey) {
+  auto c = make("quiz", 256, 1024);
+  ASSERT_TRUE(c);
+  const Tokenizer& tok = *vocab().tok;
+  const std::string q = "\nWhat is the special magic number for ";
+  const std::string needle = "One of the special magic numbers for ";
+  std::vector<int32_t> tk(1024), tg(1024);
+  int max_keys = 0, max_needles = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    Rng rng(seed);
+    auto s = c->sample(rng, 100, tk.data(), tg.data());  // past the ramp: lengths up to 1,024
+    ASSERT_TRUE(s) << s.error().message;
+    ASSERT_LE(s->n, 1024);
+    const Split sp = split(tk, tg, s->n);
+    EXPECT_TRUE(sp.eos_last);
+    std::vector<int32_t> all(tk.begin(), tk.begin() + s->n);
+    const std::string text = tok.decode(all);
+    const size_t first_q = text.find(q);
+    ASSERT_NE(first_q, std::string::npos) << seed;
+    // The needles, all before the first question.
+    std::map<std::string, std::string> needles;
+    for (size_t p = text.find(needle); p != std::string::npos && p < first_q; p = text.find(needle, p + 1)) {
+      const size_t ks = p + needle.size(), ke = text.find(" is: ", ks);
+      ASSERT_NE(ke, std::string::npos);
+      const size_t ve = text.find('.', ke + 5);
+      EXPECT_TRUE(needles.emplace(text.substr(ks, ke - ks), text.substr(ke + 5, ve - ke - 5)).second);
+    }
+    EXPECT_EQ(text.find(needle, first_q), std::string::npos);
+    // The questions, in order: each key once, answered with its needle's value.
+    std::string expected;
+    std::set<std::string> asked;
+    for (size_t p = first_q; p != std::string::npos; p = text.find(q, p + 1)) {
+      const size_t ks = p + q.size(), ke = text.find(" mentioned in the provided text?", ks);
+      ASSERT_NE(ke, std::string::npos);
+      const std::string key = text.substr(ks, ke - ks);
+      ASSERT_TRUE(needles.count(key)) << key;
+      EXPECT_TRUE(asked.insert(key).second) << key;
+      EXPECT_NE(text.find(" The special magic number for " + key + " mentioned in the provided text is " + needles[key] + ".", ke),
+                std::string::npos);
+      expected += " " + needles[key] + ".";
+    }
+    EXPECT_GE(asked.size(), 1u);
+    if (needles.size() >= 2) {
+      EXPECT_LT(asked.size(), needles.size());
+    }
+    max_needles = std::max(max_needles, static_cast<int>(needles.size()));
+    EXPECT_EQ(sp.scored, expected) << seed;
+    max_keys = std::max(max_keys, static_cast<int>(asked.size()));
+  }
+  EXPECT_GE(max_keys, 2);     // long sequences ask several keys
+  EXPECT_GE(max_needles, 5);  // among more distractors than the bench task's
+}
+
 TEST(Curriculum, CopyScoresTheCopy) {
   auto c = make("copy", 256, 512);
   ASSERT_TRUE(c);
@@ -310,6 +367,107 @@ TEST(Curriculum, DrawsAreReproducibleAndLengthsRamp) {
     }
   }
   EXPECT_GE(tasks.size(), 5u);
+}
+
+// --cur-alphabet N: repeat and induction draw only from the N text pieces of lowest id (the
+// plain pieces: not BOS/EOS, not a lone byte >= 0x80), and they do use more than a few of them.
+TEST(Curriculum, AlphabetLimitsTheRandomPieces) {
+  const Tokenizer& tok = *vocab().tok;
+  std::set<int32_t> first;
+  for (int32_t id = 0; id < tok.n_vocab() && static_cast<int>(first.size()) < 40; ++id) {
+    const std::string p = tok.token_to_piece(id);
+    if (!p.empty() && !(p.size() == 1 && static_cast<unsigned char>(p[0]) >= 0x80) && id != tok.bos() && id != tok.eos())
+      first.insert(id);
+  }
+  ASSERT_EQ(first.size(), 40u);
+  for (const char* task : {"induction", "repeat"}) {
+    CurriculumOptions o;
+    o.tasks = *parse_curriculum(task);
+    o.min_len = o.max_len = 512;
+    o.alphabet = 40;
+    auto c = Curriculum::create(tok, o);
+    ASSERT_TRUE(c) << c.error().message;
+    Rng rng(3);
+    std::vector<int32_t> tk(512), tg(512);
+    std::set<int32_t> seen;
+    for (int rep = 0; rep < 4; ++rep) {
+      auto s = (*c)->sample(rng, 0, tk.data(), tg.data());
+      ASSERT_TRUE(s);
+      for (int64_t t = 1; t < s->n; ++t) {
+        ASSERT_TRUE(first.count(tk[t])) << task << ": piece " << tk[t] << " is outside the alphabet";
+        seen.insert(tk[t]);
+      }
+    }
+    EXPECT_GE(seen.size(), 30u) << task;
+  }
+  CurriculumOptions o;
+  o.tasks = *parse_curriculum("induction");
+  o.alphabet = 1;
+  auto e = Curriculum::create(tok, o);
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.error().message.find("alphabet"), std::string::npos) << e.error().message;
+}
+
+// An alphabet-limited warm-up leaves the embeddings of the pieces it never shows exactly as
+// initialised (tied and separate output rows), and trains the ones it shows. With another task
+// in the mix every piece trains.
+TEST(Curriculum, AlphabetWarmUpFreezesTheUnseenPieces) {
+  const Tokenizer& tok = *vocab().tok;
+  std::set<int32_t> alphabet = {tok.bos()};  // the 40 text pieces of lowest id, and BOS
+  for (int32_t id = 0, n = 0; id < tok.n_vocab() && n < 40; ++id) {
+    const std::string p = tok.token_to_piece(id);
+    if (!p.empty() && !(p.size() == 1 && static_cast<unsigned char>(p[0]) >= 0x80) && id != tok.bos() && id != tok.eos()) {
+      alphabet.insert(id);
+      ++n;
+    }
+  }
+  for (const char* output : {"tied", "separate"}) {
+    for (const char* mix : {"induction=1,repeat=1", "induction=1,text=1"}) {
+      TrainOptions o;
+      o.vocab_path = kVocab;
+      o.curriculum = mix;
+      o.cur_alphabet = 40;
+      o.model.n_layer = 1;
+      o.model.n_embd = 32;
+      o.model.n_head = 2;
+      o.model.n_ff = 64;
+      o.model.tied = std::string(output) == "tied";
+      o.seq_len = 64;
+      o.cur_min_len = 64;
+      o.batch = 2;
+      o.optim.lr = 1e-2f;
+      o.optim.weight_decay = 0;
+      o.optim.steps = 3;
+      o.n_threads = 1;
+      o.verbose = false;
+      auto tr = Trainer::create(o);
+      ASSERT_TRUE(tr) << tr.error().message;
+      Transformer<float>& m = (*tr)->model();
+      const std::vector<float> before(m.params(), m.params() + m.n_params());
+      for (int i = 0; i < 3; ++i) (*tr)->step();
+      const bool warmup_only = std::string(mix) == "induction=1,repeat=1";
+      int n_tensors = 0;
+      for (const ParamTensor& pt : m.tensors()) {
+        if (pt.name != "token_embd.weight" && pt.name != "output.weight") continue;
+        ++n_tensors;
+        const size_t row = static_cast<size_t>(pt.ne[0]);
+        int moved_in = 0, moved_out = 0;
+        for (int32_t id = 0; id < tok.n_vocab(); ++id) {
+          const size_t at = pt.offset + static_cast<size_t>(id) * row;
+          const bool moved = !std::equal(before.begin() + static_cast<std::ptrdiff_t>(at),
+                                         before.begin() + static_cast<std::ptrdiff_t>(at + row), m.params() + at);
+          (alphabet.count(id) ? moved_in : moved_out) += moved;
+        }
+        EXPECT_GE(moved_in, 30) << output << " " << mix << " " << pt.name;
+        if (warmup_only) {
+          EXPECT_EQ(moved_out, 0) << output << " " << pt.name;
+        } else {
+          EXPECT_GT(moved_out, 30) << output << " " << mix << " " << pt.name;
+        }
+      }
+      EXPECT_EQ(n_tensors, o.model.tied ? 1 : 2);
+    }
+  }
 }
 
 TEST(Curriculum, BadOptions) {

@@ -25,12 +25,15 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
   t->add_option("--data", o.data_path, "training data: a text file, or little-endian int32 token ids (.bin/.tok/.tokens); "
                  "with --curriculum, the plain text of its 'text' task (default: the shipped essay)");
   t->add_option("--curriculum", o.curriculum, "synthetic long-context curriculum: 'default' or task=weight,... "
-                 "(bench tasks, recall, copy, repeat, text); answers are scored, prompts are not");
+                 "(bench tasks, recall, quiz, copy, repeat, induction, text); answers are scored, prompts are not");
   t->add_option("--cur-min-len", o.cur_min_len, "curriculum: shortest sequence in tokens")->capture_default_str();
   t->add_option("--cur-ramp", o.cur_ramp, "curriculum: fraction of the steps over which the longest sequence "
                  "grows from --cur-min-len to --seq-len")->capture_default_str();
   t->add_option("--cur-lm", o.cur_lm, "curriculum: fraction of task sequences scored on every token "
                  "(the rest score the answer only)")->capture_default_str();
+  t->add_option("--cur-alphabet", o.cur_alphabet, "curriculum: the repeat and induction tasks draw from the first N "
+                 "text pieces of the vocabulary (0: all); where the mix has no other task, the other pieces' "
+                 "embeddings stay frozen")->capture_default_str();
   t->add_option("--data-format", args->data_format, "auto, text or tokens")->capture_default_str();
   t->add_option("-o,--out", o.out_path, "output GGUF; the loss curve goes next to it (.loss.csv, .loss.svg, .loss.png)")->required();
   t->add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoint.bin (saved at the end and every --checkpoint-every steps)");
