@@ -19,6 +19,7 @@
 #include <mutex>
 #include <random>
 
+#include "attention/exec.h"
 #include "core/sys.h"
 #include "kernels/kernels.h"
 
@@ -82,19 +83,33 @@ Expected<QtttParams> parse_qttt(std::string_view text) {
   return p;
 }
 
+// The distance ceiling of the context's attention: 0 for dense, W for `fixed:distance=W` read
+// whole (no budget); an error for every backend that reads a subset of the cache.
+static Expected<int64_t> qttt_fixed_distance(const Context& ctx) {
+  const std::string spec = ctx.attention().spec();
+  const std::string name = spec.substr(0, spec.find(':'));
+  if (name == "dense" || name == "naive") return int64_t{0};
+  if (name == "fixed" && spec.find("budget=") == std::string::npos) {
+    const size_t at = spec.find("distance=");
+    if (at != std::string::npos) {
+      const long long w = std::strtoll(spec.c_str() + at + 9, nullptr, 10);
+      if (w > 0) return static_cast<int64_t>(w);
+    }
+  }
+  return make_error(strprintf("--qttt needs --attn dense or fixed (without budget): its gradient is that of exact "
+                              "attention over every cached token, while --attn %s reads (or keeps) a subset, so the "
+                              "trained queries would answer through a different attention",
+                              spec.c_str()));
+}
+
 Status check_qttt_context(const Context& ctx) {
   if (ctx.press())
     return make_error(strprintf("--qttt cannot run with --kv-press %s: the press removes cache entries, and qTTT "
                                 "trains the queries against the whole frozen cache (every token a span token attends "
                                 "to); use one or the other",
                                 ctx.press()->spec().c_str()));
-  const std::string spec = ctx.attention().spec();
-  const std::string name = spec.substr(0, spec.find(':'));
-  if (name != "dense" && name != "naive")
-    return make_error(strprintf("--qttt needs --attn dense: its gradient is that of dense attention over every cached "
-                                "token, while --attn %s reads (or keeps) a subset, so the trained queries would answer "
-                                "through a different attention",
-                                spec.c_str()));
+  LC_ASSIGN_OR_RETURN(const int64_t distance, qttt_fixed_distance(ctx));
+  (void)distance;
   return Status::ok();
 }
 
@@ -212,11 +227,19 @@ struct QueryTrainer::Impl {
   Buffer<float> x, cur, tmp_ff, x_fin, hf, rf, logits;        // scratch
   Buffer<float> dx, dcur, dq, dff, dff2, dlog;
   std::vector<int32_t> pos, neg_pos;  // [S] positions of the span's tokens, and negated
+  // Fixed-distance attention (W > 0): a key more than W positions back is scored with the query
+  // rotated at W against the key rotated back to 0. qw: [L, S, q_dim] those queries; dqw: their
+  // gradient [S, q_dim]; wpos / neg_wpos: [S] copies of W and -W.
+  int64_t W = 0;
+  Buffer<float> qw, dqw;
+  std::vector<int32_t> wpos, neg_wpos;
   std::vector<float> qscale;          // [S] log-n factor of each query (1 without --rope ...+logn)
 
   // Attention scratch, per thread.
   struct Scratch {
     Buffer<float> q, s, dp, acc, dq, dout, m, l, dd, k, v;
+    Buffer<float> qw, dqw, k0, sf;  // fixed-distance attention: queries at W, keys at 0, their scores
+    std::vector<int64_t> nf;        // per tile row: keys of the block scored at the fixed distance
   };
   std::vector<Scratch> scratch;
 
@@ -260,16 +283,24 @@ struct QueryTrainer::Impl {
     dff2.resize(sz(S * ff));
     pos.assign(sz(S), 0);
     neg_pos.assign(sz(S), 0);
+    if (W > 0) {
+      qw.resize(sz(L * S * q_dim));
+      dqw.resize(sz(S * q_dim));
+      wpos.assign(sz(S), static_cast<int32_t>(W));
+      neg_wpos.assign(sz(S), static_cast<int32_t>(-W));
+    }
     qscale.assign(sz(S), 1.0f);
   }
 
   size_t activation_bytes() const {
     const Buffer<float>* bufs[] = {&x_in, &h1, &qpre, &qr, &o, &x_mid, &h2, &gate, &up, &r1, &r2, &rq, &lse,
-                                   &x, &cur, &tmp_ff, &x_fin, &hf, &rf, &logits, &dx, &dcur, &dq, &dff, &dff2};
+                                   &x, &cur, &tmp_ff, &x_fin, &hf, &rf, &logits, &dx, &dcur, &dq, &dff, &dff2,
+                                   &qw, &dqw};
     size_t n = 0;
     for (const auto* b : bufs) n += b->size();
     for (const auto& s : scratch) {
-      for (const Buffer<float>* b : {&s.q, &s.s, &s.dp, &s.acc, &s.dq, &s.dout, &s.m, &s.l, &s.dd, &s.k, &s.v})
+      for (const Buffer<float>* b :
+           {&s.q, &s.s, &s.dp, &s.acc, &s.dq, &s.dout, &s.m, &s.l, &s.dd, &s.k, &s.v, &s.qw, &s.dqw, &s.k0, &s.sf})
         n += b->size();
     }
     return n * sizeof(float);
@@ -340,6 +371,7 @@ Expected<std::unique_ptr<QueryTrainer>> QueryTrainer::create(Context& ctx, int64
   m.dv = hp.head_dim_v, m.q_dim = hp.n_head * hp.head_dim, m.o_dim = hp.n_head * hp.head_dim_v, m.ff = hp.n_ff,
   m.V = hp.n_vocab, m.L = hp.n_layer;
   m.scale = ctx.attention().shape().scale;
+  LC_ASSIGN_OR_RETURN(m.W, qttt_fixed_distance(ctx));
   blas_single_thread();
   try {
     const size_t nq = static_cast<size_t>(m.L * m.q_dim * m.E);
@@ -387,6 +419,12 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
       for (Buffer<float>* b : {&sc.m, &sc.l, &sc.dd}) grow(*b, RM);
       grow(sc.k, B * m.d);
       grow(sc.v, B * m.dv);
+      if (m.W > 0) {
+        for (Buffer<float>* b : {&sc.qw, &sc.dqw}) grow(*b, RM * m.d);
+        grow(sc.sf, RM * B);
+        grow(sc.k0, B * m.d);
+        sc.nf.resize(static_cast<size_t>(RM));
+      }
     }
   } catch (const std::bad_alloc&) {
     return make_error(strprintf("--qttt: out of memory for the activations of a %lld-token span", (long long)S));
@@ -410,16 +448,47 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
   };
   const std::vector<Tile> tiles = make_tiles(m.Hkv, g, S);
 
+  // Fixed-distance attention (m.W > 0), for the R rows of a tile and keys [first, first + cnt)
+  // whose near scores are in sc.s: sc.nf[r] is how many of the block's keys row r sees at the
+  // fixed distance (they are the first ones: keys are in position order); their scores are
+  // replaced by those of the row's query at W against the keys rotated back to 0 (sc.k0), as
+  // attention `fixed` computes them. Returns whether any row has such keys.
+  auto far_scores = [&](int64_t il, const Tile& tl, int64_t R, int64_t first, int64_t cnt, const float* K,
+                        Impl::Scratch& sc) {
+    if (m.W <= 0) return false;
+    const int32_t* kp = kv.positions(il, tl.hk) + first;
+    bool any = false;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t lim = static_cast<int64_t>(m.pos[static_cast<size_t>(tl.t0 + r / g)]) - m.W;
+      const int64_t nf = std::lower_bound(kp, kp + cnt, lim, [](int32_t a, int64_t b) { return a < b; }) - kp;
+      sc.nf[static_cast<size_t>(r)] = nf;
+      any = any || nf > 0;
+    }
+    if (!any) return false;
+    std::memcpy(sc.k0.data(), K, sizeof(float) * static_cast<size_t>(cnt * d));
+    attn::unrotate_rows(sc.k0.data(), cnt, d, kp, kv.rope(il));
+    sgemm(false, true, R, cnt, d, m.scale, sc.qw.data(), d, sc.k0.data(), d, 0.0f, sc.sf.data(), cnt);
+    for (int64_t r = 0; r < R; ++r)
+      std::memcpy(sc.s.data() + r * cnt, sc.sf.data() + r * cnt, sizeof(float) * static_cast<size_t>(sc.nf[static_cast<size_t>(r)]));
+    return true;
+  };
+  // Copies the tile's rows of a [S, H, d] query buffer into dst ([R, d]).
+  auto tile_rows = [&](const Tile& tl, const float* src, float* dst) {
+    for (int64_t t = 0; t < tl.nt; ++t)
+      std::memcpy(dst + t * g * d, src + ((tl.t0 + t) * H + tl.hk * g) * d, sizeof(float) * g * d);
+  };
+
   // Attention of the span's queries qr: [S, H, d] (rotated) over layer il's cached keys; out:
   // [S, H, dv], lse: [S, H].
-  auto attn_forward = [&](int64_t il, const float* qr, float* out, float* lse) {
+  // qw: the same queries rotated at the fixed distance (null without one).
+  auto attn_forward = [&](int64_t il, const float* qr, const float* qw, float* out, float* lse) {
     pool.parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t b, int64_t e, int ith) {
       Impl::Scratch& sc = m.scratch[static_cast<size_t>(ith)];
       for (int64_t it = b; it < e; ++it) {
         const Tile& tl = tiles[static_cast<size_t>(it)];
         const int64_t R = tl.nt * g;
-        for (int64_t t = 0; t < tl.nt; ++t)
-          std::memcpy(sc.q.data() + t * g * d, qr + ((tl.t0 + t) * H + tl.hk * g) * d, sizeof(float) * g * d);
+        tile_rows(tl, qr, sc.q.data());
+        if (qw) tile_rows(tl, qw, sc.qw.data());
         std::fill(sc.acc.data(), sc.acc.data() + R * dv, 0.0f);
         std::fill(sc.m.data(), sc.m.data() + R, -std::numeric_limits<float>::infinity());
         std::fill(sc.l.data(), sc.l.data() + R, 0.0f);
@@ -429,6 +498,7 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
           const float* K = kv.keys_f32(il, tl.hk, first, cnt, sc.k.data());
           const float* Vv = kv.values_f32(il, tl.hk, first, cnt, sc.v.data());
           sgemm(false, true, R, cnt, d, m.scale, sc.q.data(), d, K, d, 0.0f, sc.s.data(), cnt);
+          far_scores(il, tl, R, first, cnt, K, sc);
           for (int64_t r = 0; r < R; ++r) {
             const int64_t t = tl.t0 + r / g;
             const int64_t vis = std::clamp<int64_t>(start + t + 1 - first, 0, cnt);
@@ -461,17 +531,22 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
     });
   };
 
-  // dqr: [S, H, d] (overwritten) from dout: [S, H, dv].
-  auto attn_backward = [&](int64_t il, const float* qr, const float* out, const float* lse, const float* dout,
-                           float* dqr) {
+  // dqr: [S, H, d] (overwritten) from dout: [S, H, dv]; with a fixed distance also dqw, the
+  // gradient of the queries at W (overwritten).
+  auto attn_backward = [&](int64_t il, const float* qr, const float* qw, const float* out, const float* lse,
+                           const float* dout, float* dqr, float* dqw) {
     pool.parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t b, int64_t e, int ith) {
       Impl::Scratch& sc = m.scratch[static_cast<size_t>(ith)];
       for (int64_t it = b; it < e; ++it) {
         const Tile& tl = tiles[static_cast<size_t>(it)];
         const int64_t R = tl.nt * g;
+        tile_rows(tl, qr, sc.q.data());
+        if (qw) {
+          tile_rows(tl, qw, sc.qw.data());
+          std::fill(sc.dqw.data(), sc.dqw.data() + R * d, 0.0f);
+        }
         for (int64_t t = 0; t < tl.nt; ++t) {
           const int64_t row0 = (tl.t0 + t) * H + tl.hk * g;
-          std::memcpy(sc.q.data() + t * g * d, qr + row0 * d, sizeof(float) * g * d);
           std::memcpy(sc.dout.data() + t * g * dv, dout + row0 * dv, sizeof(float) * g * dv);
           for (int64_t j = 0; j < g; ++j) {
             sc.dd[static_cast<size_t>(t * g + j)] =
@@ -487,6 +562,7 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
           const float* Vv = kv.values_f32(il, tl.hk, first, cnt, sc.v.data());
           sgemm(false, true, R, cnt, d, m.scale, sc.q.data(), d, K, d, 0.0f, sc.s.data(), cnt);
           sgemm(false, true, R, cnt, dv, 1.0f, sc.dout.data(), dv, Vv, dv, 0.0f, sc.dp.data(), cnt);
+          const bool far = far_scores(il, tl, R, first, cnt, K, sc);
           for (int64_t r = 0; r < R; ++r) {
             const int64_t t = tl.t0 + r / g;
             const int64_t vis = std::clamp<int64_t>(start + t + 1 - first, 0, cnt);
@@ -496,10 +572,24 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
             for (int64_t j = 0; j < vis; ++j) s[j] = std::exp(s[j] - ls) * (dp[j] - D);
             std::fill(s + vis, s + cnt, 0.0f);
           }
+          if (far) {  // dS of the far keys goes to the queries at W, against the keys at 0
+            for (int64_t r = 0; r < R; ++r) {
+              float* s = sc.s.data() + r * cnt;
+              float* sf = sc.sf.data() + r * cnt;
+              const int64_t nf = sc.nf[static_cast<size_t>(r)];
+              std::memcpy(sf, s, sizeof(float) * static_cast<size_t>(nf));
+              std::fill(sf + nf, sf + cnt, 0.0f);
+              std::fill(s, s + nf, 0.0f);
+            }
+            sgemm(false, false, R, d, cnt, m.scale, sc.sf.data(), cnt, sc.k0.data(), d, 1.0f, sc.dqw.data(), d);
+          }
           sgemm(false, false, R, d, cnt, m.scale, sc.s.data(), cnt, K, d, 1.0f, sc.dq.data(), d);
         }
-        for (int64_t t = 0; t < tl.nt; ++t)
-          std::memcpy(dqr + ((tl.t0 + t) * H + tl.hk * g) * d, sc.dq.data() + t * g * d, sizeof(float) * g * d);
+        for (int64_t t = 0; t < tl.nt; ++t) {
+          const int64_t row0 = (tl.t0 + t) * H + tl.hk * g;
+          std::memcpy(dqr + row0 * d, sc.dq.data() + t * g * d, sizeof(float) * g * d);
+          if (qw) std::memcpy(dqw + row0 * d, sc.dqw.data() + t * g * d, sizeof(float) * g * d);
+        }
       }
     });
   };
@@ -530,9 +620,15 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
       }
       kernels::scale_inplace(q, m.qscale[static_cast<size_t>(t)], q_dim);
     });
+    float* qw = nullptr;
+    if (m.W > 0) {  // the queries at the fixed distance: the same scaled query, rotated at W
+      qw = at(m.qw, il, sQ);
+      std::memcpy(qw, qr, sizeof(float) * sQ);
+      kv.rope(il).apply(qw, S, H, d, m.wpos.data());
+    }
     kv.rope(il).apply(qr, S, H, d, m.pos.data());
     float* o = at(m.o, il, sO);
-    attn_forward(il, qr, o, at(m.lse, il, S * H));
+    attn_forward(il, qr, qw, o, at(m.lse, il, S * H));
     linear(pool, o, m.wo[static_cast<size_t>(il)], m.cur.data(), S, o_dim, E);
     kernels::add_inplace(x, m.cur.data(), sE);
     float* xmid = at(m.x_mid, il, sE);
@@ -609,9 +705,14 @@ Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
     float* dout = m.cur.data();  // [S, o_dim]
     linear_dx(pool, dx, m.wo[static_cast<size_t>(il)], dout, S, o_dim, E, false);
     float* dq = m.dq.data();
-    attn_backward(il, at(m.qr, il, sQ), at(m.o, il, sO), at(m.lse, il, S * H), dout, dq);
+    attn_backward(il, at(m.qr, il, sQ), m.W > 0 ? at(m.qw, il, sQ) : nullptr, at(m.o, il, sO),
+                  at(m.lse, il, S * H), dout, dq, m.dqw.data());
     // RoPE is orthogonal up to mscale: its transpose is the rotation by the negated angles.
     kv.rope(il).apply(dq, S, H, d, m.neg_pos.data());
+    if (m.W > 0) {
+      kv.rope(il).apply(m.dqw.data(), S, H, d, m.neg_wpos.data());
+      kernels::add_inplace(dq, m.dqw.data(), sQ);
+    }
     const float* rq = at(m.rq, il, S * H);
     rows(S, [&](int64_t t) {
       float* q = dq + t * q_dim;

@@ -14,7 +14,10 @@
 // residual stream (attention output, MLP, RMSNorm and dq -> dh through W_q) into lower layers.
 // A span token at sequence index i attends, per KV head, to every cached token with index <= i
 // (what dense attention reads), so qTTT needs the whole cache: presses that drop entries and
-// attention backends that read a subset are refused.
+// attention backends that read a subset are refused. Attention `fixed:distance=W` (a distance
+// ceiling, the default of models trained with one) reads every key too: a key more than W
+// positions back is scored as rope(q, W) . rope(k, 0), so such a query has two rotations and
+// its gradient flows back through both.
 //
 // The update is Adam (beta1 0.9, beta2 0.999, eps 1e-8, no weight decay) on an f32 copy of each
 // layer's attn_q.weight. The copy is installed in the Context (set_query_weights) for the
@@ -46,7 +49,8 @@ struct QtttParams {
 // give steps=0. Errors name --qttt and the bad value.
 Expected<QtttParams> parse_qttt(std::string_view spec);
 
-// Whether qTTT can run on this context: no press that drops entries, dense attention.
+// Whether qTTT can run on this context: no press that drops entries; dense attention, or
+// fixed-distance attention without a budget.
 Status check_qttt_context(const Context& ctx);
 // Whether spans of p.span tokens fit in a context of n_context tokens.
 Status check_qttt_span(const QtttParams& p, int64_t n_context);

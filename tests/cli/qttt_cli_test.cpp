@@ -50,7 +50,8 @@ TEST(CliQttt, BadSpecsAndCombinationsAreErrors) {
                         Case{"--qttt span=1", "span=1 must be at least 2"}, Case{"--qttt step=2", "unknown key 'step'"},
                         Case{"--qttt steps=2,span=999", "--qttt span=999 is longer than the context (206 tokens)"},
                         Case{"--qttt steps=2,span=32 --kv-press snapkv:ratio=0.5", "--kv-press"},
-                        Case{"--qttt steps=2,span=32 --attn quest:budget=64", "--qttt needs --attn dense"}}) {
+                        Case{"--qttt steps=2,span=32 --attn quest:budget=64", "--qttt needs --attn dense"},
+                        Case{"--qttt steps=2,span=32 --attn fixed:distance=16,budget=64", "fixed (without budget)"}}) {
     Result r = run(base + c.args);
     EXPECT_EQ(r.code, 1) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;

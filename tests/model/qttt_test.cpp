@@ -66,9 +66,11 @@ std::vector<double> widen(const TensorView& w) {
 
 // The naive oracle: each span token's forward in double over the frozen cache, one token at a
 // time (with K and V fixed, span tokens do not interact), and the mean next-token loss.
+// With distance W > 0 it is attention `fixed`: a key more than W positions back is scored with
+// the query rotated at W against the cached key rotated back to position 0.
 class Oracle {
  public:
-  explicit Oracle(const Context& ctx) : ctx_(ctx), m_(ctx.model()), hp_(m_.hparams()) {
+  explicit Oracle(const Context& ctx, int64_t W = 0) : ctx_(ctx), m_(ctx.model()), hp_(m_.hparams()), W_(W) {
     for (const LayerWeights& L : m_.layers()) {
       wq.push_back(widen(L.wq));
       wo_.push_back(widen(L.wo));
@@ -87,6 +89,14 @@ class Oracle {
         kv.read_values(il, h, 0, n, v.data());
         k_.emplace_back(k.begin(), k.end());
         v_.emplace_back(v.begin(), v.end());
+        // The same keys at position 0: R(-p) undoes the rotation, and the stored key carries
+        // mscale once (a rotation written here carries it again).
+        std::vector<double>& k0 = k0_.emplace_back(k.begin(), k.end());
+        const RopeTable& rt = kv.rope(il);
+        for (int64_t j = 0; j < n; ++j) {
+          rotate(k0.data() + j * kv.head_dim(), rt, -kv.positions(il, h)[j]);
+          for (int64_t c = 0; c < kv.head_dim(); ++c) k0[static_cast<size_t>(j * kv.head_dim() + c)] /= rt.mscale;
+        }
       }
   }
   std::vector<std::vector<double>> wq;  // [n_layer][q_dim * n_embd], perturbed by the test
@@ -156,18 +166,27 @@ class Oracle {
         }
       const double qs = ctx_.rope_plan().q_scale(pos);
       for (double& v : q) v *= qs;
-      for (int64_t hh = 0; hh < H; ++hh) rotate(q.data() + hh * d, kv.rope(il), pos);
+      std::vector<double> qw = q;  // the query at the fixed distance
+      for (int64_t hh = 0; hh < H; ++hh) {
+        rotate(q.data() + hh * d, kv.rope(il), pos);
+        rotate(qw.data() + hh * d, kv.rope(il), static_cast<int32_t>(W_));
+      }
       std::vector<double> o(static_cast<size_t>(H * dv), 0.0);
       const int64_t n_keys = i + 1;  // the cached tokens up to and including this one
       for (int64_t hk = 0; hk < hp_.n_head_kv; ++hk) {
         const std::vector<double>& K = k_[static_cast<size_t>(il * hp_.n_head_kv + hk)];
+        const std::vector<double>& K0 = k0_[static_cast<size_t>(il * hp_.n_head_kv + hk)];
         const std::vector<double>& Vv = v_[static_cast<size_t>(il * hp_.n_head_kv + hk)];
+        const int32_t* kpos = kv.positions(il, hk);
         for (int64_t hh = hk * g; hh < (hk + 1) * g; ++hh) {
           std::vector<double> sc(static_cast<size_t>(n_keys));
           double mx = -1e300;
           for (int64_t j = 0; j < n_keys; ++j) {
+            const bool far = W_ > 0 && pos - kpos[j] > W_;
+            const std::vector<double>& qq = far ? qw : q;
+            const std::vector<double>& KK = far ? K0 : K;
             double a = 0;
-            for (int64_t c = 0; c < d; ++c) a += q[static_cast<size_t>(hh * d + c)] * K[static_cast<size_t>(j * d + c)];
+            for (int64_t c = 0; c < d; ++c) a += qq[static_cast<size_t>(hh * d + c)] * KK[static_cast<size_t>(j * d + c)];
             sc[static_cast<size_t>(j)] = a / std::sqrt(static_cast<double>(d));
             mx = std::max(mx, sc[static_cast<size_t>(j)]);
           }
@@ -204,7 +223,9 @@ class Oracle {
   const HParams& hp_;
   std::vector<std::vector<double>> wo_, wg_, wu_, wd_;
   std::vector<double> wout_, embd_;
+  const int64_t W_;
   std::vector<std::vector<double>> k_, v_;  // [n_layer * n_head_kv][n_tokens * head_dim(_v)], as cached
+  std::vector<std::vector<double>> k0_;     // the keys rotated back to position 0
   int64_t rec_start_ = 0;
   std::vector<std::vector<std::vector<double>>> rec_;  // [S][n_layer][n_embd]
 };
@@ -213,6 +234,7 @@ struct GradCase {
   const char* model;
   const char* rope;
   DType kv_type;
+  int64_t fixed = 0;  // attention fixed:distance=W (0: dense)
 };
 
 class QtttGrad : public testing::TestWithParam<GradCase> {};
@@ -226,6 +248,7 @@ TEST_P(QtttGrad, WqGradientMatchesFiniteDifferences) {
   CtxOpts o;
   o.rope = gc.rope;
   o.kv_type = gc.kv_type;
+  if (gc.fixed > 0) o.attn = "fixed:distance=" + std::to_string(gc.fixed);
   auto ctx = make_ctx(*model, o);
   ASSERT_TRUE(ctx);
   const std::vector<int32_t> ids = prompt_ids();
@@ -236,7 +259,7 @@ TEST_P(QtttGrad, WqGradientMatchesFiniteDifferences) {
   auto l = (*tr)->loss(start, S, true);
   ASSERT_TRUE(l.has_value()) << l.error().message;
 
-  Oracle oracle(*ctx);
+  Oracle oracle(*ctx, gc.fixed);
   const double l0 = oracle.loss(start, S);
   oracle.record(start, S);
   EXPECT_NEAR(*l, l0, 2e-5 * std::max(1.0, std::abs(l0))) << "trainer loss vs double oracle";
@@ -278,18 +301,27 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(GradCase{"stories260K", "", DType::F32}, GradCase{"stories260K", "logn", DType::F16},
                     GradCase{"llama_gqa_f32", "", DType::F16}, GradCase{"qwen2_bias_f32", "", DType::Q8_0},
                     GradCase{"qwen2_yarn_f32", "", DType::F32}, GradCase{"qwen3_qknorm_f32", "", DType::F32},
-                    GradCase{"llama_quant_q8_0", "", DType::F32}),
+                    GradCase{"llama_quant_q8_0", "", DType::F32},
+                    // The distance ceiling: spans at 170..185 see keys both near and far.
+                    GradCase{"stories260K", "", DType::F32, 16}, GradCase{"stories260K", "logn", DType::F16, 48},
+                    GradCase{"llama_gqa_f32", "", DType::F32, 24}),
     [](const testing::TestParamInfo<GradCase>& i) {
       std::string n = std::string(i.param.model) + (i.param.rope[0] ? "_logn" : "") + "_kv_" + dtype_name(i.param.kv_type);
+      if (i.param.fixed > 0) n += "_fixed" + std::to_string(i.param.fixed);
       std::replace(n.begin(), n.end(), '.', '_');
       return n;
     });
 
 // The training forward at the model's own W_q is the engine's forward: its loss is the
-// cross-entropy of the logits decode() produces for the same tokens.
-TEST(Qttt, ForwardAtModelWeightsIsTheEnginesLoss) {
+// cross-entropy of the logits decode() produces for the same tokens, with dense attention and
+// with the distance ceiling of attention `fixed`.
+class QtttForward : public testing::TestWithParam<const char*> {};
+
+TEST_P(QtttForward, AtModelWeightsIsTheEnginesLoss) {
   auto model = load("stories260K");
-  auto ctx = make_ctx(*model);
+  CtxOpts o;
+  o.attn = GetParam();
+  auto ctx = make_ctx(*model, o);
   const std::vector<int32_t> ids = prompt_ids();
   ASSERT_TRUE(ctx->decode(ids, Logits::kAll).is_ok());
   const int64_t start = 100, S = 40, V = model->hparams().n_vocab;
@@ -308,6 +340,11 @@ TEST(Qttt, ForwardAtModelWeightsIsTheEnginesLoss) {
   ASSERT_TRUE(l.has_value());
   EXPECT_NEAR(*l, ref, 1e-4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, QtttForward, testing::Values("dense", "fixed:distance=16"),
+                         [](const testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param).substr(0, std::string(i.param).find(':'));
+                         });
 
 // Everything the cache holds: every block's bytes, and each head's metadata.
 struct KvSnapshot {
