@@ -10,6 +10,7 @@
 
 #include "core/sys.h"
 #include "gguf/gguf.h"
+#include "kernels/blas_cpu.h"
 #include "kernels/kernels.h"
 #include "train/export.h"
 
@@ -433,9 +434,9 @@ Status Trainer::run() {
                                               curriculum_to_string(cur_->options().tasks).c_str(),
                                               (long long)cur_->options().min_len, (long long)cur_->options().max_len)
                                   : strprintf("%lld tokens of data", (long long)data_.size());
-    std::fprintf(stderr, "train: %s; %zu parameters; %s; seq %lld x batch %lld; %d threads%s\n",
+    std::fprintf(stderr, "train: %s; %zu parameters; %s; seq %lld x batch %lld; %d threads, OpenBLAS %s kernels%s\n",
                  describe(model_->config()).c_str(), model_->n_params(), data.c_str(),
-                 (long long)o_.seq_len, (long long)o_.batch, pool_->size(),
+                 (long long)o_.seq_len, (long long)o_.batch, pool_->size(), kernels::blas_core_name(),
                  step_ > 0 ? strprintf("; resuming at step %lld", (long long)step_).c_str() : "");
   }
   const int64_t first = step_;

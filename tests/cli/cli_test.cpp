@@ -1,6 +1,8 @@
 // The longctx binary end to end: outputs checked against llama.cpp goldens, bad input gets a
 // clear error and a non-zero exit.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 #include <sys/wait.h>
 
 #include <array>
@@ -267,6 +269,12 @@ TEST(Cli, MakeVocabFeedsTrain) {
   r = run("train --vocab " + vocab + " --curriculum default --seq-len 512 --cur-min-len 300 --steps 2 --batch 1 "
           "--n-layer 1 --n-embd 32 --n-head 2 --n-ff 64 -t 1 -o " + model);
   ASSERT_EQ(r.code, 0) << r.out;
+  // The header names OpenBLAS's kernels. On a CPU with AVX2 and FMA longctx never trains with
+  // the SSE3 kernels OpenBLAS falls back to on CPU models it does not know (kernels/blas_cpu.h).
+  EXPECT_NE(r.out.find(" kernels"), std::string::npos) << r.out;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_EQ(r.out.find("OpenBLAS Prescott kernels"), std::string::npos) << r.out;
+  }
   r = run("info " + model);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gpt2"), std::string::npos) << r.out;

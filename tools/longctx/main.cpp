@@ -18,6 +18,7 @@
 #include "command.h"
 #include "embedded_model.h"
 #include "core/sys.h"
+#include "kernels/blas_cpu.h"
 #include "kernels/kernels.h"
 #include "attention/lychee.h"
 #include "kv/block_pool.h"
@@ -752,6 +753,7 @@ int cmd_make_model(const std::string& shape, const std::string& type, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
+  lc::kernels::reexec_for_faster_blas(argv);  // before anything else: it may replace this process
   CLI::App app{"longctx: long-context inference engine for GGUF models"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for all subcommands");
