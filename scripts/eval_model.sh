@@ -3,7 +3,7 @@
 # docs/model.md reports it. Parts, each its own bench run folder under $OUT:
 #   lengths  accuracy by task, length and long-context method (RoPE scaling x backend)
 #   press    accuracy against KV-press ratio at the training length, query-aware and -agnostic
-#   qttt     query-only test-time training on and off, beyond the training length
+#   qttt     query-only test-time training on and off, at and beyond the training length
 #   PARTS="lengths press qttt" SAMPLES=8 THREADS=2 scripts/eval_model.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,19 +42,23 @@ for part in $PARTS; do
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
     ;;
   press)
-    # Dense attention: the presses that observe attention (and qTTT) need it, and the press
-    # tables were measured on the stage-3 model, which has no distance ceiling.
+    # Dense attention: the presses that observe attention need it (the model's default `fixed`
+    # is not that).
     args=(--method "attn=dense;press=none;name=full")
     for p in ${PRESSES:-snapkv h2o tova knorm expected_attention streaming_llm pyramidkv adakv speckv specpc random}; do
       for r in ${RATIOS:-0.5 0.75 0.9}; do
         for q in aware agnostic; do args+=(--method "attn=dense;press=$p:ratio=$r,query=$q;name=$p-$r-$q"); done
       done
     done
-    # speckv / specpc draft with stories260K: same 512-piece vocabulary, a different model.
-    "$LC" bench run "${common[@]}" -L 1K --draft models/stories260K.gguf -o "$OUT/press" "${args[@]}"
+    # speckv / specpc draft with a model of the same vocabulary: by default stage 2 of
+    # scripts/make_model.sh (the shipped model before its last stage).
+    "$LC" bench run "${common[@]}" -L 1K --draft "${DRAFT:-out/make-model/stage2.gguf}" -o "$OUT/press" "${args[@]}"
     ;;
   qttt)
-    "$LC" bench run "${common[@]}" -L 1K,2K -o "$OUT/qttt" --attn dense --qttt none --qttt steps=8,lr=1e-3,span=128
+    # With the model's default attention (the distance ceiling, whose gradient qTTT follows)
+    # at and beyond the training length.
+    "$LC" bench run "${common[@]}" -L "${QTTT_LENGTHS:-1K,4K,16K}" -o "$OUT/qttt" --qttt none \
+      --qttt steps=8,lr=1e-3,span=128
     ;;
   *) echo "eval_model: unknown part '$part'" >&2; exit 1 ;;
   esac
