@@ -2,16 +2,17 @@
 # Scores the project's model (models/longctx-2l.gguf, scripts/make_model.sh) the way
 # docs/model.md reports it. Parts, each its own bench run folder under $OUT:
 #   lengths  accuracy by task, length and long-context method (RoPE scaling x backend)
+#   variants the other RoPE scalings and sparse backends, on three tasks
 #   press    accuracy against KV-press ratio at the training length, query-aware and -agnostic
 #   qttt     query-only test-time training on and off, at and beyond the training length
-#   PARTS="lengths press qttt" SAMPLES=8 THREADS=2 scripts/eval_model.sh
+#   PARTS="lengths variants press qttt" SAMPLES=8 THREADS=2 scripts/eval_model.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
 THREADS=${THREADS:-2}
 SAMPLES=${SAMPLES:-8}
 OUT=${OUT:-out/eval-model}
-PARTS=${PARTS:-"lengths press qttt"}
+PARTS=${PARTS:-"lengths variants press qttt"}
 M=${MODEL:-models/longctx-2l.gguf}
 LC="./$BUILD/longctx"
 TASKS=(--task niah_single_1 --task niah_single_2 --task niah_multikey_1 --task niah_multikey_2 --task passkey --task vt)
@@ -40,6 +41,21 @@ for part in $PARTS; do
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
     "$LC" bench run "${long[@]}" -L "${LONGEST:-256K,1M}" -o "$OUT/longest" \
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
+    ;;
+  variants)
+    # The other RoPE scalings, with dense attention (a reader without the model's ceiling
+    # choosing a scaling instead), and the two sparse backends not in `lengths`, on three tasks.
+    v=(--method "rope=linear:factor=4;attn=dense;name=linear4"
+       --method "rope=ntk:factor=4;attn=dense;name=ntk4"
+       --method "rope=dynamic-ntk:factor=4;attn=dense;name=dynamic-ntk4"
+       --method "rope=llama3:factor=4;attn=dense;name=llama3-4"
+       --method "rope=yarn:factor=16;attn=dense;name=yarn16"
+       --method "rope=mrrope-uni:factor=4;attn=dense;name=mrrope-uni4"
+       --method "rope=mrrope-pro:factor=4;attn=dense;name=mrrope-pro4"
+       --method "rope=logn;attn=dssa:switch=1024,block=32,kernel=16,stride=8,topk=16,sinks=4,local=64;name=dssa"
+       --method "rope=logn;attn=lychee:budget=512,block=32,sinks=4,local=64;name=lychee")
+    "$LC" bench run -m "$M" --task niah_single_2 --task niah_multikey_1 --task passkey --samples "$SAMPLES" \
+      --max-new-tokens 48 -t "$THREADS" --no-plots -L "${SHORT:-1K,4K,16K}" -o "$OUT/variants" "${v[@]}"
     ;;
   press)
     # Dense attention: the presses that observe attention need it (the model's default `fixed`
