@@ -179,7 +179,7 @@ AttnDims Transformer<T>::attn_dims(int64_t n) const {
 template <class T>
 double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, int64_t n, ThreadPool& pool) {
   LC_CHECK(n >= 1 && n <= max_t_);
-  const int64_t E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
+  const int64_t E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, Tn = max_t_;
   n_ = n;
   have_targets_ = targets != nullptr;
   n_targets_ = 0;
@@ -215,7 +215,7 @@ template <class T>
 void Transformer<T>::backward(T loss_scale, ThreadPool& pool) {
   LC_CHECK(have_targets_ && n_ > 0);
   have_targets_ = false;  // logits become gradients below: a second backward needs a new forward
-  const int64_t n = n_, E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, hd = c_.head_dim(), Tn = max_t_;
+  const int64_t n = n_, E = c_.n_embd, V = c_.n_vocab, H = c_.n_head, Tn = max_t_;
   const T* W = params_.data();
   T* G = grads_.data();
   T* dresid = dresid_.data();
