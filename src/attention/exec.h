@@ -125,22 +125,6 @@ inline int64_t unit_grain(const ExecCtx& c, int64_t n_units) { return c.sel && n
 
 // Scores helpers shared with the selection logic of sparse backends.
 float dot(const float* a, const float* b, int64_t n);
-// Quest's page bounds, stored as f16 [mn[0..d) | mx[0..d)] rounded outward (min down, max up)
-// so they bound every key of the page and take half the bytes of f32 (at 64K tokens they are
-// read for every decoded token).
-void store_page_bounds(const float* mn, const float* mx, int64_t d, uint16_t* page);
-// The bounds of rows [count, d] (per-channel min and max, stored as store_page_bounds does);
-// returns page_bounds_finite of the result.
-bool bound_rows(const float* rows, int64_t count, int64_t d, uint16_t* page);
-// False when a stored bound is infinite (a key beyond the f16 range): the page's bound is then
-// meaningless (0 x inf) and the caller must treat the page as always relevant.
-bool page_bounds_finite(const uint16_t* page, int64_t d);
-// out[s] for s < nq: query s's upper bound on q . k over the page, sum_i max(q_i m_i, q_i M_i)
-// with q = lo[s] when hi[s] is null (Quest's bound), and for every query of the box
-// [lo[s], hi[s]] otherwise, sum_i max(lo_i m_i, lo_i M_i, hi_i m_i, hi_i M_i) (the same value
-// when lo[s] == hi[s]).
-void page_bounds(const float* const* lo, const float* const* hi, int64_t nq, const uint16_t* page, int64_t d,
-                 float* out);
 // Rotates rows x: [count, head_dim] by -pos[j] (no mscale): stored keys back to position 0.
 // Runs of consecutive positions use the angle-addition recurrence (one sin/cos per pair per
 // run instead of per row).

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention/methods.h"
+#include "attention/page_bounds.h"
 
 namespace lc {
 namespace {
@@ -83,8 +84,7 @@ class FixedBackend final : public ExecBackend {
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
     int64_t n_full = 0;         // complete pages with bounds
-    std::vector<uint16_t> b;    // [n_full, 2, head_dim] f16 min | max of the keys at position 0
-    std::vector<uint8_t> wide;  // [n_full] a bound is infinite: the page is always a candidate
+    attn::PageBounds pb;        // [n_full] pages: f16 min | max of the keys at position 0
   };
 
   // What the rows of one item attend. Rows are (token, head) with tokens in order and near
@@ -141,14 +141,14 @@ class FixedBackend final : public ExecBackend {
       hs.n_full = 0;
     }
     const int64_t n_full = kv.n_tokens(il, hk) / page_;
-    hs.b.resize(static_cast<size_t>(n_full * 2 * d));
-    hs.wide.resize(static_cast<size_t>(n_full));
+    if (hs.pb.head_dim() != d) hs.pb.reset(d);
+    hs.pb.resize(n_full);
     thread_local std::vector<float> rows;  // scratch: no allocation per decoded token
     rows.resize(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_full; ++p) {
       kv.read_keys(il, hk, p * page_, page_, rows.data());
       attn::unrotate_rows(rows.data(), page_, d, kv.positions(il, hk) + p * page_, kv.rope(il));
-      hs.wide[static_cast<size_t>(p)] = !attn::bound_rows(rows.data(), page_, d, hs.b.data() + p * 2 * d);
+      hs.pb.set_rows(p, rows.data(), page_);
     }
     hs.n_full = n_full;
   }
@@ -166,7 +166,7 @@ class FixedBackend final : public ExecBackend {
     const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + it.hk)];
     // Per head of the group, its queries (variant 1) as a box [lo, hi]; one query: hi null.
     thread_local std::vector<float> box;
-    thread_local std::vector<float> ub, out;
+    thread_local std::vector<float> ub;
     thread_local std::vector<int32_t> order;
     const float* lo[attn::kMaxRows];
     const float* hi[attn::kMaxRows];
@@ -194,15 +194,9 @@ class FixedBackend final : public ExecBackend {
       hi[hg] = u;
     }
     ub.resize(static_cast<size_t>(n_pages));
-    out.resize(static_cast<size_t>(it.g));
-    for (int64_t p = 0; p < n_pages; ++p) {
-      if (hs.wide[static_cast<size_t>(p)]) {
-        ub[static_cast<size_t>(p)] = std::numeric_limits<float>::infinity();
-        continue;
-      }
-      attn::page_bounds(lo, hi, it.g, hs.b.data() + p * 2 * d, d, out.data());
-      ub[static_cast<size_t>(p)] = *std::max_element(out.begin(), out.end());
-    }
+    hs.pb.bounds(lo, hi, it.g, 0, n_pages, ub.data(), true);  // the group's largest bound per page
+    for (float& u : ub)
+      if (u != u) u = std::numeric_limits<float>::infinity();  // a NaN query: always a candidate
     order.resize(static_cast<size_t>(n_pages));
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {

@@ -27,12 +27,15 @@
 // Pages of one KV head are the outer loop, the query heads (and tokens) that selected a page
 // the inner one: a page is loaded once for the whole GQA group.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <functional>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "attention/methods.h"
+#include "attention/page_bounds.h"
 
 namespace lc {
 namespace {
@@ -60,10 +63,17 @@ class QuestBackend final : public ExecBackend {
       run_dense(ctx, pool);
       return Status::ok();
     }
-    // Page bounds, brought up to date per KV head.
-    pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
-      for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
-    });
+    // Page bounds, brought up to date per KV head: in parallel after a prefill chunk, on this
+    // thread when decoding (one page per head changes), which saves a pass through the pool.
+    int64_t stale = 0;
+    for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) stale += stale_pages(kv, il, hk);
+    if (stale <= 4 * shape_.n_head_kv) {
+      for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) update_bounds(kv, il, hk);
+    } else {
+      pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
+        for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
+      });
+    }
     const std::vector<attn::Item> items = attn::make_items(ctx);
     const int64_t n_items = static_cast<int64_t>(items.size());
     auto head = [&](const attn::Item& it) -> const HeadState& {
@@ -100,38 +110,45 @@ class QuestBackend final : public ExecBackend {
     // does not depend on the number of threads.
     if (static_cast<int64_t>(plans_.size()) < n_items) plans_.resize(static_cast<size_t>(n_items));
     std::vector<int64_t> unit_first(static_cast<size_t>(n_items + 1), 0);
-    std::vector<int64_t> pick_first(static_cast<size_t>(n_items + 1), 0);  // (tile, scored head)
     {
       attn::Runner& run = attn::thread_runner();
       for (int64_t i = 0; i < n_items; ++i) {
         Plan& plan = plans_[static_cast<size_t>(i)];
         run.begin(ctx, items[static_cast<size_t>(i)]);
         make_plan(ctx, run, plan);
-        unit_first[static_cast<size_t>(i + 1)] = unit_first[static_cast<size_t>(i)] + (plan.n_pages + seg - 1) / seg;
-        pick_first[static_cast<size_t>(i + 1)] = pick_first[static_cast<size_t>(i)] + plan.n_sel;
+        const int64_t bounded = plan.n_scored > 0 ? plan.own_first : 0;
+        unit_first[static_cast<size_t>(i + 1)] = unit_first[static_cast<size_t>(i)] + (bounded + seg - 1) / seg;
       }
     }
     const int64_t n_units = unit_first.back();
-    auto item_of = [](const std::vector<int64_t>& first, int64_t u) {
-      return static_cast<size_t>(std::upper_bound(first.begin(), first.end(), u) - first.begin() - 1);
-    };
-    pool.parallel_for(n_units, [&](int64_t b, int64_t e, int) {
-      for (int64_t u = b; u < e; ++u) {
-        const size_t i = item_of(unit_first, u);
-        const int64_t p0 = (u - unit_first[i]) * seg;
-        bound_pages(head(items[i]), plans_[i], p0, p0 + seg);
-      }
-    });
-    pool.parallel_for(pick_first.back(), [&](int64_t b, int64_t e, int) {
-      for (int64_t u = b; u < e; ++u) {
-        const size_t i = item_of(pick_first, u);
-        select(plans_[i], u - pick_first[i]);
-      }
-    });
-    // The chosen pages of each tile, attended split-K (ExecBackend::run_spans).
     const int64_t B = kv.block_tokens();
     spans_.resize(items.size());
-    for (size_t i = 0; i < items.size(); ++i) page_spans(plans_[i], B, mask_, spans_[i]);
+    // A tile's pages are chosen, and its spans made, by the thread that bounds its last unit, so
+    // one tile's selection overlaps the next tile's bounds and no pass through the pool waits
+    // for the slowest tile. Each step is a function of the tile alone: which thread runs it
+    // changes no result.
+    if (left_cap_ < n_items) {
+      left_.reset(new std::atomic<int64_t>[static_cast<size_t>(n_items)]);
+      left_cap_ = n_items;
+    }
+    for (int64_t i = 0; i < n_items; ++i)
+      left_[static_cast<size_t>(i)].store(unit_first[static_cast<size_t>(i + 1)] - unit_first[static_cast<size_t>(i)],
+                                          std::memory_order_relaxed);
+    auto choose = [&](size_t i) {
+      thread_local std::vector<uint64_t> mask;
+      Plan& plan = plans_[i];
+      for (int64_t sh = 0; sh < plan.n_sel; ++sh) select(plan, sh);
+      page_spans(plan, B, mask, spans_[i]);
+    };
+    for (int64_t i = 0; i < n_items; ++i)
+      if (unit_first[static_cast<size_t>(i + 1)] == unit_first[static_cast<size_t>(i)]) choose(static_cast<size_t>(i));
+    pool.for_each_dynamic(n_units, [&](int64_t u, int) {
+      const size_t i = static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), u) - unit_first.begin() - 1);
+      const int64_t p0 = (u - unit_first[i]) * seg;
+      bound_pages(head(items[i]), plans_[i], p0, p0 + seg);
+      if (left_[i].fetch_sub(1, std::memory_order_acq_rel) == 1) choose(i);
+    });
+    // The chosen pages of each tile, attended split-K (ExecBackend::run_spans).
     run_spans(ctx, items, spans_, pool);
     return Status::ok();
   }
@@ -140,8 +157,7 @@ class QuestBackend final : public ExecBackend {
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
     int64_t n_full = 0;          // pages whose bounds are final
-    std::vector<uint16_t> b;     // [n_pages, 2, head_dim] f16 min | max (attn::store_page_bounds)
-    std::vector<uint8_t> wide;   // [n_pages] a bound is infinite: the page is always a candidate
+    attn::PageBounds pb;         // per page: f16 min | max, in tiles of pages
     std::vector<float> rows;     // [page, head_dim] scratch
   };
 
@@ -223,29 +239,15 @@ class QuestBackend final : public ExecBackend {
     plan.chosen.resize(static_cast<size_t>(plan.n_sel * std::max<int64_t>(plan.want, 0)));
   }
 
-  // Bounds of pages [p0, p1) below own_first for every scored head. Pages outer, heads inner:
-  // a page's bounds are read from memory once for every head of the group (they are a sixteenth
-  // of the K/V bytes, read for every decoded token).
+  // Bounds of pages [p0, p1) below own_first for every scored head, or (shared) the largest of
+  // them. Pages outer, heads inner: a tile of pages is read from memory once for every head of
+  // the group (the bounds are a sixteenth of the K/V bytes, read for every decoded token).
   void bound_pages(const HeadState& hs, Plan& plan, int64_t p0, int64_t p1) const {
-    const int64_t d = shape_.head_dim;
     if (plan.n_scored == 0) return;
     p1 = std::min(p1, plan.own_first);
-    float all[attn::kMaxRows];
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint16_t* b = hs.b.data() + p * 2 * d;
-      if (p + 2 < p1) __builtin_prefetch(b + 4 * d);
-      float* u = plan.ub.data() + p * plan.n_sel;
-      if (hs.wide[static_cast<size_t>(p)]) {
-        for (int64_t sh = 0; sh < plan.n_sel; ++sh) u[sh] = std::numeric_limits<float>::infinity();
-      } else if (plan.n_sel == plan.n_scored) {
-        attn::page_bounds(plan.lo, plan.hi, plan.n_scored, b, d, u);
-      } else {  // shared: the group's bound is the largest of its heads' (a NaN propagates)
-        attn::page_bounds(plan.lo, plan.hi, plan.n_scored, b, d, all);
-        float m = all[0];
-        for (int64_t sh = 1; sh < plan.n_scored; ++sh) m = all[sh] > m || all[sh] != all[sh] ? all[sh] : m;
-        u[0] = m;
-      }
-    }
+    if (p0 >= p1) return;
+    hs.pb.bounds(plan.lo, plan.hi, plan.n_scored, p0, p1, plan.ub.data() + p0 * plan.n_sel,
+                 plan.n_sel != plan.n_scored);
   }
 
   // Scored head sh chooses its `want` pages of highest bound; ties go to the lower page index
@@ -293,6 +295,14 @@ class QuestBackend final : public ExecBackend {
     }
   }
 
+  // Pages of KV head hk whose bounds update_bounds would compute now (without changing state).
+  int64_t stale_pages(KvCache& kv, int64_t il, int64_t hk) const {
+    const HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
+    const int64_t n_pages = (kv.n_tokens(il, hk) + page_ - 1) / page_;
+    if (hs.epoch != kv.epoch(il, hk)) return n_pages;
+    return n_pages - std::min(hs.n_full, kv.low_water(il, hk) / page_);
+  }
+
   void update_bounds(KvCache& kv, int64_t il, int64_t hk) {
     HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
     const int64_t d = shape_.head_dim;
@@ -304,13 +314,13 @@ class QuestBackend final : public ExecBackend {
     }
     const int64_t N = kv.n_tokens(il, hk);
     const int64_t n_pages = (N + page_ - 1) / page_;
-    hs.b.resize(static_cast<size_t>(n_pages * 2 * d));
-    hs.wide.resize(static_cast<size_t>(n_pages));
+    if (hs.pb.head_dim() != d) hs.pb.reset(d);
+    hs.pb.resize(n_pages);
     hs.rows.resize(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_pages; ++p) {
       const int64_t first = p * page_, cnt = std::min(page_, N - first);
       kv.read_keys(il, hk, first, cnt, hs.rows.data());
-      hs.wide[static_cast<size_t>(p)] = !attn::bound_rows(hs.rows.data(), cnt, d, hs.b.data() + p * 2 * d);
+      hs.pb.set_rows(p, hs.rows.data(), cnt);
       if (cnt == page_) hs.n_full = p + 1;
     }
   }
@@ -320,7 +330,8 @@ class QuestBackend final : public ExecBackend {
   std::vector<HeadState> heads_;  // [n_layer * n_head_kv]
   std::vector<Plan> plans_;       // decoding: one per tile
   std::vector<std::vector<attn::Span>> spans_;  // decoding: what each tile attends
-  std::vector<uint64_t> mask_;    // decoding: scratch of page_spans
+  std::unique_ptr<std::atomic<int64_t>[]> left_;  // decoding: units of each tile not yet bounded
+  int64_t left_cap_ = 0;
 };
 
 }  // namespace

@@ -137,6 +137,7 @@ class KvCache {
   // that remain stay valid. The lowest token count truncate() left on (il, h) since the last
   // call (INT64_MAX: none) tells a backend from where to rebuild; reading it resets it. One
   // consumer per cache: the attached attention backend.
+  int64_t low_water(int64_t il, int64_t h) const { return head(il, h).low_water; }  // without resetting
   int64_t take_low_water(int64_t il, int64_t h) {
     Head& hd = head(il, h);
     const int64_t lw = hd.low_water;

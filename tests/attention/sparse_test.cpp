@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention/exec.h"
+#include "attention/page_bounds.h"
 #include "core/fp16.h"
 #include "run_util.h"
 
@@ -32,76 +33,128 @@ TEST(AttentionSparse, QuestAgainstNaiveOnItsSelection) {
 }
 
 TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
-  // Random query boxes and key pages, bounds stored as f16 rounded outward: the bound is
-  // >= q . k for every query in the box and every key of the page, equals the exact maximum
-  // over the stored bounds (computed in double) to float rounding, and for a point box equals
-  // Quest's per-query bound, in every lane of a group of up to 9 queries.
+  // Random query boxes and key pages in a PageBounds store (tiles of 16 pages), bounds stored as
+  // f16 rounded outward: each page's bound is >= q . k for every query of the box and every key
+  // of the page, and equals the exact maximum over the stored bounds (computed in double) to
+  // float rounding; a point query's bound equals Quest's sum_i max(q_i m_i, q_i M_i) in double
+  // and its point box. Every query of a call of 1..9 mixed point and box queries, over any page
+  // range, gets the value it gets alone, and the shared form is the largest of them.
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t d : {8, 13, 64}) {
-    for (int trial = 0; trial < 20; ++trial) {
+    for (int trial = 0; trial < 6; ++trial) {
       const float scale = trial % 2 ? 1.0f : 37.0f;
-      std::vector<float> qs(static_cast<size_t>(5 * d)), ks(static_cast<size_t>(7 * d));
+      const int64_t n_pages = 1 + trial * 9;  // 1 .. 46: partial tiles, several tiles
+      constexpr int kQ = 5, kK = 7;           // queries per box, keys per page
+      std::vector<float> qs(static_cast<size_t>(kQ * d)), ks(static_cast<size_t>(n_pages * kK * d));
       for (auto& x : qs) x = nd(rng);
       for (auto& x : ks) x = nd(rng) * scale;
-      std::vector<float> lo(d, INFINITY), hi(d, -INFINITY), mn(d, INFINITY), mx(d, -INFINITY);
-      for (int64_t c = 0; c < d; ++c) {
-        for (int j = 0; j < 5; ++j) lo[c] = std::min(lo[c], qs[j * d + c]), hi[c] = std::max(hi[c], qs[j * d + c]);
-        for (int j = 0; j < 7; ++j) mn[c] = std::min(mn[c], ks[j * d + c]), mx[c] = std::max(mx[c], ks[j * d + c]);
-      }
-      std::vector<uint16_t> page(static_cast<size_t>(2 * d));
-      attn::store_page_bounds(mn.data(), mx.data(), d, page.data());
-      ASSERT_TRUE(attn::page_bounds_finite(page.data(), d));
-      for (int64_t c = 0; c < d; ++c) {
-        EXPECT_LE(fp16_to_fp32_ref(page[c]), mn[c]);
-        EXPECT_GE(fp16_to_fp32_ref(page[d + c]), mx[c]);
+      std::vector<float> lo(d, INFINITY), hi(d, -INFINITY);
+      for (int64_t c = 0; c < d; ++c)
+        for (int j = 0; j < kQ; ++j) lo[c] = std::min(lo[c], qs[j * d + c]), hi[c] = std::max(hi[c], qs[j * d + c]);
+      attn::PageBounds pb;
+      pb.reset(d);
+      pb.resize(n_pages);
+      for (int64_t p = 0; p < n_pages; ++p) {
+        ASSERT_TRUE(pb.set_rows(p, ks.data() + p * kK * d, kK));
+        ASSERT_FALSE(pb.wide(p));
+        for (int64_t c = 0; c < d; ++c) {
+          float mn = INFINITY, mx = -INFINITY;
+          for (int j = 0; j < kK; ++j) mn = std::min(mn, ks[(p * kK + j) * d + c]), mx = std::max(mx, ks[(p * kK + j) * d + c]);
+          EXPECT_LE(pb.min(p, c), mn);
+          EXPECT_GE(pb.max(p, c), mx);
+          EXPECT_EQ(pb.min(p, c), fp16_to_fp32_ref(fp32_to_fp16_down(mn)));
+          EXPECT_EQ(pb.max(p, c), fp16_to_fp32_ref(fp32_to_fp16_up(mx)));
+        }
       }
       const float* lop = lo.data();
       const float* hip = hi.data();
-      float u = 0;
-      attn::page_bounds(&lop, &hip, 1, page.data(), d, &u);
-      double best = 0;  // the exact maximum over the two boxes, channel by channel, in double
-      for (int64_t c = 0; c < d; ++c) {
-        const double m = fp16_to_fp32_ref(page[c]), M = fp16_to_fp32_ref(page[d + c]);
-        best += std::max({lo[c] * m, lo[c] * M, hi[c] * m, hi[c] * M});
-      }
+      std::vector<float> box(static_cast<size_t>(n_pages));
+      pb.bounds(&lop, &hip, 1, 0, n_pages, box.data(), false);
       const double tol = 1e-5 * d * scale * 4;
-      EXPECT_NEAR(u, best, tol);
-      for (int a = 0; a < 5; ++a)
-        for (int b = 0; b < 7; ++b) {
-          double dotv = 0;
-          for (int64_t c = 0; c < d; ++c) dotv += double(qs[a * d + c]) * ks[b * d + c];
-          EXPECT_GE(u + tol, dotv);
+      for (int64_t p = 0; p < n_pages; ++p) {
+        double best = 0;  // the exact maximum over the two boxes, channel by channel, in double
+        for (int64_t c = 0; c < d; ++c) {
+          const double m = pb.min(p, c), M = pb.max(p, c);
+          best += std::max({lo[c] * m, lo[c] * M, hi[c] * m, hi[c] * M});
         }
-      // Groups of 1..9 queries (lanes of four, a short last group), single and box mixed:
-      // each lane equals that query's bound computed alone.
+        EXPECT_NEAR(box[p], best, tol);
+        for (int a = 0; a < kQ; ++a) {
+          double quest = 0;  // Quest's bound of query a alone
+          for (int64_t c = 0; c < d; ++c)
+            quest += std::max(double(qs[a * d + c]) * pb.min(p, c), double(qs[a * d + c]) * pb.max(p, c));
+          const float* qa = qs.data() + a * d;
+          const float* none = nullptr;
+          float point = 0, point_box = 0;
+          pb.bounds(&qa, &none, 1, p, p + 1, &point, false);
+          pb.bounds(&qa, &qa, 1, p, p + 1, &point_box, false);
+          EXPECT_NEAR(point, quest, tol);
+          EXPECT_NEAR(point_box, quest, tol);
+          EXPECT_LE(point, box[p] + tol);
+          for (int b = 0; b < kK; ++b) {
+            double dotv = 0;
+            for (int64_t c = 0; c < d; ++c) dotv += double(qa[c]) * ks[(p * kK + b) * d + c];
+            EXPECT_GE(point + tol, dotv);
+            EXPECT_GE(box[p] + tol, dotv);
+          }
+        }
+      }
+      // Groups of 1..9 queries (vector runs of four, a short last run), point and box mixed,
+      // over page ranges that start and end inside tiles.
       for (int64_t nq = 1; nq <= 9; ++nq) {
         std::vector<const float*> l(static_cast<size_t>(nq)), h(static_cast<size_t>(nq));
         for (int64_t s = 0; s < nq; ++s) {
           l[static_cast<size_t>(s)] = s % 3 == 2 ? lo.data() : qs.data() + (s % 5) * d;
           h[static_cast<size_t>(s)] = s % 3 == 2 ? hi.data() : nullptr;
         }
-        std::vector<float> out(static_cast<size_t>(nq));
-        attn::page_bounds(l.data(), h.data(), nq, page.data(), d, out.data());
-        for (int64_t s = 0; s < nq; ++s) {
-          float alone = 0, as_box = 0;
-          attn::page_bounds(&l[static_cast<size_t>(s)], &h[static_cast<size_t>(s)], 1, page.data(), d, &alone);
-          EXPECT_EQ(out[static_cast<size_t>(s)], alone) << nq << " " << s;
-          if (!h[static_cast<size_t>(s)]) {  // a point box: the box form gives the same value
-            const float* pl = l[static_cast<size_t>(s)];
-            attn::page_bounds(&pl, &pl, 1, page.data(), d, &as_box);
-            EXPECT_EQ(as_box, alone);
+        const int64_t p0 = (nq * 3) % n_pages, p1 = n_pages;
+        std::vector<float> out(static_cast<size_t>((p1 - p0) * nq)), top(static_cast<size_t>(p1 - p0));
+        pb.bounds(l.data(), h.data(), nq, p0, p1, out.data(), false);
+        pb.bounds(l.data(), h.data(), nq, p0, p1, top.data(), true);
+        for (int64_t p = p0; p < p1; ++p) {
+          float m = -INFINITY;
+          for (int64_t s = 0; s < nq; ++s) {
+            float alone = 0;
+            pb.bounds(&l[static_cast<size_t>(s)], &h[static_cast<size_t>(s)], 1, p, p + 1, &alone, false);
+            EXPECT_EQ(out[static_cast<size_t>((p - p0) * nq + s)], alone) << nq << " " << s << " " << p;
+            m = std::max(m, alone);
           }
+          EXPECT_EQ(top[static_cast<size_t>(p - p0)], m);
         }
       }
     }
   }
-  // Keys beyond the f16 range: the stored bound is infinite and reported as such.
-  std::vector<float> mn(8, -1.0f), mx(8, 1.0f);
-  mx[3] = 1e6f;
-  std::vector<uint16_t> page(16);
-  attn::store_page_bounds(mn.data(), mx.data(), 8, page.data());
-  EXPECT_FALSE(attn::page_bounds_finite(page.data(), 8));
+  // Keys beyond the f16 range: the stored bound is infinite, the page is wide and its bound +inf
+  // for every query; a NaN query's bound is NaN.
+  attn::PageBounds pb;
+  pb.reset(8);
+  pb.resize(3);
+  std::vector<float> rows(16, 0.5f);
+  ASSERT_TRUE(pb.set_rows(0, rows.data(), 2));
+  rows[3] = 1e6f;
+  EXPECT_FALSE(pb.set_rows(1, rows.data(), 2));
+  EXPECT_TRUE(pb.wide(1));
+  rows[3] = -2.0f;
+  ASSERT_TRUE(pb.set_rows(2, rows.data(), 2));
+  std::vector<float> q(8, 1.0f);
+  const float* qp = q.data();
+  const float* none = nullptr;
+  float u[3];
+  pb.bounds(&qp, &none, 1, 0, 3, u, false);
+  EXPECT_EQ(u[0], 4.0f);
+  EXPECT_EQ(u[1], INFINITY);
+  EXPECT_EQ(u[2], 4.0f);  // max over the page: 0.5 in channel 3 too
+  q[5] = NAN;
+  pb.bounds(&qp, &none, 1, 0, 1, u, false);
+  EXPECT_TRUE(std::isnan(u[0]));
+  // Shrinking and growing keeps the pages below and leaves new pages' lanes finite.
+  pb.resize(1);
+  pb.resize(2);
+  q[5] = 1.0f;
+  ASSERT_TRUE(pb.set_rows(1, rows.data(), 2));
+  pb.bounds(&qp, &none, 1, 0, 2, u, false);
+  EXPECT_EQ(u[0], 4.0f);
+  EXPECT_EQ(u[1], 4.0f);
 }
 
 TEST(AttentionSparse, QuestDecodeSplitAndSharedSelection) {
