@@ -142,6 +142,7 @@ class FixedBackend final : public ExecBackend {
     }
     const int64_t n_full = kv.n_tokens(il, hk) / page_;
     if (hs.pb.head_dim() != d) hs.pb.reset(d);
+    hs.n_full = hs.pb.restart(hs.n_full);
     hs.pb.resize(n_full);
     thread_local std::vector<float> rows;  // scratch: no allocation per decoded token
     rows.resize(static_cast<size_t>(page_ * d));

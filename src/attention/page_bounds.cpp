@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LC_PB_AVX2 1
 #endif
-
-#include "core/fp16.h"
 
 namespace lc::attn {
 namespace {
@@ -29,22 +28,21 @@ void split_signs(const float* q, int64_t d, float* pos, float* neg) {
 }
 
 #if !LC_PB_AVX2
-// Scalar form of one query on one tile, the order of operations of the vector forms. A point
-// query comes as lo = pos, hi = null, neg.
-void tile_scalar(const uint16_t* mn, const uint16_t* mx, int64_t d, const float* lo, const float* hi,
-                 const float* neg, float* out) {
+// Scalar form of one query on one tile, the order of operations of the vector forms. The
+// query comes multiplied by the tile's scales: a point query as a = pos * s, b = neg * s; a
+// box as a = lo * s, b = hi * s.
+void tile_scalar(const int8_t* mn, const int8_t* mx, int64_t d, bool box, const float* a, const float* b,
+                 float* out) {
   for (int64_t j = 0; j < T; ++j) {
     float acc = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-      const float m = fp16_to_fp32(mn[c * T + j]), M = fp16_to_fp32(mx[c * T + j]);
-      const float l = lo[c];
-      if (hi) {
-        const float h = hi[c];
+      const float m = static_cast<float>(mn[c * T + j]), M = static_cast<float>(mx[c * T + j]);
+      if (box) {
         // max as the vector max does: the second operand when either is NaN
-        auto vmax = [](float a, float b) { return a > b ? a : b; };
-        acc += vmax(vmax(l * m, l * M), vmax(h * m, h * M));
+        auto vmax = [](float x, float y) { return x > y ? x : y; };
+        acc += vmax(vmax(a[c] * m, a[c] * M), vmax(b[c] * m, b[c] * M));
       } else {
-        acc = std::fma(neg[c], m, std::fma(l, M, acc));
+        acc = std::fma(b[c], m, std::fma(a[c], M, acc));
       }
     }
     out[j] = acc;
@@ -53,19 +51,23 @@ void tile_scalar(const uint16_t* mn, const uint16_t* mx, int64_t d, const float*
 #endif
 
 #if LC_PB_AVX2
-inline __m256 cvt8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// Sixteen 8-bit codes as two vectors of eight floats.
+inline void widen16(const int8_t* p, __m256& lo, __m256& hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
 }
 
-// Up to four point queries on one tile (16 pages as two halves of eight).
+// Up to four point queries (multiplied by the scales, as tile_scalar takes them) on one tile.
 template <int NQ>
-void tile_points_avx2(const uint16_t* mn, const uint16_t* mx, int64_t d, const float* const* pos,
+void tile_points_avx2(const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
                       const float* const* neg, float* out) {
   __m256 a[NQ][2];
   for (int s = 0; s < NQ; ++s) a[s][0] = a[s][1] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; ++c) {
-    const __m256 m0 = cvt8(mn + c * T), m1 = cvt8(mn + c * T + 8);
-    const __m256 M0 = cvt8(mx + c * T), M1 = cvt8(mx + c * T + 8);
+    __m256 m0, m1, M0, M1;
+    widen16(mn + c * T, m0, m1);
+    widen16(mx + c * T, M0, M1);
     for (int s = 0; s < NQ; ++s) {
       const __m256 p = _mm256_broadcast_ss(pos[s] + c), n = _mm256_broadcast_ss(neg[s] + c);
       a[s][0] = _mm256_fmadd_ps(n, m0, _mm256_fmadd_ps(p, M0, a[s][0]));
@@ -78,13 +80,13 @@ void tile_points_avx2(const uint16_t* mn, const uint16_t* mx, int64_t d, const f
   }
 }
 
-// One box query on one tile: sum_i max(lo m, lo M, hi m, hi M).
-void tile_box_avx2(const uint16_t* mn, const uint16_t* mx, int64_t d, const float* lo, const float* hi,
-                   float* out) {
+// One box query (multiplied by the scales) on one tile: sum_i max(lo m, lo M, hi m, hi M).
+void tile_box_avx2(const int8_t* mn, const int8_t* mx, int64_t d, const float* lo, const float* hi, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; ++c) {
-    const __m256 m0 = cvt8(mn + c * T), m1 = cvt8(mn + c * T + 8);
-    const __m256 M0 = cvt8(mx + c * T), M1 = cvt8(mx + c * T + 8);
+    __m256 m0, m1, M0, M1;
+    widen16(mn + c * T, m0, m1);
+    widen16(mx + c * T, M0, M1);
     const __m256 l = _mm256_broadcast_ss(lo + c), h = _mm256_broadcast_ss(hi + c);
     auto term = [&](__m256 m, __m256 M) {
       return _mm256_max_ps(_mm256_max_ps(_mm256_mul_ps(l, m), _mm256_mul_ps(l, M)),
@@ -98,6 +100,30 @@ void tile_box_avx2(const uint16_t* mn, const uint16_t* mx, int64_t d, const floa
 }
 #endif
 
+// The smallest scale s with 127 s >= a (exactly, in double), so every bound of magnitude at
+// most a has a code in [-127, 127].
+float scale_for(float a) {
+  if (!(a > 0.0f)) return 0.0f;
+  float s = a / 127.0f;
+  while (static_cast<double>(s) * 127.0 < static_cast<double>(a)) s = std::nextafter(s, INFINITY);
+  return s;
+}
+
+// The largest code i with i s <= m, and the smallest with i s >= m, for |m| <= 127 s. The
+// products are exact in double (24-bit by 8-bit mantissas), so the checks are exact.
+int8_t code_down(float m, float s) {
+  if (s == 0.0f) return 0;
+  double i = std::floor(static_cast<double>(m) / s);
+  if (i * s > m) i -= 1;
+  return static_cast<int8_t>(std::clamp(i, -127.0, 127.0));
+}
+int8_t code_up(float m, float s) {
+  if (s == 0.0f) return 0;
+  double i = std::ceil(static_cast<double>(m) / s);
+  if (i * s < m) i += 1;
+  return static_cast<int8_t>(std::clamp(i, -127.0, 127.0));
+}
+
 }  // namespace
 
 void PageBounds::reset(int64_t d) {
@@ -105,29 +131,86 @@ void PageBounds::reset(int64_t d) {
   n_pages_ = 0;
   data_.clear();
   wide_.clear();
+  open_ = -1;
+  exact_.assign(static_cast<size_t>(2 * d * T), 0.0f);
+  absmax_.assign(static_cast<size_t>(d), 0.0f);
+}
+
+int64_t PageBounds::restart(int64_t p) {
+  p = std::max<int64_t>(0, std::min(p, n_pages_));
+  const int64_t t = p / T;
+  const int64_t first = t == open_ ? p : t * T;
+  if (t != open_) open_ = -1;
+  // Dropped pages of the open tile leave its exact bounds (its scales may stay larger than
+  // they need: the codes are still bounds, a little looser).
+  if (open_ >= 0)
+    for (int64_t j = first % T; j < T; ++j)
+      for (int64_t c = 0; c < 2 * d_; ++c) exact_[static_cast<size_t>(c * T + j)] = 0.0f;
+  n_pages_ = first;
+  wide_.resize(static_cast<size_t>(first));
+  data_.resize(static_cast<size_t>((open_ >= 0 ? t + 1 : t) * tile_bytes()));  // the open tile keeps its scales
+  return first;
 }
 
 void PageBounds::resize(int64_t n_pages) {
-  const int64_t tiles = (n_pages + T - 1) / T;
-  data_.resize(static_cast<size_t>(tiles * 2 * d_ * T), 0);
-  // Pages of the last tile beyond n_pages hold zeros (finite): their lanes are computed and
-  // never read.
-  for (int64_t p = n_pages; p < std::min(n_pages_, tiles * T); ++p)
-    for (int64_t c = 0; c < 2 * d_; ++c) data_[static_cast<size_t>((p / T) * 2 * d_ * T + c * T + p % T)] = 0;
+  if (n_pages <= n_pages_) return;
+  data_.resize(static_cast<size_t>((n_pages + T - 1) / T * tile_bytes()), 0);
   wide_.resize(static_cast<size_t>(n_pages), 0);
   n_pages_ = n_pages;
 }
 
-bool PageBounds::set(int64_t p, const float* mn, const float* mx) {
-  uint16_t* t = data_.data() + (p / T) * 2 * d_ * T + p % T;
-  bool finite = true;
-  for (int64_t c = 0; c < d_; ++c) {
-    const uint16_t lo = fp32_to_fp16_down(mn[c]), hi = fp32_to_fp16_up(mx[c]);
-    t[c * T] = lo;
-    t[(d_ + c) * T] = hi;
-    finite = finite && (lo & 0x7c00u) != 0x7c00u && (hi & 0x7c00u) != 0x7c00u;
+void PageBounds::encode_channel(int64_t c, float scale) {
+  uint8_t* t = tile(open_);
+  std::memcpy(t + c * sizeof(float), &scale, sizeof(float));
+  int8_t* mn = reinterpret_cast<int8_t*>(t + d_ * sizeof(float)) + c * T;
+  int8_t* mx = mn + d_ * T;
+  const float* emn = exact_.data() + c * T;
+  const float* emx = exact_.data() + (d_ + c) * T;
+  for (int64_t j = 0; j < T; ++j) {
+    mn[j] = code_down(emn[j], scale);
+    mx[j] = code_up(emx[j], scale);
   }
+}
+
+bool PageBounds::set(int64_t p, const float* mn, const float* mx) {
+  const int64_t t = p / T, j = p % T;
+  if (t != open_) {
+    // A new open tile. Its pages below p (kept by the last restart) come back as their stored
+    // bounds, which still bound their keys.
+    std::fill(exact_.begin(), exact_.end(), 0.0f);
+    std::fill(absmax_.begin(), absmax_.end(), 0.0f);
+    for (int64_t jj = 0; jj < j; ++jj)
+      for (int64_t c = 0; c < d_; ++c) {
+        const float a = wide(t * T + jj) ? 0.0f : min(t * T + jj, c);
+        const float b = wide(t * T + jj) ? 0.0f : max(t * T + jj, c);
+        exact_[static_cast<size_t>(c * T + jj)] = a;
+        exact_[static_cast<size_t>((d_ + c) * T + jj)] = b;
+        absmax_[static_cast<size_t>(c)] = std::max({absmax_[static_cast<size_t>(c)], std::fabs(a), std::fabs(b)});
+      }
+    open_ = t;
+    for (int64_t c = 0; c < d_; ++c) encode_channel(c, scale_for(absmax_[static_cast<size_t>(c)]));
+  }
+  bool finite = true;
+  for (int64_t c = 0; c < d_ && finite; ++c) finite = std::isfinite(mn[c]) && std::isfinite(mx[c]);
   wide_[static_cast<size_t>(p)] = finite ? 0 : 1;
+  uint8_t* tp = tile(t);
+  int8_t* qmn = reinterpret_cast<int8_t*>(tp + d_ * sizeof(float));
+  int8_t* qmx = qmn + d_ * T;
+  for (int64_t c = 0; c < d_; ++c) {
+    const float a = finite ? mn[c] : 0.0f, b = finite ? mx[c] : 0.0f;  // a wide page codes 0
+    exact_[static_cast<size_t>(c * T + j)] = a;
+    exact_[static_cast<size_t>((d_ + c) * T + j)] = b;
+    const float m = std::max(std::fabs(a), std::fabs(b));
+    if (m > absmax_[static_cast<size_t>(c)]) {  // the channel's scale grows: re-encode its pages
+      absmax_[static_cast<size_t>(c)] = m;
+      encode_channel(c, scale_for(m));
+    } else {
+      float scale;
+      std::memcpy(&scale, tp + c * sizeof(float), sizeof(float));
+      qmn[c * T + j] = code_down(a, scale);
+      qmx[c * T + j] = code_up(b, scale);
+    }
+  }
   return finite;
 }
 
@@ -137,24 +220,57 @@ bool PageBounds::set_rows(int64_t p, const float* rows, int64_t count) {
   mx.assign(static_cast<size_t>(d_), -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < count; ++j)
     for (int64_t c = 0; c < d_; ++c) {
-      mn[static_cast<size_t>(c)] = std::min(mn[static_cast<size_t>(c)], rows[j * d_ + c]);
-      mx[static_cast<size_t>(c)] = std::max(mx[static_cast<size_t>(c)], rows[j * d_ + c]);
+      const float x = rows[j * d_ + c];
+      // a NaN key makes the page wide (std::min and std::max would drop it)
+      mn[static_cast<size_t>(c)] = x != x ? x : std::min(mn[static_cast<size_t>(c)], x);
+      mx[static_cast<size_t>(c)] = x != x ? x : std::max(mx[static_cast<size_t>(c)], x);
     }
   return set(p, mn.data(), mx.data());
 }
 
-float PageBounds::min(int64_t p, int64_t c) const { return fp16_to_fp32(tile(p / T)[c * T + p % T]); }
-float PageBounds::max(int64_t p, int64_t c) const { return fp16_to_fp32(tile(p / T)[(d_ + c) * T + p % T]); }
+float PageBounds::min(int64_t p, int64_t c) const {
+  const uint8_t* t = tile(p / T);
+  float scale;
+  std::memcpy(&scale, t + c * sizeof(float), sizeof(float));
+  return scale * static_cast<float>(reinterpret_cast<const int8_t*>(t + d_ * sizeof(float))[c * T + p % T]);
+}
+
+float PageBounds::max(int64_t p, int64_t c) const {
+  const uint8_t* t = tile(p / T);
+  float scale;
+  std::memcpy(&scale, t + c * sizeof(float), sizeof(float));
+  return scale * static_cast<float>(reinterpret_cast<const int8_t*>(t + d_ * sizeof(float))[(d_ + c) * T + p % T]);
+}
 
 void PageBounds::tile_bounds(const float* const* lo, const float* const* hi, const float* const* neg, int64_t nq,
                              int64_t t, float* out) const {
-  const uint16_t* mn = tile(t);
-  const uint16_t* mx = mn + d_ * T;
+  const uint8_t* tp = tile(t);
+  const int8_t* mn = reinterpret_cast<const int8_t*>(tp + d_ * sizeof(float));
+  const int8_t* mx = mn + d_ * T;
+  // The queries times the tile's scales: (pos, neg) of a point query, (lo, hi) of a box.
+  thread_local std::vector<float> scale, scaled;
+  scale.resize(static_cast<size_t>(d_));
+  std::memcpy(scale.data(), tp, static_cast<size_t>(d_) * sizeof(float));
+  scaled.resize(static_cast<size_t>(2 * nq * d_));
+  const float* a[PageBounds::kTile * 4];
+  const float* b[PageBounds::kTile * 4];
+  for (int64_t s = 0; s < nq; ++s) {
+    float* sa = scaled.data() + 2 * s * d_;
+    float* sb = sa + d_;
+    const float* x = lo[s];
+    const float* y = hi[s] ? hi[s] : neg[s];
+    for (int64_t c = 0; c < d_; ++c) {
+      sa[c] = x[c] * scale[static_cast<size_t>(c)];
+      sb[c] = y[c] * scale[static_cast<size_t>(c)];
+    }
+    a[s] = sa;
+    b[s] = sb;
+  }
 #if LC_PB_AVX2
   for (int64_t s0 = 0; s0 < nq;) {
-    // Point queries in runs of up to four share each converted tile row; a box goes alone.
+    // Point queries in runs of up to four share each widened tile row; a box goes alone.
     if (hi[s0]) {
-      tile_box_avx2(mn, mx, d_, lo[s0], hi[s0], out + s0 * T);
+      tile_box_avx2(mn, mx, d_, a[s0], b[s0], out + s0 * T);
       ++s0;
       continue;
     }
@@ -162,22 +278,22 @@ void PageBounds::tile_bounds(const float* const* lo, const float* const* hi, con
     while (k < 4 && s0 + k < nq && !hi[s0 + k]) ++k;
     float* o = out + s0 * T;
     switch (k) {
-      case 1: tile_points_avx2<1>(mn, mx, d_, lo + s0, neg + s0, o); break;
-      case 2: tile_points_avx2<2>(mn, mx, d_, lo + s0, neg + s0, o); break;
-      case 3: tile_points_avx2<3>(mn, mx, d_, lo + s0, neg + s0, o); break;
-      default: tile_points_avx2<4>(mn, mx, d_, lo + s0, neg + s0, o); break;
+      case 1: tile_points_avx2<1>(mn, mx, d_, a + s0, b + s0, o); break;
+      case 2: tile_points_avx2<2>(mn, mx, d_, a + s0, b + s0, o); break;
+      case 3: tile_points_avx2<3>(mn, mx, d_, a + s0, b + s0, o); break;
+      default: tile_points_avx2<4>(mn, mx, d_, a + s0, b + s0, o); break;
     }
     s0 += k;
   }
 #else
-  for (int64_t s = 0; s < nq; ++s) tile_scalar(mn, mx, d_, lo[s], hi[s], neg[s], out + s * T);
+  for (int64_t s = 0; s < nq; ++s) tile_scalar(mn, mx, d_, hi[s] != nullptr, a[s], b[s], out + s * T);
 #endif
 }
 
 void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t nq, int64_t p0, int64_t p1,
                         float* out, bool max_of_queries) const {
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  constexpr int64_t kMaxQ = 64;
+  constexpr int64_t kMaxQ = kTile * 4;  // queries per pass (tile_bounds' pointer arrays)
   float tb[kMaxQ * T];
   // Point queries as (pos, neg) (split_signs), once per call.
   thread_local std::vector<float> signs;
@@ -196,11 +312,30 @@ void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t 
     first[static_cast<size_t>(s)] = pos;
     second[static_cast<size_t>(s)] = pos + d_;
   }
-  for (int64_t q0 = 0; q0 < nq; q0 += kMaxQ) {  // more queries than one tile buffer holds
+  for (int64_t q0 = 0; q0 < nq; q0 += kMaxQ) {
     const int64_t nqc = std::min(kMaxQ, nq - q0);
     for (int64_t t = p0 / T; t * T < p1; ++t) {
       tile_bounds(first.data() + q0, hi + q0, second.data() + q0, nqc, t, tb);
       const int64_t a = std::max(p0, t * T), b = std::min(p1, (t + 1) * T);
+#if LC_PB_AVX2
+      if (max_of_queries && q0 == 0 && a == t * T && b == a + T) {  // a whole tile at once
+        const __m256 inf = _mm256_set1_ps(kInf);
+        for (int64_t h = 0; h < T; h += 8) {
+          __m256 m = _mm256_loadu_ps(tb + h);
+          for (int64_t s = 1; s < nqc; ++s) {
+            const __m256 v = _mm256_loadu_ps(tb + s * T + h);
+            const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, v, take);
+          }
+          // wide pages: +inf
+          const __m128i w8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wide_.data() + a + h));
+          const __m256 w = _mm256_castsi256_ps(
+              _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(w8), _mm256_setzero_si256()));
+          _mm256_storeu_ps(out + (a + h - p0), _mm256_blendv_ps(m, inf, w));
+        }
+        continue;
+      }
+#endif
       for (int64_t p = a; p < b; ++p) {
         const int64_t j = p - t * T;
         const bool w = wide_[static_cast<size_t>(p)] != 0;

@@ -5,7 +5,8 @@
 // Each query head attends exactly to the top budget/page pages by U (its own page always
 // included); the first dense_layers layers, and queries that see no more than `budget`
 // tokens, attend densely. Bounds are over the stored post-RoPE keys, as in the paper, and are
-// kept in f16 rounded outward (a sixteenth of the f16 K/V bytes, read for every decoded token).
+// kept as 8-bit codes with per-channel scales, rounded outward (attn::PageBounds: about a
+// 28th of the f16 K/V bytes at pages of 16, read for every decoded token).
 //
 // GQA (the paper's models are MHA): with share=1 (default) the query heads of a group choose
 // one set of pages by the largest of their bounds, which still bounds every head's scores, so
@@ -315,6 +316,7 @@ class QuestBackend final : public ExecBackend {
     const int64_t N = kv.n_tokens(il, hk);
     const int64_t n_pages = (N + page_ - 1) / page_;
     if (hs.pb.head_dim() != d) hs.pb.reset(d);
+    hs.n_full = hs.pb.restart(hs.n_full);
     hs.pb.resize(n_pages);
     hs.rows.resize(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_pages; ++p) {

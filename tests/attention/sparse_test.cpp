@@ -33,8 +33,8 @@ TEST(AttentionSparse, QuestAgainstNaiveOnItsSelection) {
 }
 
 TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
-  // Random query boxes and key pages in a PageBounds store (tiles of 16 pages), bounds stored as
-  // f16 rounded outward: each page's bound is >= q . k for every query of the box and every key
+  // Random query boxes and key pages in a PageBounds store (tiles of 16 pages, 8-bit codes with
+  // per-channel scales, rounded outward): each page's bound is >= q . k for every query of the box and every key
   // of the page, and equals the exact maximum over the stored bounds (computed in double) to
   // float rounding; a point query's bound equals Quest's sum_i max(q_i m_i, q_i M_i) in double
   // and its point box. Every query of a call of 1..9 mixed point and box queries, over any page
@@ -55,18 +55,32 @@ TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
       attn::PageBounds pb;
       pb.reset(d);
       pb.resize(n_pages);
+      std::vector<float> mn(static_cast<size_t>(n_pages * d)), mx(mn.size());
       for (int64_t p = 0; p < n_pages; ++p) {
         ASSERT_TRUE(pb.set_rows(p, ks.data() + p * kK * d, kK));
         ASSERT_FALSE(pb.wide(p));
         for (int64_t c = 0; c < d; ++c) {
-          float mn = INFINITY, mx = -INFINITY;
-          for (int j = 0; j < kK; ++j) mn = std::min(mn, ks[(p * kK + j) * d + c]), mx = std::max(mx, ks[(p * kK + j) * d + c]);
-          EXPECT_LE(pb.min(p, c), mn);
-          EXPECT_GE(pb.max(p, c), mx);
-          EXPECT_EQ(pb.min(p, c), fp16_to_fp32_ref(fp32_to_fp16_down(mn)));
-          EXPECT_EQ(pb.max(p, c), fp16_to_fp32_ref(fp32_to_fp16_up(mx)));
+          float a = INFINITY, b = -INFINITY;
+          for (int j = 0; j < kK; ++j) a = std::min(a, ks[(p * kK + j) * d + c]), b = std::max(b, ks[(p * kK + j) * d + c]);
+          mn[static_cast<size_t>(p * d + c)] = a;
+          mx[static_cast<size_t>(p * d + c)] = b;
         }
       }
+      // Stored bounds are outward and within one code step of the exact ones: a step is 1/127
+      // of the largest |bound| of the channel over the tile's 16 pages.
+      for (int64_t p = 0; p < n_pages; ++p)
+        for (int64_t c = 0; c < d; ++c) {
+          double amax = 0;
+          for (int64_t r = p / 16 * 16; r < std::min(n_pages, p / 16 * 16 + 16); ++r)
+            amax = std::max({amax, std::fabs(double(mn[static_cast<size_t>(r * d + c)])),
+                             std::fabs(double(mx[static_cast<size_t>(r * d + c)]))});
+          const double step = amax / 127 * (1 + 1e-6);
+          const double a = mn[static_cast<size_t>(p * d + c)], b = mx[static_cast<size_t>(p * d + c)];
+          EXPECT_LE(pb.min(p, c), a);
+          EXPECT_GE(pb.max(p, c), b);
+          EXPECT_GT(pb.min(p, c), a - step) << p << " " << c;
+          EXPECT_LT(pb.max(p, c), b + step) << p << " " << c;
+        }
       const float* lop = lo.data();
       const float* hip = hi.data();
       std::vector<float> box(static_cast<size_t>(n_pages));
@@ -124,14 +138,15 @@ TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
       }
     }
   }
-  // Keys beyond the f16 range: the stored bound is infinite, the page is wide and its bound +inf
-  // for every query; a NaN query's bound is NaN.
+  // A non-finite key makes its page wide, with bound +inf for every query; a NaN query's bound
+  // is NaN. A key far beyond the others (1e6) is stored finite, and its tile-mates' bounds in
+  // that channel grow by at most one code step (1e6 / 127).
   attn::PageBounds pb;
   pb.reset(8);
-  pb.resize(3);
+  pb.resize(4);
   std::vector<float> rows(16, 0.5f);
   ASSERT_TRUE(pb.set_rows(0, rows.data(), 2));
-  rows[3] = 1e6f;
+  rows[3] = INFINITY;
   EXPECT_FALSE(pb.set_rows(1, rows.data(), 2));
   EXPECT_TRUE(pb.wide(1));
   rows[3] = -2.0f;
@@ -139,22 +154,126 @@ TEST(AttentionSparse, QuestBoxBoundIsAnUpperBound) {
   std::vector<float> q(8, 1.0f);
   const float* qp = q.data();
   const float* none = nullptr;
-  float u[3];
+  float u[4];
   pb.bounds(&qp, &none, 1, 0, 3, u, false);
-  EXPECT_EQ(u[0], 4.0f);
+  const float step3 = 2.0f / 127 * (1 + 1e-6f);  // channel 3's code step: |-2| is its largest bound
+  EXPECT_GE(u[0], 4.0f);
+  EXPECT_LE(u[0], 4.0f + step3);
   EXPECT_EQ(u[1], INFINITY);
-  EXPECT_EQ(u[2], 4.0f);  // max over the page: 0.5 in channel 3 too
+  EXPECT_GE(u[2], 4.0f);  // max over the page: 0.5 in channel 3 too
+  EXPECT_LE(u[2], 4.0f + step3);
   q[5] = NAN;
   pb.bounds(&qp, &none, 1, 0, 1, u, false);
   EXPECT_TRUE(std::isnan(u[0]));
-  // Shrinking and growing keeps the pages below and leaves new pages' lanes finite.
-  pb.resize(1);
-  pb.resize(2);
   q[5] = 1.0f;
-  ASSERT_TRUE(pb.set_rows(1, rows.data(), 2));
+  rows[3] = 1e6f;
+  ASSERT_TRUE(pb.set_rows(3, rows.data(), 2));
+  EXPECT_GE(pb.max(3, 3), 1e6f);
+  EXPECT_LE(pb.max(3, 3), 1e6f * (1 + 1e-6f));
+  pb.bounds(&qp, &none, 1, 0, 4, u, false);
+  EXPECT_GE(u[0], 4.0f);
+  EXPECT_LE(u[0], 4.0f + 1e6f / 127 * (1 + 1e-6f));
+  EXPECT_GE(u[3], 1e6f);
+  // Restarting inside the open tile re-sets from that page on; the pages below keep bounds.
+  EXPECT_EQ(pb.restart(1), 1);
+  pb.resize(2);
+  ASSERT_TRUE(pb.set_rows(1, rows.data() + 8, 1));  // row 1: all 0.5
   pb.bounds(&qp, &none, 1, 0, 2, u, false);
-  EXPECT_EQ(u[0], 4.0f);
-  EXPECT_EQ(u[1], 4.0f);
+  EXPECT_GE(u[0], 4.0f);
+  EXPECT_GE(u[1], 4.0f);
+  EXPECT_FALSE(pb.wide(1));
+}
+
+TEST(AttentionSparse, QuestPageBoundsBuiltIncrementally) {
+  // Decoding re-sets the last, growing page after every token, and truncation restarts in the
+  // middle of a tile or below it. Whatever the history, every stored bound must bound its
+  // page's keys; and pages that only grew (the decoding pattern) must end exactly as a store
+  // built once from the final keys.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t d = 24, page = 4, N = 40 * page + 3;
+  std::vector<float> keys(static_cast<size_t>(N * d));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < d; ++c) keys[static_cast<size_t>(t * d + c)] = nd(rng) * (1.0f + 0.05f * t);  // grows
+  auto n_pages = [&](int64_t n) { return (n + page - 1) / page; };
+  auto rebuild = [&](attn::PageBounds& pb, int64_t n_full, int64_t n) {  // as Quest's update_bounds
+    const int64_t from = pb.restart(n_full);
+    pb.resize(n_pages(n));
+    for (int64_t p = from; p < n_pages(n); ++p)
+      pb.set_rows(p, keys.data() + p * page * d, std::min(page, n - p * page));
+    return n / page;
+  };
+  auto check_bounds = [&](const attn::PageBounds& pb, int64_t n) {
+    for (int64_t p = 0; p < n_pages(n); ++p)
+      for (int64_t t = p * page; t < std::min(n, (p + 1) * page); ++t)
+        for (int64_t c = 0; c < d; ++c) {
+          ASSERT_LE(pb.min(p, c), keys[static_cast<size_t>(t * d + c)]) << n << " " << p;
+          ASSERT_GE(pb.max(p, c), keys[static_cast<size_t>(t * d + c)]) << n << " " << p;
+        }
+  };
+  attn::PageBounds inc, once;
+  inc.reset(d);
+  once.reset(d);
+  int64_t n_full = 0;
+  for (int64_t n = 1; n <= N; ++n) {
+    n_full = rebuild(inc, n_full, n);
+    check_bounds(inc, n);
+  }
+  rebuild(once, 0, N);
+  for (int64_t p = 0; p < n_pages(N); ++p)
+    for (int64_t c = 0; c < d; ++c) {
+      EXPECT_EQ(inc.min(p, c), once.min(p, c)) << p << " " << c;
+      EXPECT_EQ(inc.max(p, c), once.max(p, c)) << p << " " << c;
+    }
+  // Truncations (into the open tile, below it, to 0) and regrowth with other keys.
+  for (int64_t cut : {N - 2, int64_t{37} * page + 1, int64_t{9} * page, int64_t{5}, int64_t{0}}) {
+    for (int64_t t = cut; t < N; ++t)
+      for (int64_t c = 0; c < d; ++c) keys[static_cast<size_t>(t * d + c)] = nd(rng) * 3.0f;
+    n_full = std::min(n_full, cut / page);
+    for (int64_t n = cut + 1; n <= N; n += 5) {
+      n_full = rebuild(inc, n_full, n);
+      check_bounds(inc, n);
+    }
+    n_full = rebuild(inc, n_full, N);
+    check_bounds(inc, N);
+  }
+  // A page holding a non-finite key is wide, and a later finite page of its tile still gets
+  // bounds of its own.
+  attn::PageBounds pb;
+  pb.reset(d);
+  pb.resize(2);
+  std::vector<float> rows(static_cast<size_t>(2 * d), 0.25f);
+  rows[3] = NAN;
+  EXPECT_FALSE(pb.set_rows(0, rows.data(), 2));
+  rows[3] = 0.5f;
+  EXPECT_TRUE(pb.set_rows(1, rows.data(), 2));
+  EXPECT_TRUE(pb.wide(0));
+  EXPECT_GE(pb.max(1, 3), 0.5f);
+  EXPECT_LE(pb.min(1, 0), 0.25f);
+  // The shared form (largest over the queries) over whole tiles: +inf on a wide page, the
+  // largest point bound elsewhere.
+  pb.reset(d);
+  pb.resize(32);
+  for (int64_t p = 0; p < 32; ++p) {
+    for (auto& x : rows) x = nd(rng);
+    if (p == 5 || p == 30) rows[7] = -INFINITY;
+    EXPECT_EQ(pb.set_rows(p, rows.data(), 2), p != 5 && p != 30);
+  }
+  std::vector<float> qs(static_cast<size_t>(3 * d));
+  for (auto& x : qs) x = nd(rng);
+  const float* lo[3] = {qs.data(), qs.data() + d, qs.data() + 2 * d};
+  const float* hi[3] = {nullptr, nullptr, nullptr};
+  std::vector<float> each(32 * 3), top(32);
+  pb.bounds(lo, hi, 3, 0, 32, each.data(), false);
+  pb.bounds(lo, hi, 3, 0, 32, top.data(), true);
+  for (int64_t p = 0; p < 32; ++p) {
+    const float m = std::max({each[static_cast<size_t>(p * 3)], each[static_cast<size_t>(p * 3 + 1)],
+                              each[static_cast<size_t>(p * 3 + 2)]});
+    EXPECT_EQ(top[static_cast<size_t>(p)], m) << p;
+    if (p == 5 || p == 30) {
+      EXPECT_EQ(top[static_cast<size_t>(p)], INFINITY);
+    }
+  }
 }
 
 TEST(AttentionSparse, QuestDecodeSplitAndSharedSelection) {
