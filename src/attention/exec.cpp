@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -117,6 +119,43 @@ void scores(const float* q, const T* k, int64_t nk, int64_t d, float* sc) {
 
 float dot(const float* a, const float* b, int64_t n) { return kernels::dot_f32(a, b, n); }
 
+
+float kth_largest(const float* v, int64_t n, int64_t k) {
+  // The bucket of a value is a nondecreasing function of it, so every value of a higher bucket
+  // is larger than every value of a lower one.
+  constexpr int kBuckets = 512;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float lo = kInf, hi = -kInf;
+  int64_t n_inf = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    if (x == kInf) {
+      ++n_inf;
+    } else if (x != -kInf) {
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+  }
+  if (k <= n_inf) return kInf;
+  const double scale = hi > lo ? (kBuckets - 1) / (static_cast<double>(hi) - lo) : 0.0;
+  auto bucket = [&](float x) -> int {
+    if (x == -kInf) return 0;
+    return std::min(kBuckets - 1, static_cast<int>((static_cast<double>(x) - lo) * scale));
+  };
+  int64_t hist[kBuckets] = {};
+  for (int64_t i = 0; i < n; ++i)
+    if (v[i] != kInf) ++hist[bucket(v[i])];
+  int64_t above = n_inf;
+  int b = kBuckets - 1;
+  while (above + hist[b] < k) above += hist[b--];
+  thread_local std::vector<float> cand;
+  cand.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (v[i] != kInf && bucket(v[i]) == b) cand.push_back(v[i]);
+  const int64_t r = k - above;  // the r-th largest of the bucket
+  std::nth_element(cand.begin(), cand.begin() + (r - 1), cand.end(), std::greater<float>());
+  return cand[static_cast<size_t>(r - 1)];
+}
 
 void unrotate_rows(float* x, int64_t count, int64_t head_dim, const int32_t* pos, const RopeTable& rt) {
   const int64_t half = rt.n_rot / 2;

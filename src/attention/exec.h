@@ -125,6 +125,12 @@ inline int64_t unit_grain(const ExecCtx& c, int64_t n_units) { return c.sel && n
 
 // Scores helpers shared with the selection logic of sparse backends.
 float dot(const float* a, const float* b, int64_t n);
+// The k-th largest of v[0, n) (1 <= k <= n; no NaN; +-inf allowed), as std::nth_element with
+// std::greater would find it, in about three passes over v: values are counted into buckets
+// spread evenly between the smallest and the largest finite value, and only the bucket that
+// holds the k-th largest is sorted. (Quest chooses ~128 of 4,096 pages per KV head and layer
+// for every decoded token at 64K.)
+float kth_largest(const float* v, int64_t n, int64_t k);
 // Rotates rows x: [count, head_dim] by -pos[j] (no mscale): stored keys back to position 0.
 // Runs of consecutive positions use the angle-addition recurrence (one sin/cos per pair per
 // run instead of per row).

@@ -314,7 +314,14 @@ void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t 
   }
   for (int64_t q0 = 0; q0 < nq; q0 += kMaxQ) {
     const int64_t nqc = std::min(kMaxQ, nq - q0);
+    const int64_t t_end = (p1 + T - 1) / T;
     for (int64_t t = p0 / T; t * T < p1; ++t) {
+      // The tile two ahead, from memory while this one is bounded: a unit is a few tiles,
+      // too short for the hardware prefetcher to ramp up.
+      if (t + 2 < t_end) {
+        const char* nx = reinterpret_cast<const char*>(tile(t + 2));
+        for (int64_t o = 0; o < tile_bytes(); o += 64) __builtin_prefetch(nx + o);
+      }
       tile_bounds(first.data() + q0, hi + q0, second.data() + q0, nqc, t, tb);
       const int64_t a = std::max(p0, t * T), b = std::min(p1, (t + 1) * T);
 #if LC_PB_AVX2

@@ -110,6 +110,7 @@ class QuestBackend final : public ExecBackend {
     // runs split-K (run_spans): partial softmax states merged per tile in order, so the result
     // does not depend on the number of threads.
     if (static_cast<int64_t>(plans_.size()) < n_items) plans_.resize(static_cast<size_t>(n_items));
+    const int64_t bseg = 4 * seg;  // pages per bounds unit: longer streams, still many units
     std::vector<int64_t> unit_first(static_cast<size_t>(n_items + 1), 0);
     {
       attn::Runner& run = attn::thread_runner();
@@ -118,7 +119,7 @@ class QuestBackend final : public ExecBackend {
         run.begin(ctx, items[static_cast<size_t>(i)]);
         make_plan(ctx, run, plan);
         const int64_t bounded = plan.n_scored > 0 ? plan.own_first : 0;
-        unit_first[static_cast<size_t>(i + 1)] = unit_first[static_cast<size_t>(i)] + (bounded + seg - 1) / seg;
+        unit_first[static_cast<size_t>(i + 1)] = unit_first[static_cast<size_t>(i)] + (bounded + bseg - 1) / bseg;
       }
     }
     const int64_t n_units = unit_first.back();
@@ -145,8 +146,8 @@ class QuestBackend final : public ExecBackend {
       if (unit_first[static_cast<size_t>(i + 1)] == unit_first[static_cast<size_t>(i)]) choose(static_cast<size_t>(i));
     pool.for_each_dynamic(n_units, [&](int64_t u, int) {
       const size_t i = static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), u) - unit_first.begin() - 1);
-      const int64_t p0 = (u - unit_first[i]) * seg;
-      bound_pages(head(items[i]), plans_[i], p0, p0 + seg);
+      const int64_t p0 = (u - unit_first[i]) * bseg;
+      bound_pages(head(items[i]), plans_[i], p0, p0 + bseg);
       if (left_[i].fetch_sub(1, std::memory_order_acq_rel) == 1) choose(i);
     });
     // The chosen pages of each tile, attended split-K (ExecBackend::run_spans).
@@ -256,16 +257,14 @@ class QuestBackend final : public ExecBackend {
   // from a NaN query, counts as +inf), then the pages above it and the first pages equal to it
   // are taken in page order.
   static void select(Plan& plan, int64_t sh) {
-    thread_local std::vector<float> vals, tmp;
+    thread_local std::vector<float> vals;
     const int64_t n = plan.own_first, ns = plan.n_sel, want = plan.want;
     vals.resize(static_cast<size_t>(n));
     for (int64_t p = 0; p < n; ++p) {
       const float v = plan.ub[static_cast<size_t>(p * ns + sh)];
       vals[static_cast<size_t>(p)] = v == v ? v : std::numeric_limits<float>::infinity();
     }
-    tmp = vals;
-    std::nth_element(tmp.begin(), tmp.begin() + (want - 1), tmp.end(), std::greater<float>());
-    const float thr = tmp[static_cast<size_t>(want - 1)];
+    const float thr = attn::kth_largest(vals.data(), n, want);
     int64_t above = 0;
     for (int64_t p = 0; p < n; ++p) above += vals[static_cast<size_t>(p)] > thr;
     int64_t ties = want - above;

@@ -276,6 +276,40 @@ TEST(AttentionSparse, QuestPageBoundsBuiltIncrementally) {
   }
 }
 
+TEST(AttentionSparse, KthLargestEqualsNthElement) {
+  // Quest's selection threshold against std::nth_element on the same values: spread values,
+  // many ties, infinities, one value, a range near the float limits, subnormals; every k.
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> cases;
+  for (int64_t n : {1, 2, 7, 300, 4096}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = nd(rng) * 40.0f;
+    cases.push_back(v);
+    for (auto& x : v) x = static_cast<float>(rng() % 3);  // ties
+    cases.push_back(v);
+    for (size_t i = 0; i < v.size(); i += 5) v[i] = i % 2 ? INFINITY : -INFINITY;
+    cases.push_back(v);
+    for (auto& x : v) x = (rng() % 2 ? 3e38f : -3e38f) * (0.5f + static_cast<float>(rng() % 100) / 200.0f);
+    cases.push_back(v);
+    for (auto& x : v) x = static_cast<float>(rng() % 1000) * 1e-42f;  // subnormal
+    cases.push_back(v);
+  }
+  cases.push_back(std::vector<float>(64, INFINITY));
+  cases.push_back(std::vector<float>(64, -INFINITY));
+  for (const auto& v : cases) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    for (int64_t k = 1; k <= n; k += std::max<int64_t>(1, n / 37)) {
+      std::vector<float> w = v;
+      std::nth_element(w.begin(), w.begin() + (k - 1), w.end(), std::greater<float>());
+      EXPECT_EQ(attn::kth_largest(v.data(), n, k), w[static_cast<size_t>(k - 1)]) << n << " " << k;
+    }
+    std::vector<float> w = v;
+    std::sort(w.begin(), w.end());
+    EXPECT_EQ(attn::kth_largest(v.data(), n, n), w.front());
+  }
+}
+
 TEST(AttentionSparse, QuestDecodeSplitAndSharedSelection) {
   // Decoding (chunks of 1: fewer tiles than 4 x threads) runs the split path when the context
   // holds more than one unit of `split` tokens. It must attend exactly what it reports (against
