@@ -8,8 +8,9 @@
 // here they come from a calibration file (heads=FILE, see lychee.h) or default to the first
 // `retrieval` heads of each layer.
 //
-// Sharing, `share=`:
-// * `layer` (default): the top blocks by the summed mass of a layer's retrieval heads serve
+// Sharing, `share=` (default: `head` with a heads file that leaves some layer without
+// retrieval heads, as `calibrate --total N` writes; `layer` otherwise):
+// * `layer`: the top blocks by the summed mass of a layer's retrieval heads serve
 //   every sparse head of that layer (all KV groups).
 // * `head`: the paper's head-level sharing across layers. It refines TidalDecode's and OmniKV's
 //   cross-layer sharing of one token set to single heads. Query head h keeps its own choice of
@@ -438,9 +439,9 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_string("heads", &file));
   int64_t split = ExecBackend::kDefaultSplit;
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
-  std::string share = "layer";
+  std::string share;  // default: from the heads file (below)
   LC_TRY(spec.get_string("share", &share));
-  if (share != "layer" && share != "head")
+  if (!share.empty() && share != "layer" && share != "head")
     return make_error(strprintf("attention method 'lychee': share=%s, expected 'layer' or 'head'", share.c_str()));
   LC_TRY(spec.finish());
   RetrievalHeads heads;
@@ -456,6 +457,13 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
     heads.heads.resize(static_cast<size_t>(s.n_layer));
     for (auto& v : heads.heads)
       for (int32_t h = 0; h < n_ret; ++h) v.push_back(h);
+  }
+  // A file that leaves some layer without retrieval heads (`calibrate --total N`) is made for
+  // head-level sharing: with share=layer such a layer would attend densely.
+  if (share.empty()) {
+    const bool some_layer_without =
+        std::any_of(heads.heads.begin(), heads.heads.end(), [](const auto& v) { return v.empty(); });
+    share = !file.empty() && some_layer_without ? "head" : "layer";
   }
   return BackendPtr(new LycheeBackend(s, budget, block, sinks, local, n_ret, file, std::move(heads), split,
                                       share == "head"));

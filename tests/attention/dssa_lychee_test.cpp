@@ -188,6 +188,19 @@ TEST(AttentionLychee, CalibrationPicksFarLookingHeadsAndRoundTrips) {
   auto be = make_attention_backend("lychee:heads=" + path, shape_of(s));
   ASSERT_TRUE(be.has_value()) << be.error().message;
   EXPECT_NE((*be)->spec().find("heads=" + path), std::string::npos);
+  EXPECT_EQ((*be)->spec().find("share=head"), std::string::npos);  // every layer has a head: share=layer
+  // A file that leaves a layer without retrieval heads (calibrate --total) defaults to
+  // head-level sharing; share=layer still overrides it.
+  const AttnShape two = shape_of(s, 2);
+  RetrievalHeads sparse_file{2, s.H, {{3}, {}}};
+  ASSERT_TRUE(save_retrieval_heads(path, sparse_file).is_ok());
+  auto by_head = make_attention_backend("lychee:heads=" + path, two);
+  ASSERT_TRUE(by_head.has_value()) << by_head.error().message;
+  EXPECT_NE((*by_head)->spec().find("share=head"), std::string::npos) << (*by_head)->spec();
+  auto by_layer = make_attention_backend("lychee:share=layer,heads=" + path, two);
+  ASSERT_TRUE(by_layer.has_value());
+  EXPECT_EQ((*by_layer)->spec().find("share=head"), std::string::npos);
+  ASSERT_TRUE(save_retrieval_heads(path, rh).is_ok());
   // A file for another model is rejected by name.
   AttnShape other = shape_of(s, 2);
   auto mismatch = make_attention_backend("lychee:heads=" + path, other);
