@@ -28,15 +28,16 @@ void split_signs(const float* q, int64_t d, float* pos, float* neg) {
 }
 
 #if !LC_PB_AVX2
-// Scalar form of one query on one tile, the order of operations of the vector forms. The
-// query comes multiplied by the tile's scales: a point query as a = pos * s, b = neg * s; a
-// box as a = lo * s, b = hi * s.
-void tile_scalar(const int8_t* mn, const int8_t* mx, int64_t d, bool box, const float* a, const float* b,
-                 float* out) {
+// Scalar form of one query on one tile, the order of operations of the vector forms: a bound
+// is the scale times the code, m = s_i * code. A point query comes as a = pos, b = neg; a box
+// as a = lo, b = hi.
+void tile_scalar(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, bool box, const float* a,
+                 const float* b, float* out) {
   for (int64_t j = 0; j < T; ++j) {
     float acc = 0.0f;
     for (int64_t c = 0; c < d; ++c) {
-      const float m = static_cast<float>(mn[c * T + j]), M = static_cast<float>(mx[c * T + j]);
+      const float m = scale[c] * static_cast<float>(mn[c * T + j]);
+      const float M = scale[c] * static_cast<float>(mx[c * T + j]);
       if (box) {
         // max as the vector max does: the second operand when either is NaN
         auto vmax = [](float x, float y) { return x > y ? x : y; };
@@ -51,27 +52,34 @@ void tile_scalar(const int8_t* mn, const int8_t* mx, int64_t d, bool box, const 
 #endif
 
 #if LC_PB_AVX2
-// Sixteen 8-bit codes as two vectors of eight floats.
-inline void widen16(const int8_t* p, __m256& lo, __m256& hi) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+// Channel c of a tile, 16 pages: the minima and maxima as floats, scale times code.
+struct Row16 {
+  __m256 m0, m1, M0, M1;
+};
+inline Row16 widen_row(const float* scale, const int8_t* mn, const int8_t* mx, int64_t c) {
+  const __m256 s = _mm256_broadcast_ss(scale + c);
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c * T));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mx + c * T));
+  Row16 r;
+  r.m0 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)));
+  r.m1 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))));
+  r.M0 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+  r.M1 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+  return r;
 }
 
-// Up to four point queries (multiplied by the scales, as tile_scalar takes them) on one tile.
+// Up to four point queries (pos, neg) on one tile; each widened row serves all of them.
 template <int NQ>
-void tile_points_avx2(const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
+void tile_points_avx2(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
                       const float* const* neg, float* out) {
   __m256 a[NQ][2];
   for (int s = 0; s < NQ; ++s) a[s][0] = a[s][1] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; ++c) {
-    __m256 m0, m1, M0, M1;
-    widen16(mn + c * T, m0, m1);
-    widen16(mx + c * T, M0, M1);
+    const Row16 r = widen_row(scale, mn, mx, c);
     for (int s = 0; s < NQ; ++s) {
       const __m256 p = _mm256_broadcast_ss(pos[s] + c), n = _mm256_broadcast_ss(neg[s] + c);
-      a[s][0] = _mm256_fmadd_ps(n, m0, _mm256_fmadd_ps(p, M0, a[s][0]));
-      a[s][1] = _mm256_fmadd_ps(n, m1, _mm256_fmadd_ps(p, M1, a[s][1]));
+      a[s][0] = _mm256_fmadd_ps(n, r.m0, _mm256_fmadd_ps(p, r.M0, a[s][0]));
+      a[s][1] = _mm256_fmadd_ps(n, r.m1, _mm256_fmadd_ps(p, r.M1, a[s][1]));
     }
   }
   for (int s = 0; s < NQ; ++s) {
@@ -80,23 +88,28 @@ void tile_points_avx2(const int8_t* mn, const int8_t* mx, int64_t d, const float
   }
 }
 
-// One box query (multiplied by the scales) on one tile: sum_i max(lo m, lo M, hi m, hi M).
-void tile_box_avx2(const int8_t* mn, const int8_t* mx, int64_t d, const float* lo, const float* hi, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+// Up to four box queries [lo, hi] on one tile: sum_i max(lo m, lo M, hi m, hi M).
+template <int NQ>
+void tile_boxes_avx2(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* lo,
+                     const float* const* hi, float* out) {
+  __m256 a[NQ][2];
+  for (int s = 0; s < NQ; ++s) a[s][0] = a[s][1] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; ++c) {
-    __m256 m0, m1, M0, M1;
-    widen16(mn + c * T, m0, m1);
-    widen16(mx + c * T, M0, M1);
-    const __m256 l = _mm256_broadcast_ss(lo + c), h = _mm256_broadcast_ss(hi + c);
-    auto term = [&](__m256 m, __m256 M) {
-      return _mm256_max_ps(_mm256_max_ps(_mm256_mul_ps(l, m), _mm256_mul_ps(l, M)),
-                           _mm256_max_ps(_mm256_mul_ps(h, m), _mm256_mul_ps(h, M)));
-    };
-    a0 = _mm256_add_ps(a0, term(m0, M0));
-    a1 = _mm256_add_ps(a1, term(m1, M1));
+    const Row16 r = widen_row(scale, mn, mx, c);
+    for (int s = 0; s < NQ; ++s) {
+      const __m256 l = _mm256_broadcast_ss(lo[s] + c), h = _mm256_broadcast_ss(hi[s] + c);
+      auto term = [&](__m256 m, __m256 M) {
+        return _mm256_max_ps(_mm256_max_ps(_mm256_mul_ps(l, m), _mm256_mul_ps(l, M)),
+                             _mm256_max_ps(_mm256_mul_ps(h, m), _mm256_mul_ps(h, M)));
+      };
+      a[s][0] = _mm256_add_ps(a[s][0], term(r.m0, r.M0));
+      a[s][1] = _mm256_add_ps(a[s][1], term(r.m1, r.M1));
+    }
   }
-  _mm256_storeu_ps(out, a0);
-  _mm256_storeu_ps(out + 8, a1);
+  for (int s = 0; s < NQ; ++s) {
+    _mm256_storeu_ps(out + s * T, a[s][0]);
+    _mm256_storeu_ps(out + s * T + 8, a[s][1]);
+  }
 }
 #endif
 
@@ -247,53 +260,44 @@ void PageBounds::tile_bounds(const float* const* lo, const float* const* hi, con
   const uint8_t* tp = tile(t);
   const int8_t* mn = reinterpret_cast<const int8_t*>(tp + d_ * sizeof(float));
   const int8_t* mx = mn + d_ * T;
-  // The queries times the tile's scales: (pos, neg) of a point query, (lo, hi) of a box.
-  thread_local std::vector<float> scale, scaled;
+  thread_local std::vector<float> scale;
   scale.resize(static_cast<size_t>(d_));
   std::memcpy(scale.data(), tp, static_cast<size_t>(d_) * sizeof(float));
-  scaled.resize(static_cast<size_t>(2 * nq * d_));
-  const float* a[PageBounds::kTile * 4];
-  const float* b[PageBounds::kTile * 4];
-  for (int64_t s = 0; s < nq; ++s) {
-    float* sa = scaled.data() + 2 * s * d_;
-    float* sb = sa + d_;
-    const float* x = lo[s];
-    const float* y = hi[s] ? hi[s] : neg[s];
-    for (int64_t c = 0; c < d_; ++c) {
-      sa[c] = x[c] * scale[static_cast<size_t>(c)];
-      sb[c] = y[c] * scale[static_cast<size_t>(c)];
-    }
-    a[s] = sa;
-    b[s] = sb;
-  }
+  const float* sc = scale.data();
 #if LC_PB_AVX2
+  // Runs of up to four queries of one kind share each widened row.
   for (int64_t s0 = 0; s0 < nq;) {
-    // Point queries in runs of up to four share each widened tile row; a box goes alone.
-    if (hi[s0]) {
-      tile_box_avx2(mn, mx, d_, a[s0], b[s0], out + s0 * T);
-      ++s0;
-      continue;
-    }
+    const bool box = hi[s0] != nullptr;
     int64_t k = 1;
-    while (k < 4 && s0 + k < nq && !hi[s0 + k]) ++k;
+    while (k < 4 && s0 + k < nq && (hi[s0 + k] != nullptr) == box) ++k;
     float* o = out + s0 * T;
-    switch (k) {
-      case 1: tile_points_avx2<1>(mn, mx, d_, a + s0, b + s0, o); break;
-      case 2: tile_points_avx2<2>(mn, mx, d_, a + s0, b + s0, o); break;
-      case 3: tile_points_avx2<3>(mn, mx, d_, a + s0, b + s0, o); break;
-      default: tile_points_avx2<4>(mn, mx, d_, a + s0, b + s0, o); break;
+    if (box) {
+      switch (k) {
+        case 1: tile_boxes_avx2<1>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
+        case 2: tile_boxes_avx2<2>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
+        case 3: tile_boxes_avx2<3>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
+        default: tile_boxes_avx2<4>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
+      }
+    } else {
+      switch (k) {
+        case 1: tile_points_avx2<1>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
+        case 2: tile_points_avx2<2>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
+        case 3: tile_points_avx2<3>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
+        default: tile_points_avx2<4>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
+      }
     }
     s0 += k;
   }
 #else
-  for (int64_t s = 0; s < nq; ++s) tile_scalar(mn, mx, d_, hi[s] != nullptr, a[s], b[s], out + s * T);
+  for (int64_t s = 0; s < nq; ++s)
+    tile_scalar(sc, mn, mx, d_, hi[s] != nullptr, lo[s], hi[s] ? hi[s] : neg[s], out + s * T);
 #endif
 }
 
 void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t nq, int64_t p0, int64_t p1,
                         float* out, bool max_of_queries) const {
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  constexpr int64_t kMaxQ = kTile * 4;  // queries per pass (tile_bounds' pointer arrays)
+  constexpr int64_t kMaxQ = 64;  // queries per pass (the tile buffer)
   float tb[kMaxQ * T];
   // Point queries as (pos, neg) (split_signs), once per call.
   thread_local std::vector<float> signs;
