@@ -84,7 +84,7 @@ class FixedBackend final : public ExecBackend {
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
     int64_t n_full = 0;         // complete pages with bounds
-    attn::PageBounds pb;        // [n_full] pages: f16 min | max of the keys at position 0
+    attn::PageBounds pb;        // [n_full] pages: min | max of the keys at position 0 (8-bit codes)
   };
 
   // What the rows of one item attend. Rows are (token, head) with tokens in order and near

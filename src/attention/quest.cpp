@@ -159,7 +159,7 @@ class QuestBackend final : public ExecBackend {
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
     int64_t n_full = 0;          // pages whose bounds are final
-    attn::PageBounds pb;         // per page: f16 min | max, in tiles of pages
+    attn::PageBounds pb;         // per page: min | max as 8-bit codes, in tiles of 16 pages
     std::vector<float> rows;     // [page, head_dim] scratch
   };
 
@@ -243,7 +243,7 @@ class QuestBackend final : public ExecBackend {
 
   // Bounds of pages [p0, p1) below own_first for every scored head, or (shared) the largest of
   // them. Pages outer, heads inner: a tile of pages is read from memory once for every head of
-  // the group (the bounds are a sixteenth of the K/V bytes, read for every decoded token).
+  // the group (the bounds are a 28th of the f16 K/V bytes, read for every decoded token).
   void bound_pages(const HeadState& hs, Plan& plan, int64_t p0, int64_t p1) const {
     if (plan.n_scored == 0) return;
     p1 = std::min(p1, plan.own_first);

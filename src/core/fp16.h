@@ -84,25 +84,6 @@ inline uint16_t fp32_to_fp16(float f) {
 #endif
 }
 
-// Directed rounding to half: the largest half <= f (down) and the smallest half >= f (up), so a
-// stored lower / upper bound stays a bound (Quest's page bounds). Overflow goes to -inf / +inf
-// only where the direction requires it (down of a huge positive value gives 65504). NaN stays
-// NaN.
-inline uint16_t fp32_to_fp16_down(float f) {
-  uint16_t h = fp32_to_fp16_ref(f);
-  const float v = fp16_to_fp32_ref(h);
-  if (!(v > f)) return h;  // exact, below, or NaN
-  if (h == 0x0000u) return 0x8001u;  // +0 above a negative value: the negative subnormal
-  return (h & 0x8000u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
-}
-inline uint16_t fp32_to_fp16_up(float f) {
-  uint16_t h = fp32_to_fp16_ref(f);
-  const float v = fp16_to_fp32_ref(h);
-  if (!(v < f)) return h;
-  if (h == 0x8000u) return 0x0001u;  // -0 below a positive value: the positive subnormal
-  return (h & 0x8000u) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
-}
-
 inline float bf16_to_fp32(uint16_t h) { return fp32_from_bits(static_cast<uint32_t>(h) << 16); }
 
 inline uint16_t fp32_to_bf16(float f) {
