@@ -51,8 +51,6 @@ class PageBounds {
   // The stored (rounded) bounds, for tests.
   float min(int64_t p, int64_t c) const;
   float max(int64_t p, int64_t c) const;
-  // Bytes of the stored bounds (what a decoded token reads).
-  size_t bytes() const { return data_.size(); }
 
   // Bounds of pages [p0, p1) for nq queries: query s is lo[s] when hi[s] is null (Quest's bound)
   // or the box [lo[s], hi[s]] otherwise, bounded by sum_i max(lo_i m_i, lo_i M_i, hi_i m_i,
