@@ -72,7 +72,7 @@ Expected<const std::vector<std::string>*> essay_words() {
   std::ostringstream ss;
   ss << in.rdbuf();
   std::vector<std::string> w = split_words(ss.str());
-  if (w.size() < 1000) return make_error(strprintf("%s: the essay haystack is too short (%zu words)", path.c_str(), w.size()));
+  if (w.size() < 1000) return make_error(ErrorCode::kBadFile, strprintf("%s: the essay haystack is truncated (%zu words; expected Newton's Opticks, data/haystack/README.md)", path.c_str(), w.size()));
   words = std::move(w);
   return &words;
 }

@@ -51,22 +51,20 @@ Expected<MethodSetting> parse_method(std::string_view text) {
   return m;
 }
 
-Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const MethodSetting& m,
+Expected<std::unique_ptr<Session>> make_session_for(const Model& model, const MethodSetting& m,
                                                     const ContextParams& p) {
   // The rope, attention and press registries check the specs when the context is made.
-  ContextParams q = p;
-  q.rope = default_rope(m.rope) ? "" : m.rope;
-  q.attn = m.attn;  // empty: the model's default attention
-  q.kv_press = default_press(m.press) ? "" : m.press;
+  SessionParams sp;
+  sp.ctx = p;
+  sp.ctx.rope = default_rope(m.rope) ? "" : m.rope;
+  sp.ctx.attn = m.attn;  // empty: the model's default attention
+  sp.ctx.kv_press = default_press(m.press) ? "" : m.press;
   auto qp = qttt_params(m);
-  if (!qp) return make_error(strprintf("method %s: %s", m.label().c_str(), qp.error().message.c_str()));
-  auto ctx = Context::create(model, q);
-  if (!ctx) return make_error(strprintf("method %s: %s", m.label().c_str(), ctx.error().message.c_str()));
-  if (qp->enabled()) {
-    Status st = check_qttt_context(**ctx);
-    if (!st) return make_error(strprintf("method %s: %s", m.label().c_str(), st.message().c_str()));
-  }
-  return ctx;
+  if (!qp) return make_error(qp.error().code, strprintf("method %s: %s", m.label().c_str(), qp.error().message.c_str()));
+  sp.qttt = *qp;
+  auto s = Session::create(model, sp);
+  if (!s) return make_error(s.error().code, strprintf("method %s: %s", m.label().c_str(), s.error().message.c_str()));
+  return s;
 }
 
 Expected<QtttParams> qttt_params(const MethodSetting& m) { return parse_qttt(default_qttt(m.qttt) ? "" : m.qttt); }

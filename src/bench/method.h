@@ -1,8 +1,8 @@
 // A method setting of the run matrix: the registry names of a RoPE scaling, an attention
 // backend and a KV press, with their parameters ("yarn:factor=8", "topk:k=16", "snapkv:ratio=0.5").
-// make_context_for() is the one place that turns a setting into a Context: RoPE and attention
-// specs go to their registries through ContextParams, and so do KV presses; a qTTT setting is
-// checked against the context made (it needs dense attention and no press).
+// make_session_for() is the one place that turns a setting into a runtime::Session: RoPE,
+// attention and press specs go to their registries through ContextParams, and the Session
+// checks a qTTT setting against them (it needs the whole cache: dense or fixed, no press).
 #pragma once
 
 #include <memory>
@@ -13,6 +13,7 @@
 #include "model/context.h"
 #include "model/model.h"
 #include "model/qttt.h"
+#include "runtime/session.h"
 
 namespace lc::bench {
 
@@ -30,7 +31,8 @@ struct MethodSetting {
 Expected<MethodSetting> parse_method(std::string_view text);
 // The setting's qTTT parameters (steps == 0: off).
 Expected<QtttParams> qttt_params(const MethodSetting& m);
-Expected<std::unique_ptr<Context>> make_context_for(const Model& model, const MethodSetting& m,
+// p gives everything but the methods (context size, batch, threads, KV cache settings, draft).
+Expected<std::unique_ptr<Session>> make_session_for(const Model& model, const MethodSetting& m,
                                                     const ContextParams& p);
 
 }  // namespace lc::bench

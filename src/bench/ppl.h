@@ -1,7 +1,7 @@
 // Perplexity as a function of position: one long text evaluated in a single sequence (chunked
 // prefill, the cache keeps every earlier token), the negative log-likelihood of each next
 // token grouped into position buckets. It answers "is the model still predicting well at
-// token 100K?", which a chunked perplexity (llama.cpp's, runtime/generate.h) cannot.
+// token 100K?", which a chunked perplexity (llama.cpp's, runtime/measure.h) cannot.
 #pragma once
 
 #include <cstdint>

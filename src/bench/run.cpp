@@ -14,8 +14,8 @@
 #include "core/progress.h"
 #include "core/sys.h"
 #include "model/model.h"
-#include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 
 namespace lc::bench {
 
@@ -551,7 +551,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       pp.model_name = model_name;
       pp.draft = draft.get();
       pp.draft_name = cfg.draft;
-      auto probe = make_context_for(*model, method, pp);
+      auto probe = make_session_for(*model, method, pp);
       if (!probe) return probe.error();
     }
     for (const MethodSetting& method : cfg.methods) {
@@ -563,8 +563,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       cp.model_name = model_name;
       cp.draft = draft.get();
       cp.draft_name = cfg.draft;
-      LC_ASSIGN_OR_RETURN(std::unique_ptr<Context> ctx, make_context_for(*model, method, cp));
-      LC_ASSIGN_OR_RETURN(const QtttParams qttt, qttt_params(method));
+      LC_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, make_session_for(*model, method, cp));
+      const Context* ctx = &session->context();
+      const QtttParams& qttt = session->params().qttt;
       const bool agnostic = ctx->press() && !ctx->press()->schedule().query_aware;
       const std::string query_mode = !ctx->press() ? "" : agnostic ? "agnostic" : "aware";
       for (const Cell& cell : cells) {
@@ -577,7 +578,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         spec.opts = cfg.gen;
         auto sample = make_sample(renderer, spec);
         if (!sample) {
-          if (sample.error().message.find("is too short") == std::string::npos) return sample.error();
+          if (sample.error().code != ErrorCode::kTooShort) return sample.error();
           ++rep.too_short;
           const std::string k = model_name + "|" + cell.task + "|" + std::to_string(cell.length);
           if (short_noted.insert(k).second) note("bench run: skipped: " + sample.error().message);
@@ -614,54 +615,31 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
           if (prog) prog->update(++n_done);
           continue;
         }
-        ctx->clear();
-        std::vector<int32_t> history = sample->tokens;
-        GenerateStats st;
-        if (agnostic && sample->n_context_tokens > 0) {
-          // Query-agnostic: the press compresses the context before the question is read
-          // (the time counts as prefill).
-          const double t0 = now_seconds();
-          LC_TRY(ctx->decode_context(std::span<const int32_t>(history.data(), static_cast<size_t>(sample->n_context_tokens))));
-          st.n_prompt += sample->n_context_tokens;
-          st.t_prompt += now_seconds() - t0;
-          std::vector<int32_t> rest(history.begin() + sample->n_context_tokens, history.end());
-          history = ctx->tokens();  // SpecPC may have kept fewer tokens
-          history.insert(history.end(), rest.begin(), rest.end());
-        }
-        if (qttt.enabled()) {
-          // qTTT: one prefill of the context, a few steps on its queries, then the question and
-          // the answer with the trained W_q (the press is refused with qTTT, so no agnostic split
-          // happened above).
-          const int64_t nc = sample->n_context_tokens;
-          const double t0 = now_seconds();
-          LC_TRY(ctx->decode(std::span<const int32_t>(history.data(), static_cast<size_t>(nc)), Logits::kNone));
-          st.n_prompt += nc;
-          st.t_prompt += now_seconds() - t0;
-          auto q = run_qttt(*ctx, qttt, sample->seed, nc);
-          if (!q)
-            return make_error(strprintf("bench run: method %s, task %s at length %lld: %s", mlabel.c_str(),
-                                        cell.task.c_str(), (long long)cell.length, q.error().message.c_str()));
-          rec.t_qttt = q->seconds;
-          rec.qttt_loss_before = q->loss_before;
-          rec.qttt_loss_after = q->loss_after;
-        }
+        // The request: the sample's context, compressed (query-agnostic presses) or adapted to
+        // (qTTT) before its question, then greedy decoding.
         SamplerParams sp;
         sp.temp = 0;  // greedy
         sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.repeat_penalty = 1;
         Sampler sampler(sp);
-        std::string text;
-        LC_TRY(generate(*ctx, sampler, history, sample->max_new_tokens,
-                        [&](int32_t, std::string_view piece) {
-                          text += piece;
-                          return true;
-                        },
-                        st));
-        ctx->clear_query_weights();  // qTTT: back to the model's W_q for the next sample
+        GenerateOptions go;
+        go.n_predict = sample->max_new_tokens;
+        go.qttt_seed = sample->seed;
+        auto st = session->run(Prompt{sample->tokens, sample->n_context_tokens}, sampler, go, {});
+        if (!st)
+          return make_error(st.error().code, strprintf("bench run: method %s, task %s at length %lld: %s", mlabel.c_str(),
+                                                       cell.task.c_str(), (long long)cell.length,
+                                                       st.error().message.c_str()));
+        if (st->qttt_ran) {
+          rec.t_qttt = st->qttt.seconds;
+          rec.qttt_loss_before = st->qttt.loss_before;
+          rec.qttt_loss_after = st->qttt.loss_after;
+        }
+        const std::string& text = st->text;
         rec.output = postprocess_prediction(text);
         rec.score = score_prediction(find_task(cell.task)->metric, rec.output, rec.answers);
-        rec.n_gen = st.n_gen;
-        rec.t_prefill = st.t_prompt;
-        rec.t_decode = st.t_gen;
+        rec.n_gen = st->n_gen;
+        rec.t_prefill = st->t_prompt;
+        rec.t_decode = st->t_gen;
         rec.peak_rss = peak_rss_bytes();
         // The blocks holding tokens (what a press or a sparse method saves), and the memory the
         // cache has committed (blocks in use or pooled).

@@ -241,7 +241,7 @@ Expected<Fit> fit_layout(const PromptRenderer& r, const detail::Layout& lay, int
   LC_ASSIGN_OR_RETURN(bool ok0, eval(lay.min_units, lo_fit));
   if (!ok0) {
     *min_tokens = static_cast<int64_t>(lo_fit.tokens.size());
-    return make_error("does not fit");
+    return make_error(ErrorCode::kTooShort, "does not fit");
   }
   int64_t lo = lay.min_units;
   const int64_t n_lo = static_cast<int64_t>(lo_fit.tokens.size());
@@ -290,7 +290,8 @@ Expected<Fit> fit_layout(const PromptRenderer& r, const detail::Layout& lay, int
 Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
   const TaskEntry* e = find_entry(spec.task);
   if (!e) return make_error(strprintf("unknown task '%s'", spec.task.c_str()));
-  if (spec.length < 16) return make_error(strprintf("%s: length %lld is too short", spec.task.c_str(), (long long)spec.length));
+  if (spec.length < 16)
+    return make_error(ErrorCode::kTooShort, strprintf("%s: length %lld is too short", spec.task.c_str(), (long long)spec.length));
   if (spec.depth > 100) return make_error(strprintf("%s: depth %d is not a percentage", spec.task.c_str(), spec.depth));
   Sample s;
   s.spec = spec;
@@ -305,7 +306,7 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
     int64_t min_tokens = 0;
     auto f = fit_layout(r, lay, budget, &min_tokens);
     if (!f) {
-      if (f.error().message != "does not fit") return f.error();
+      if (f.error().code != ErrorCode::kTooShort) return f.error();
       need = std::min(need, min_tokens + s.budget_new_tokens);
       continue;
     }
@@ -338,7 +339,7 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
     s.input_hash = hex64(fnv1a_ids(s.tokens));
     return s;
   }
-  return make_error(strprintf("%s: length %lld is too short: the smallest prompt plus a %lld-token answer "
+  return make_error(ErrorCode::kTooShort, strprintf("%s: length %lld is too short: the smallest prompt plus a %lld-token answer "
                               "needs %lld tokens",
                               spec.task.c_str(), (long long)spec.length, (long long)s.budget_new_tokens,
                               (long long)need));

@@ -21,6 +21,20 @@ std::string strprintf(const char* fmt, ...) {
   return s;
 }
 
+const char* error_code_name(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kGeneric: return "error";
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kTooShort: return "too_short";
+    case ErrorCode::kContextFull: return "context_full";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kBadFile: return "bad_file";
+  }
+  return "error";
+}
+
 void check_failed(const char* file, int line, const char* expr) {
   std::fprintf(stderr, "longctx: internal check failed at %s:%d: %s\n", file, line, expr);
   std::abort();

@@ -10,23 +10,41 @@
 
 namespace lc {
 
+// What kind of failure an error is, for callers that react to it (a benchmark skips a task
+// that does not fit a length, a server maps codes to HTTP statuses); the message is for people.
+// Code that branches on an error tests its code, never its text.
+enum class ErrorCode {
+  kGeneric,          // anything a caller only reports
+  kInvalidArgument,  // a flag, spec or request field out of range or malformed
+  kTooShort,         // a task or span does not fit the length asked for
+  kContextFull,      // the tokens do not fit the context or the KV budget
+  kUnsupported,      // a combination of methods that cannot work together
+  kCancelled,        // the caller asked the work to stop
+  kIo,               // a file could not be read or written
+  kBadFile,          // a file's content is malformed or truncated
+};
+const char* error_code_name(ErrorCode c);
+
 struct Error {
   std::string message;
+  ErrorCode code = ErrorCode::kGeneric;
 };
 
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Error e) : ok_(false), message_(std::move(e.message)) {}  // NOLINT: implicit by design
+  Status(Error e) : ok_(false), message_(std::move(e.message)), code_(e.code) {}  // NOLINT: implicit by design
   static Status ok() { return Status(); }
   bool is_ok() const { return ok_; }
   explicit operator bool() const { return ok_; }
   const std::string& message() const { return message_; }
-  Error error() const { return Error{message_}; }
+  ErrorCode code() const { return code_; }
+  Error error() const { return Error{message_, code_}; }
 
  private:
   bool ok_ = true;
   std::string message_;
+  ErrorCode code_ = ErrorCode::kGeneric;
 };
 
 template <class T>
@@ -52,7 +70,8 @@ class [[nodiscard]] Expected {
 
 // printf-style message builder for errors.
 std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-inline Error make_error(std::string msg) { return Error{std::move(msg)}; }
+inline Error make_error(std::string msg) { return Error{std::move(msg), ErrorCode::kGeneric}; }
+inline Error make_error(ErrorCode code, std::string msg) { return Error{std::move(msg), code}; }
 
 [[noreturn]] void check_failed(const char* file, int line, const char* expr);
 

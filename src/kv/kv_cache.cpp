@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <istream>
+#include <ostream>
 
 #include "kernels/kernels.h"
 
@@ -15,6 +17,29 @@ bool kv_type_ok(DType t) {
 bool same_table(const RopeTable& a, const RopeTable& b) {
   return a.n_rot == b.n_rot && a.neox == b.neox && a.mscale == b.mscale && a.inv_freq == b.inv_freq;
 }
+
+template <class T>
+void put(std::ostream& o, const T& v) {
+  o.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <class T>
+void put_vec(std::ostream& o, const std::vector<T>& v) {
+  put<uint64_t>(o, v.size());
+  if (!v.empty()) o.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+template <class T>
+bool get(std::istream& in, T& v) {
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof v));
+}
+template <class T>
+bool get_vec(std::istream& in, std::vector<T>& v, uint64_t max_n) {
+  uint64_t n = 0;
+  if (!get(in, n) || n > max_n) return false;
+  v.resize(static_cast<size_t>(n));
+  return n == 0 || static_cast<bool>(in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T))));
+}
+
+constexpr uint32_t kStateMagic = 0x4b56434cu;  // "LCVK"
 
 }  // namespace
 
@@ -81,6 +106,119 @@ const uint8_t* KvCache::k_row(const Head& hd, int64_t i) const {
 }
 const uint8_t* KvCache::v_row(const Head& hd, int64_t i) const {
   return const_cast<KvCache*>(this)->v_row(hd, i);
+}
+
+Status KvCache::write_state(std::ostream& out) const {
+  put(out, kStateMagic);
+  put<int64_t>(out, cfg_.n_layer);
+  put<int64_t>(out, cfg_.n_head_kv);
+  put<int64_t>(out, cfg_.head_dim);
+  put<int64_t>(out, cfg_.head_dim_v);
+  put<int64_t>(out, cfg_.block_tokens);
+  put<int32_t>(out, static_cast<int32_t>(cfg_.type_k));
+  put<int32_t>(out, static_cast<int32_t>(cfg_.type_v));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const RopeTable& rt = rope_[static_cast<size_t>(il)];
+    put_vec(out, rt.inv_freq);
+    put(out, rt.mscale);
+    put<int64_t>(out, rt.n_rot);
+    put<uint8_t>(out, rt.neox ? 1 : 0);
+    put<int64_t>(out, n_appended_[static_cast<size_t>(il)]);
+  }
+  for (const Head& hd : heads_) {
+    put<int64_t>(out, hd.n);
+    put_vec(out, hd.pos);
+    put_vec(out, hd.idx);
+    put_vec(out, hd.seq);
+    for (int64_t i = 0; i < hd.n; ++i) out.write(reinterpret_cast<const char*>(k_row(hd, i)), static_cast<std::streamsize>(k_row_bytes_));
+    for (int64_t i = 0; i < hd.n; ++i) out.write(reinterpret_cast<const char*>(v_row(hd, i)), static_cast<std::streamsize>(v_row_bytes_));
+  }
+  if (!out) return make_error(ErrorCode::kIo, "kv cache: write error while saving the state");
+  return Status::ok();
+}
+
+Status KvCache::read_state(std::istream& in) {
+  clear();
+  auto bad = [&](const char* what) {
+    clear();
+    return make_error(ErrorCode::kBadFile, strprintf("kv cache state: %s", what));
+  };
+  uint32_t magic = 0;
+  int64_t n_layer = 0, n_head_kv = 0, d = 0, dv = 0, B = 0;
+  int32_t tk = 0, tv = 0;
+  if (!get(in, magic) || magic != kStateMagic) return bad("not a saved KV cache (bad magic)");
+  if (!get(in, n_layer) || !get(in, n_head_kv) || !get(in, d) || !get(in, dv) || !get(in, B) || !get(in, tk) ||
+      !get(in, tv))
+    return bad("truncated header");
+  if (n_layer != cfg_.n_layer || n_head_kv != cfg_.n_head_kv || d != cfg_.head_dim || dv != cfg_.head_dim_v)
+    return make_error(ErrorCode::kInvalidArgument,
+                      strprintf("kv cache state: saved for %lld layers x %lld KV heads x head_dim %lld/%lld, but this "
+                                "model has %lld x %lld x %lld/%lld", (long long)n_layer, (long long)n_head_kv,
+                                (long long)d, (long long)dv, (long long)cfg_.n_layer, (long long)cfg_.n_head_kv,
+                                (long long)cfg_.head_dim, (long long)cfg_.head_dim_v));
+  if (B != cfg_.block_tokens || tk != static_cast<int32_t>(cfg_.type_k) || tv != static_cast<int32_t>(cfg_.type_v))
+    return make_error(ErrorCode::kInvalidArgument,
+                      strprintf("kv cache state: saved with --kv-block %lld and K/V types %s/%s; this cache has "
+                                "--kv-block %lld, %s/%s (give the same settings)", (long long)B,
+                                dtype_traits(static_cast<uint32_t>(tk)) ? dtype_traits(static_cast<uint32_t>(tk))->name : "?",
+                                dtype_traits(static_cast<uint32_t>(tv)) ? dtype_traits(static_cast<uint32_t>(tv))->name : "?",
+                                (long long)cfg_.block_tokens, dtype_name(cfg_.type_k), dtype_name(cfg_.type_v)));
+  std::vector<int64_t> appended(static_cast<size_t>(n_layer));
+  std::vector<RopeTable> ropes(static_cast<size_t>(n_layer));
+  for (int64_t il = 0; il < n_layer; ++il) {
+    RopeTable& rt = ropes[static_cast<size_t>(il)];
+    uint8_t neox = 0;
+    if (!get_vec(in, rt.inv_freq, static_cast<uint64_t>(d)) || !get(in, rt.mscale) || !get(in, rt.n_rot) ||
+        !get(in, neox) || !get(in, appended[static_cast<size_t>(il)]))
+      return bad("truncated rope tables");
+    rt.neox = neox != 0;
+    if (rt.n_rot != cfg_.rope.n_rot || static_cast<int64_t>(rt.inv_freq.size()) < rt.n_rot / 2 ||
+        appended[static_cast<size_t>(il)] < 0 || appended[static_cast<size_t>(il)] > INT32_MAX)
+      return bad("rope table or token count does not fit this cache");
+  }
+  for (int64_t il = 0; il < n_layer; ++il) {
+    n_appended_[static_cast<size_t>(il)] = appended[static_cast<size_t>(il)];
+    rope_[static_cast<size_t>(il)] = ropes[static_cast<size_t>(il)];
+  }
+  for (int64_t il = 0; il < n_layer; ++il) {
+    const int64_t n_app = appended[static_cast<size_t>(il)];
+    for (int64_t h = 0; h < n_head_kv; ++h) {
+      Head& hd = head(il, h);
+      int64_t n = 0;
+      if (!get(in, n) || n < 0 || n > n_app) return bad("truncated head or token count out of range");
+      if (!get_vec(in, hd.pos, static_cast<uint64_t>(n)) || !get_vec(in, hd.idx, static_cast<uint64_t>(n)) ||
+          !get_vec(in, hd.seq, static_cast<uint64_t>(n)) || static_cast<int64_t>(hd.pos.size()) != n ||
+          static_cast<int64_t>(hd.idx.size()) != n || static_cast<int64_t>(hd.seq.size()) != n)
+        return bad("truncated token metadata");
+      for (int64_t i = 0; i < n; ++i)
+        if (hd.idx[static_cast<size_t>(i)] < 0 || hd.idx[static_cast<size_t>(i)] >= n_app ||
+            (i > 0 && hd.idx[static_cast<size_t>(i)] <= hd.idx[static_cast<size_t>(i - 1)]))
+          return bad("token indices are not ascending within the tokens appended");
+      const int64_t n_blocks = (n + B - 1) / B;
+      if (Status st = ensure_room(il, n_blocks); !st) {
+        clear();
+        return st.error();
+      }
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        auto id = pool_->allocate();
+        if (!id) {
+          clear();
+          return id.error();
+        }
+        hd.blocks.push_back(*id);
+      }
+      hd.n = n;
+      for (int64_t i = 0; i < n; ++i)
+        if (!in.read(reinterpret_cast<char*>(k_row(hd, i)), static_cast<std::streamsize>(k_row_bytes_)))
+          return bad("truncated key rows");
+      for (int64_t i = 0; i < n; ++i)
+        if (!in.read(reinterpret_cast<char*>(v_row(hd, i)), static_cast<std::streamsize>(v_row_bytes_)))
+          return bad("truncated value rows");
+      ++hd.epoch;
+      hd.low_water = 0;
+    }
+  }
+  return Status::ok();
 }
 
 int64_t KvCache::tokens_that_fit() const {

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <span>
 #include <string>
@@ -161,6 +162,16 @@ class KvCache {
   // Any rows, any blocks, copied out as f32 (tests, summaries). out: [count, head_dim(_v)].
   void read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
   void read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const;
+
+  // ---- saving and restoring (runtime::Session) ----
+  // Writes what the cache holds: per layer its rope table and tokens appended, per (layer,
+  // head) the token metadata and the key and value rows exactly as stored (no conversion).
+  Status write_state(std::ostream& out) const;
+  // Reads write_state()'s output into this cache, which must have the same shape, block size
+  // and storage types; what it held before is dropped. Summaries built over the old content
+  // are invalidated (epochs move on). A malformed or truncated stream gives an error and an
+  // empty cache.
+  Status read_state(std::istream& in);
 
   // ---- accounting ----
   KvMemory memory() const;

@@ -531,7 +531,25 @@ class SpecPcPress final : public KvPress {
   PressSchedule sched_;
 };
 
-Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape) {
+// The registry's entries in the list's order (kv/press_list.h).
+struct RegistryEntry {
+  const char* name;
+  const char* help;
+  const char* paper;
+  bool scorer;
+};
+const std::vector<RegistryEntry>& registry() {
+  static const std::vector<RegistryEntry> kEntries = {
+#define LC_PRESS_SCORER(name, help, paper) {#name, help, paper, true},
+#define LC_PRESS_FRAME(name, help, paper) {#name, help, paper, false},
+#include "kv/press_list.h"
+  };
+  return kEntries;
+}
+
+// keys: when non-null, receives every key the spec's parser read (kv_press_method_info).
+Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape,
+                                            std::vector<std::string>* keys = nullptr) {
   const size_t colon = spec.find(':');
   const std::string_view name = spec.substr(0, colon);
   const std::string_view params = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
@@ -540,6 +558,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
     LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
     LC_ASSIGN_OR_RETURN(PromptCompression pc, parse_specpc(a));
     LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
+    if (keys) *keys = a.accepted();
     LC_TRY(a.finish());
     return std::unique_ptr<KvPress>(std::make_unique<SpecPcPress>(pc, q == "aware"));
   }
@@ -551,9 +570,14 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
 
   if (alloc == Alloc::kAdaptive) {
     LC_ASSIGN_OR_RETURN(scorer_name, a.text("inner", "expected_attention"));
-    if (scorer_name == "adakv" || scorer_name == "pyramidkv" || !find_scorer(scorer_name))
-      return make_error(strprintf("kv press adakv: inner=%s: expected a scorer (streaming_llm, snapkv, h2o, tova, "
-                                  "knorm, expected_attention, random, speckv)", scorer_name.c_str()));
+    // Only LC_PRESS_SCORER entries are in the scorer table: adakv, pyramidkv, specpc are not.
+    if (!find_scorer(scorer_name)) {
+      std::vector<std::string> scorers;
+      for (const RegistryEntry& e : registry())
+        if (e.scorer) scorers.emplace_back(e.name);
+      return make_error(strprintf("kv press adakv: inner=%s: expected a scorer (%s)", scorer_name.c_str(),
+                                  join(scorers).c_str()));
+    }
   }
   const ScorerFactory* f = find_scorer(scorer_name);
   if (!f) {
@@ -592,6 +616,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   if (alloc == Alloc::kAdaptive) {
     LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1));
   }
+  if (keys) *keys = a.accepted();
   LC_TRY(a.finish());
   // A press given no budget compresses by half after prefill, unless it only compresses
   // while decoding.
@@ -615,9 +640,8 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
 
 const ScorerFactory* find_scorer(std::string_view name) {
   static const std::vector<std::pair<std::string, ScorerFactory>> kScorers = {
-      {"streaming_llm", make_streaming_llm}, {"snapkv", make_snapkv},   {"h2o", make_h2o},
-      {"tova", make_tova},                   {"knorm", make_knorm},     {"random", make_random},
-      {"expected_attention", make_expected_attention}, {"speckv", make_speckv},
+#define LC_PRESS_SCORER(name, help, paper) {#name, make_##name},
+#include "kv/press_list.h"
   };
   for (const auto& [n, f] : kScorers)
     if (n == name) return &f;
@@ -627,19 +651,23 @@ const ScorerFactory* find_scorer(std::string_view name) {
 }  // namespace press
 
 std::vector<std::pair<std::string, std::string>> kv_press_methods() {
-  return {
-      {"streaming_llm", "first n_sink (4) tokens + the most recent ones; positions re-assigned (reposition=1)"},
-      {"snapkv", "attention of the last window (64) queries, avg-pooled (kernel=5), reduced over the group"},
-      {"pyramidkv", "SnapKV scores, per-layer budgets falling linearly with depth (beta=20)"},
-      {"h2o", "observed attention: column sums over the window queries / number of queries that see the key"},
-      {"tova", "attention of the last query averaged over all heads"},
-      {"knorm", "-||k||: keeps keys of small norm"},
-      {"expected_attention", "attention expected from query statistics over the next n_future (512) positions, x ||v||"},
-      {"random", "uniform random scores (control), seed="},
-      {"adakv", "head-wise budgets over a scorer (inner=NAME, alpha=0.2)"},
-      {"speckv", "SnapKV scores from the last 32 prompt queries + the queries of 8 draft lookahead tokens (needs --draft)"},
-      {"specpc", "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)"},
-  };
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const press::RegistryEntry& e : press::registry()) out.emplace_back(e.name, e.help);
+  return out;
+}
+
+std::vector<PressMethodInfo> kv_press_method_info() {
+  // The keys come from parsing the bare name for a small valid shape: every press parses with
+  // its defaults alone, and the parser records each key it reads.
+  const PressShape shape{1, 1, 1, 8, 8, 0.0f};
+  std::vector<PressMethodInfo> out;
+  for (const press::RegistryEntry& e : press::registry()) {
+    PressMethodInfo m{e.name, e.help, e.paper, e.scorer, {}};
+    auto p = press::make_one(e.name, shape, &m.keys);
+    LC_CHECK(p.has_value());  // a registry entry that does not parse with its defaults is a bug
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 Expected<std::unique_ptr<KvPress>> make_kv_press(std::string_view spec, const PressShape& shape) {

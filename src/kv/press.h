@@ -181,12 +181,24 @@ class KvPress {
   virtual Status compress(const PressContext& c, int64_t il);
 };
 
-// The registry: "name[:key=value,...][+name[:...]]". Presses: streaming_llm, snapkv, pyramidkv,
-// h2o, tova, knorm, expected_attention, random, adakv (inner=NAME wraps any scorer), speckv,
-// specpc (both need a draft model, given to the model's Context).
-// Errors name the press or key and list what is accepted.
+// The registry: "name[:key=value,...][+name[:...]]". The presses are listed once, one line each,
+// in kv/press_list.h (adakv's inner=NAME wraps any scorer; speckv and specpc need a draft model,
+// given to the model's Context). Errors name the press or key and list what is accepted.
 Expected<std::unique_ptr<KvPress>> make_kv_press(std::string_view spec, const PressShape& shape);
-// Names the registry accepts, with one line of help each (for --help).
+// Names the registry accepts, with one line of help each (for --help), in the list's order.
 std::vector<std::pair<std::string, std::string>> kv_press_methods();
+
+// One registry entry, as kv/press_list.h declares it, with the keys its spec accepts.
+struct PressMethodInfo {
+  std::string name;
+  std::string help;   // the line kv_press_methods() gives
+  std::string paper;  // citation
+  bool scorer = false;  // a plain scorer (usable as adakv's inner=); else pyramidkv, adakv, specpc
+  // Every key the spec accepts, the common ones (ratio, budget, window, ...) included, in the
+  // order the parser reads them; read off the parser itself, so it cannot drift. adakv's are
+  // those with its default inner scorer.
+  std::vector<std::string> keys;
+};
+std::vector<PressMethodInfo> kv_press_method_info();
 
 }  // namespace lc

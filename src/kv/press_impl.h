@@ -30,6 +30,8 @@ class Args {
   void accept(std::string_view key);
   // Error if a key was given that nobody read.
   Status finish() const;
+  // Every key looked up or accepted so far, in that order (the press's keys, for --help).
+  const std::vector<std::string>& accepted() const { return accepted_; }
 
  private:
   const std::string* find(std::string_view key);
@@ -43,14 +45,11 @@ using ScorerFactory = std::function<Expected<std::unique_ptr<PressScorer>>(Args&
 // A scorer by name (adakv's inner=); nullptr if unknown.
 const ScorerFactory* find_scorer(std::string_view name);
 
-Expected<std::unique_ptr<PressScorer>> make_streaming_llm(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_h2o(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_tova(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_knorm(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_random(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_expected_attention(Args& a, const PressShape& s);
-Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape& s);
+// make_<name> of every LC_PRESS_SCORER in the registry list (press_<name>.cpp; speckv shares
+// press_snapkv.cpp).
+#define LC_PRESS_SCORER(name, help, paper) \
+  Expected<std::unique_ptr<PressScorer>> make_##name(Args& a, const PressShape& s);
+#include "kv/press_list.h"
 // SpecPC's parameters from its spec (press_spec.cpp).
 Expected<PromptCompression> parse_specpc(Args& a);
 std::string specpc_spec(const PromptCompression& p, bool query_aware);

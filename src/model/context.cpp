@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <istream>
+#include <ostream>
 
 #include "core/sys.h"
 #include "kernels/kernels.h"
@@ -187,7 +189,7 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n_past_ + n > params_.n_ctx) {
-    return make_error(strprintf("%lld tokens do not fit: %lld already in the context of %lld "
+    return make_error(ErrorCode::kContextFull, strprintf("%lld tokens do not fit: %lld already in the context of %lld "
                                 "(raise --ctx-size)",
                                 (long long)n, (long long)n_past_, (long long)params_.n_ctx));
   }
@@ -205,6 +207,8 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
     }
     tokens_.insert(tokens_.end(), tokens.begin() + i, tokens.begin() + i + m);
     if (press_ && prompt && compress_now && i + m < n) LC_TRY(compress(PressPhase::kChunk));
+    if (on_chunk_ && !on_chunk_(i + m, n) && i + m < n)
+      return make_error(ErrorCode::kCancelled, strprintf("cancelled after %lld of %lld tokens", (long long)(i + m), (long long)n));
   }
   if (press_) {
     if (prompt) {
@@ -462,6 +466,116 @@ void Context::set_query_weights(Buffer<float> wq) {
     v.ne[0] = hp_.n_embd;
     v.ne[1] = q_dim;
   }
+}
+
+namespace {
+constexpr uint32_t kCtxStateMagic = 0x5843434cu;  // "LCCX"
+template <class T>
+void put(std::ostream& o, const T& v) {
+  o.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <class T>
+void put_array(std::ostream& o, const T* p, size_t n) {
+  put<uint64_t>(o, n);
+  if (n) o.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
+}
+template <class T>
+bool get(std::istream& in, T& v) {
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof v));
+}
+// Reads a count (at most max_n) then the elements into out (resized with resize()).
+template <class V>
+bool get_array(std::istream& in, V& out, uint64_t max_n) {
+  uint64_t n = 0;
+  if (!get(in, n) || n > max_n) return false;
+  out.resize(static_cast<size_t>(n));
+  return n == 0 || static_cast<bool>(in.read(reinterpret_cast<char*>(out.data()),
+                                             static_cast<std::streamsize>(n * sizeof(out.data()[0]))));
+}
+}  // namespace
+
+Status Context::save_state(std::ostream& out) const {
+  if (observer_)
+    return make_error(ErrorCode::kUnsupported,
+                      strprintf("cannot save a session with --kv-press %s: its attention statistics of the forward "
+                                "passes are not part of the cache", press_->spec().c_str()));
+  put(out, kCtxStateMagic);
+  put<int64_t>(out, n_past_);
+  put_array(out, tokens_.data(), tokens_.size());
+  put_array(out, prompt_kept_.data(), prompt_kept_.size());
+  put<int64_t>(out, n_outputs_);
+  put_array(out, logits_.data(), logits_.size());
+  put<int64_t>(out, n_generated_);
+  put<uint8_t>(out, context_done_ ? 1 : 0);
+  put<int64_t>(out, obs_w_);
+  put<int64_t>(out, n_obs_);
+  put_array(out, obs_q_.data(), obs_q_.size());
+  put_array(out, obs_pos_.data(), obs_pos_.size());
+  put_array(out, wq_override_.data(), wq_views_.empty() ? 0 : wq_override_.size());
+  if (!out) return make_error(ErrorCode::kIo, "context: write error while saving the state");
+  return kv_->write_state(out);
+}
+
+Status Context::load_state(std::istream& in) {
+  clear();
+  clear_query_weights();
+  auto bad = [&](const char* what) {
+    clear();
+    clear_query_weights();
+    return make_error(ErrorCode::kBadFile, strprintf("saved context: %s", what));
+  };
+  uint32_t magic = 0;
+  int64_t n_past = 0, n_outputs = 0, n_generated = 0, obs_w = 0, n_obs = 0;
+  uint8_t done = 0;
+  std::vector<int32_t> tokens, kept, obs_pos;
+  std::vector<float> logits;
+  if (!get(in, magic) || magic != kCtxStateMagic) return bad("not a saved context (bad magic)");
+  const uint64_t max_tokens = static_cast<uint64_t>(params_.n_ctx);
+  if (!get(in, n_past) || n_past < 0 || n_past > params_.n_ctx) {
+    if (n_past > params_.n_ctx)
+      return make_error(ErrorCode::kContextFull,
+                        strprintf("the saved session holds %lld tokens but the context holds %lld (raise --ctx-size)",
+                                  (long long)n_past, (long long)params_.n_ctx));
+    return bad("truncated header");
+  }
+  if (!get_array(in, tokens, max_tokens) || static_cast<int64_t>(tokens.size()) != n_past) return bad("bad token list");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hp_.n_vocab) return bad("a token id is outside the vocabulary");
+  if (!get_array(in, kept, max_tokens)) return bad("bad prompt selection");
+  if (!get(in, n_outputs) || n_outputs < 0 || n_outputs > n_past) return bad("bad output count");
+  if (!get_array(in, logits, static_cast<uint64_t>(n_outputs * hp_.n_vocab)) ||
+      static_cast<int64_t>(logits.size()) != n_outputs * hp_.n_vocab)
+    return bad("bad logits");
+  if (!get(in, n_generated) || !get(in, done) || !get(in, obs_w) || !get(in, n_obs)) return bad("truncated press state");
+  if (obs_w != obs_w_ || n_obs < 0 || n_obs > obs_w_)
+    return make_error(ErrorCode::kInvalidArgument, "the saved session was made with another --kv-press (its "
+                                                   "observation window differs)");
+  const size_t obs_q_n = obs_q_.size(), obs_pos_n = obs_pos_.size();
+  if (!get_array(in, obs_q_, obs_q_n) || !get_array(in, obs_pos_, obs_pos_n) || obs_q_.size() != obs_q_n ||
+      obs_pos_.size() != obs_pos_n) {
+    obs_q_.resize(obs_q_n);
+    obs_pos_.resize(obs_pos_n);
+    return bad("bad observation window");
+  }
+  Buffer<float> wq;
+  const uint64_t wq_n = static_cast<uint64_t>(hp_.n_layer * hp_.n_head * hp_.head_dim * hp_.n_embd);
+  if (!get_array(in, wq, wq_n) || (wq.size() != 0 && wq.size() != wq_n)) return bad("bad query weights");
+  LC_TRY(kv_->read_state(in));
+  // A fresh backend: it summarises the restored cache from scratch.
+  if (Status st = set_attention(backend_->spec()); !st) {
+    clear();
+    return st;
+  }
+  n_past_ = n_past;
+  tokens_ = std::move(tokens);
+  prompt_kept_ = std::move(kept);
+  n_outputs_ = n_outputs;
+  logits_ = std::move(logits);
+  n_generated_ = n_generated;
+  context_done_ = done != 0;
+  n_obs_ = n_obs;
+  if (wq.size() != 0) set_query_weights(std::move(wq));
+  return Status::ok();
 }
 
 void Context::clear_query_weights() {

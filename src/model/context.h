@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <span>
@@ -74,6 +76,11 @@ class Context {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
   const std::vector<int32_t>& prompt_kept() const { return prompt_kept_; }
+  // Called after every forward chunk of a decode() with the tokens done and the call's total:
+  // progress for long prompts, and cancellation (returning false stops the call with an
+  // ErrorCode::kCancelled error; the chunks already evaluated stay in the cache). Empty: none.
+  using ChunkCallback = std::function<bool(int64_t done, int64_t total)>;
+  void set_chunk_callback(ChunkCallback cb) { on_chunk_ = std::move(cb); }
   // Seconds spent in press work since the context was last cleared: scoring and compaction,
   // SpecKV's lookahead, SpecPC's draft pass, H2O's observer (benchmarks).
   double press_seconds() const { return t_press_; }
@@ -86,6 +93,15 @@ class Context {
     return obs_q_.data() + (il * obs_w_ + (obs_w_ - n_obs_)) * hp_.n_head * hp_.head_dim;
   }
   const int32_t* recorded_positions() const { return obs_pos_.data() + (obs_w_ - n_obs_); }
+
+  // Saving and restoring a sequence (runtime::Session): the tokens, the cache, the logits of
+  // the last decode, the press's schedule state and observation window, and qTTT's weights.
+  // The attention backend is made afresh on load and rebuilds what it summarises of the cache.
+  // Refused while a press accumulates attention statistics of the forward passes (H2O's
+  // observer), which are not part of the cache.
+  Status save_state(std::ostream& out) const;
+  // Into a context made with the same model and settings; on error the context is empty.
+  Status load_state(std::istream& in);
 
   const Model& model() const { return model_; }
   const RopePlan& rope_plan() const { return *rope_plan_; }
@@ -133,6 +149,7 @@ class Context {
   std::vector<int32_t> prompt_kept_;
   std::unique_ptr<Context> draft_ctx_;  // the draft model's context (speckv, specpc)
   double t_press_ = 0;
+  ChunkCallback on_chunk_;
   // The observation window: pre-RoPE queries of the last n_obs_ tokens per layer (the press's
   // n_obs(), or what record_queries() asked for).
   int64_t obs_w_ = 0;

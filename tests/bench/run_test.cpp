@@ -193,19 +193,19 @@ TEST(BenchRun, MethodSettings) {
   cp.n_ctx = 256;
   cp.n_batch = 64;
   cp.n_threads = 1;
-  auto ok = make_context_for(**model, base, cp);
+  auto ok = make_session_for(**model, base, cp);
   ASSERT_TRUE(ok.has_value()) << ok.error().message;
-  EXPECT_EQ((*ok)->n_ctx(), 256);
-  EXPECT_EQ((*ok)->attention().spec(), "dense");  // this model has no distance ceiling
-  auto ok2 = make_context_for(**model, MethodSetting{"", "linear:factor=2", "streaming:sinks=4,window=64", "none"}, cp);
+  EXPECT_EQ((*ok)->context().n_ctx(), 256);
+  EXPECT_EQ((*ok)->context().attention().spec(), "dense");  // this model has no distance ceiling
+  auto ok2 = make_session_for(**model, MethodSetting{"", "linear:factor=2", "streaming:sinks=4,window=64", "none"}, cp);
   ASSERT_TRUE(ok2.has_value()) << ok2.error().message;
-  auto bad = make_context_for(**model, MethodSetting{"", "nosuchrope:x=1", "dense", "none"}, cp);
+  auto bad = make_session_for(**model, MethodSetting{"", "nosuchrope:x=1", "dense", "none"}, cp);
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.error().message.find("nosuchrope"), std::string::npos) << bad.error().message;
-  auto with_press = make_context_for(**model, snap, cp);
+  auto with_press = make_session_for(**model, snap, cp);
   ASSERT_TRUE(with_press.has_value()) << with_press.error().message;
-  EXPECT_NE((*with_press)->press(), nullptr);
-  auto bad2 = make_context_for(**model, MethodSetting{"", "gguf", "dense", "nosuchpress:ratio=0.5"}, cp);
+  EXPECT_NE((*with_press)->context().press(), nullptr);
+  auto bad2 = make_session_for(**model, MethodSetting{"", "gguf", "dense", "nosuchpress:ratio=0.5"}, cp);
   ASSERT_FALSE(bad2.has_value());
   EXPECT_NE(bad2.error().message.find("nosuchpress"), std::string::npos) << bad2.error().message;
 

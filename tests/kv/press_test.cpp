@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -26,7 +27,7 @@
 namespace lc {
 namespace {
 
-const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "h2o", "tova", "knorm",
+const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "h2o", "tova", "knorm", "keydiff",
                                        "expected_attention", "random", "adakv", "speckv"};
 
 // A cache of n_layer layers holding L tokens, with the pre-RoPE data kept for the oracles.
@@ -37,8 +38,9 @@ struct Fixture {
   std::unique_ptr<KvCache> kv;
   PressShape shape;
 
+  // n_rot: rotated dims (< 0: all of d; an odd d needs an even n_rot < d; 0: no RoPE).
   Fixture(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, int64_t block_ = 16,
-          uint32_t seed = 1)
+          uint32_t seed = 1, int64_t n_rot = -1)
       : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_), block(block_) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd;
@@ -56,7 +58,7 @@ struct Fixture {
     c.head_dim_v = d;
     c.block_tokens = block;
     LlamaCppRopeParams rp;
-    rp.n_rot = d;
+    rp.n_rot = n_rot < 0 ? d : n_rot;
     rp.neox = true;
     c.rope = make_llama_cpp_rope(rp);
     auto r = KvCache::create(c);
@@ -154,6 +156,56 @@ TEST(KvPress, SpecErrorsNameThePressAndKey) {
   EXPECT_EQ(ch->n_obs(), 16);
   EXPECT_NE(ch->spec().find('+'), std::string::npos);
   EXPECT_EQ(kv_press_methods().size(), kAll.size() + 1);  // + specpc (a prompt compressor)
+}
+
+// The registry (kv/press_list.h) feeds --help, the scorer table, adakv's inner= list and the
+// richer info, all in one order; every generic test here runs over kAll.
+TEST(KvPress, RegistryListsEveryPressOnce) {
+  const auto methods = kv_press_methods();
+  const auto info = kv_press_method_info();
+  ASSERT_EQ(info.size(), methods.size());
+  std::vector<std::string> names, scorers;
+  for (size_t i = 0; i < info.size(); ++i) {
+    EXPECT_EQ(info[i].name, methods[i].first);
+    EXPECT_EQ(info[i].help, methods[i].second);
+    EXPECT_FALSE(info[i].paper.empty()) << info[i].name;
+    EXPECT_FALSE(info[i].keys.empty()) << info[i].name;
+    EXPECT_EQ(info[i].scorer, press::find_scorer(info[i].name) != nullptr) << info[i].name;
+    names.push_back(info[i].name);
+    if (info[i].scorer) scorers.push_back(info[i].name);
+  }
+  std::vector<std::string> want = kAll;
+  want.push_back("specpc");
+  std::sort(want.begin(), want.end());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, want);
+  // Help strings and order as before the list file, keydiff after knorm.
+  EXPECT_EQ(methods[0].first, "streaming_llm");
+  EXPECT_EQ(methods[2].first, "pyramidkv");
+  EXPECT_EQ(methods[5], (std::pair<std::string, std::string>{"knorm", "-||k||: keeps keys of small norm"}));
+  EXPECT_EQ(methods[6].first, "keydiff");
+  EXPECT_EQ(methods.back().first, "specpc");
+  auto find = [&](const std::string& n) {
+    return *std::find_if(info.begin(), info.end(), [&](const PressMethodInfo& m) { return m.name == n; });
+  };
+  EXPECT_NE(find("keydiff").paper.find("2504.15364"), std::string::npos);
+  EXPECT_EQ(find("keydiff").keys, find("knorm").keys);  // no keys of its own
+  const auto& sk = find("snapkv").keys;
+  for (const char* k : {"ratio", "budget", "window", "kernel", "obs"})
+    EXPECT_TRUE(std::count(sk.begin(), sk.end(), k)) << k;
+  const auto& ak = find("adakv").keys;
+  EXPECT_TRUE(std::count(ak.begin(), ak.end(), "inner") && std::count(ak.begin(), ak.end(), "alpha"));
+  EXPECT_FALSE(find("adakv").scorer);
+  // adakv's inner= error lists exactly the scorers, in the list's order.
+  auto e = make_kv_press("adakv:inner=nosuch", PressShape{2, 4, 2, 8, 8, 0});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().message,
+            "kv press adakv: inner=nosuch: expected a scorer (streaming_llm, snapkv, h2o, tova, knorm, keydiff, "
+            "expected_attention, random, speckv)");
+  EXPECT_EQ(scorers.size(), 9u);
+  for (const char* frame : {"adakv:inner=pyramidkv", "adakv:inner=adakv", "adakv:inner=specpc"})
+    EXPECT_FALSE(make_kv_press(frame, PressShape{2, 4, 2, 8, 8, 0}).has_value()) << frame;
+  EXPECT_TRUE(make_kv_press("adakv:inner=keydiff,ratio=0.5", PressShape{2, 4, 2, 8, 8, 0}).has_value());
 }
 
 // Ratio 0 is the identity: storage, positions and block use unchanged, for every press.
@@ -347,6 +399,149 @@ TEST(KvPressScores, Knorm) {
       for (int64_t e = 0; e < 8; ++e) a += std::pow(f.kptr(0, j)[h * 8 + e], 2);
       EXPECT_NEAR(s[static_cast<size_t>(h)][static_cast<size_t>(j)], -std::sqrt(a), 1e-4);
     }
+}
+
+// KeyDiff's oracle, in double from the keys the cache holds (post-RoPE), written the way torch
+// evaluates kvpress's definition: anchor = mean_i F.normalize(k_i) (eps 1e-12), score =
+// -F.cosine_similarity(k, anchor) = -<k / max(||k||, 1e-8), a / max(||a||, 1e-8)>.
+std::vector<double> keydiff_oracle(const KvCache& kv, int64_t il, int64_t h) {
+  const int64_t n = kv.n_tokens(il, h), d = kv.head_dim();
+  std::vector<float> K(static_cast<size_t>(n * d));
+  if (n > 0) kv.read_keys(il, h, 0, n, K.data());
+  auto unit = [&](const double* x, double eps) {
+    double q = 0;
+    for (int64_t e = 0; e < d; ++e) q += x[e] * x[e];
+    std::vector<double> u(x, x + d);
+    for (double& v : u) v /= std::max(std::sqrt(q), eps);
+    return u;
+  };
+  std::vector<std::vector<double>> k(static_cast<size_t>(n));
+  std::vector<double> a(static_cast<size_t>(d), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    k[static_cast<size_t>(j)].assign(K.begin() + j * d, K.begin() + (j + 1) * d);
+    const auto u = unit(k[static_cast<size_t>(j)].data(), 1e-12);
+    for (int64_t e = 0; e < d; ++e) a[static_cast<size_t>(e)] += u[static_cast<size_t>(e)] / static_cast<double>(n);
+  }
+  const auto au = unit(a.data(), 1e-8);
+  std::vector<double> s;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto ku = unit(k[static_cast<size_t>(j)].data(), 1e-8);
+    double c = 0;
+    for (int64_t e = 0; e < d; ++e) c += ku[static_cast<size_t>(e)] * au[static_cast<size_t>(e)];
+    s.push_back(-c);
+  }
+  return s;
+}
+
+// The kept indices of a head under `keep` slots: the oracle's best, ties to the lower index.
+std::vector<int32_t> top_by(const std::vector<double>& s, int64_t keep) {
+  std::vector<int32_t> idx(s.size());
+  for (size_t j = 0; j < s.size(); ++j) idx[j] = static_cast<int32_t>(j);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return s[static_cast<size_t>(a)] > s[static_cast<size_t>(b)]; });
+  idx.resize(static_cast<size_t>(keep));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+void rebuild_cache(Fixture& f) {
+  auto r = KvCache::create(f.kv->config());
+  ASSERT_TRUE(r.has_value());
+  f.kv = std::move(r.value());
+  f.append(0, f.L);
+}
+
+// GQA (6 query heads over 3 KV heads), odd head_dim 9 with 8 rotated dims, two layers, a head
+// already compressed (the anchor is over the tokens held), zero and tiny keys.
+TEST(KvPressScores, KeyDiff) {
+  Fixture f(2, 6, 3, 9, 45, 8, 13, 8);
+  // Token 4 of head 1 and token 10 of head 2 (layer 0) are zero, token 7 of head 0 tiny
+  // (norm < 1e-8, where torch's clamp shows): no NaN, a zero key scores exactly 0.
+  for (int64_t e = 0; e < 9; ++e) {
+    f.k[static_cast<size_t>((4 * 3 + 1) * 9 + e)] = 0.0f;
+    f.k[static_cast<size_t>((10 * 3 + 2) * 9 + e)] = 0.0f;
+    f.k[static_cast<size_t>((7 * 3 + 0) * 9 + e)] *= 1e-10f;
+  }
+  rebuild_cache(f);
+  // The cache holds post-RoPE keys: the ones KeyDiff scores, as kvpress scores the cached ones.
+  std::vector<float> got(9);
+  std::vector<double> want(9);
+  for (int64_t j : {0, 20, 44}) {
+    f.kv->read_keys(1, 2, j, 1, got.data());
+    rope_d(f.kptr(1, j) + 2 * 9, 9, f.kv->rope(1), f.pos[static_cast<size_t>(j)], want.data());
+    for (int64_t e = 0; e < 9; ++e) EXPECT_NEAR(got[static_cast<size_t>(e)], want[static_cast<size_t>(e)], 1e-5) << j;
+  }
+  std::vector<int32_t> keep;
+  for (int32_t j = 0; j < 45; j += 3) keep.push_back(j);
+  ASSERT_TRUE(f.kv->retain(1, 0, keep).is_ok());
+  for (int64_t il = 0; il < 2; ++il) {
+    const auto s = scores_of("keydiff", "", f, il, 0, false);
+    ASSERT_EQ(static_cast<int64_t>(s.size()), 3);
+    for (int64_t h = 0; h < 3; ++h) {
+      const auto o = keydiff_oracle(*f.kv, il, h);
+      ASSERT_EQ(s[static_cast<size_t>(h)].size(), o.size()) << il << " " << h;
+      for (size_t j = 0; j < o.size(); ++j) {
+        EXPECT_FALSE(std::isnan(s[static_cast<size_t>(h)][j]));
+        EXPECT_NEAR(s[static_cast<size_t>(h)][j], o[j], 1e-6) << il << " " << h << " " << j;
+      }
+    }
+    if (il == 0) {
+      EXPECT_EQ(s[1][4], 0.0f);
+      EXPECT_EQ(s[2][10], 0.0f);
+      EXPECT_NE(s[0][7], 0.0f);  // tiny, not zero: its direction still counts
+    }
+  }
+  // Every key zero: the anchor is zero, every score 0.
+  for (auto& x : f.k) x = 0.0f;
+  rebuild_cache(f);
+  for (const auto& row : scores_of("keydiff", "", f, 0, 0, false))
+    for (float v : row) EXPECT_EQ(v, 0.0f);
+}
+
+// keydiff:ratio=0.5 keeps exactly the oracle's top half of every head; where scores tie exactly
+// (keys parallel up to a power of two, no RoPE), the lower token index wins.
+TEST(KvPressScores, KeyDiffKeepsTheOraclesTopHalf) {
+  Fixture f(2, 6, 3, 9, 45, 8, 17, 8);
+  std::vector<std::vector<double>> want(6);
+  for (int64_t il = 0; il < 2; ++il)
+    for (int64_t h = 0; h < 3; ++h) {
+      auto o = keydiff_oracle(*f.kv, il, h);
+      // The selection is only decided by the scores if the cut is not a near-tie.
+      auto sorted = o;
+      std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+      ASSERT_GT(sorted[21] - sorted[22], 1e-6) << il << " " << h;
+      want[static_cast<size_t>(il * 3 + h)] = o;
+    }
+  auto p = make("keydiff:ratio=0.5", f.shape);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(f.compress_all(*p).is_ok());
+  for (int64_t il = 0; il < 2; ++il)
+    for (int64_t h = 0; h < 3; ++h) {
+      const auto kept = seq_of(*f.kv, il, h);
+      EXPECT_EQ(kept.size(), 22u);  // floor(45 * 0.5)
+      EXPECT_EQ(kept, top_by(want[static_cast<size_t>(il * 3 + h)], 22)) << il << " " << h;
+    }
+  expect_conserved(*f.kv);
+
+  // Ties: 4 directions, token j on direction j % 4 scaled by 2^((j / 4) % 3 - 1), so 6 tokens
+  // share each score exactly; budget 9 takes one whole group and the 3 lowest of the next.
+  Fixture t(1, 4, 2, 9, 24, 8, 19, 0);
+  for (int64_t j = 0; j < 24; ++j)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < 9; ++e)
+        t.k[static_cast<size_t>((j * 2 + h) * 9 + e)] =
+            t.k[static_cast<size_t>(((j % 4) * 2 + h) * 9 + e)] * std::ldexp(1.0f, static_cast<int>((j / 4) % 3) - 1);
+  rebuild_cache(t);
+  std::vector<std::vector<int32_t>> tie_want;
+  for (int64_t h = 0; h < 2; ++h) {
+    const auto o = keydiff_oracle(*t.kv, 0, h);
+    std::set<double> distinct(o.begin(), o.end());
+    EXPECT_EQ(distinct.size(), 4u) << h;
+    tie_want.push_back(top_by(o, 9));
+  }
+  auto b = make("keydiff:budget=9", t.shape);
+  ASSERT_TRUE(t.compress_all(*b).is_ok());
+  for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(seq_of(*t.kv, 0, h), tie_want[static_cast<size_t>(h)]) << h;
 }
 
 TEST(KvPressScores, SnapKv) {

@@ -7,7 +7,7 @@
 
 #include "model/context.h"
 #include "model/model.h"
-#include "runtime/generate.h"
+#include "runtime/measure.h"
 
 namespace lc {
 namespace {

@@ -383,10 +383,10 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                             cp.n_ctx = len;
                             cp.n_batch = o->batch;
                             cp.n_threads = o->threads;
-                            auto ctx = bench::make_context_for(**model, m, cp);
-                            if (!ctx) return fail(ctx.error().message);
+                            auto session = bench::make_session_for(**model, m, cp);
+                            if (!session) return fail(session.error().message);
                             lc::Progress prog("ppl " + m.label(), len, "tok");
-                            auto c = bench::perplexity_by_position(**ctx, toks, bucket, [&](int64_t d) { prog.update(d); });
+                            auto c = bench::perplexity_by_position((*session)->context(), toks, bucket, [&](int64_t d) { prog.update(d); });
                             prog.finish();
                             if (!c) return fail(c.error().message);
                             c->model = name;

@@ -26,8 +26,9 @@
 #include "model/model.h"
 #include "model/qttt.h"
 #include "model/random_model.h"
-#include "runtime/generate.h"
+#include "runtime/measure.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 
 namespace {
 
@@ -152,12 +153,7 @@ Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
   return lc::Model::load(o.model);
 }
 
-Expected<std::unique_ptr<lc::Context>> make_context(const lc::Model& m, const Expected<lc::ContextParams>& p) {
-  if (!p) return p.error();
-  return lc::Context::create(m, *p);
-}
-
-void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
+void print_summary(const lc::RequestStats& st, const lc::Context& ctx) {
   std::fprintf(stderr,
                "\n\nprompt:     %6lld tokens in %8.3f s = %9.2f tokens/s\n"
                "generation: %6lld tokens in %8.3f s = %9.2f tokens/s\n"
@@ -173,13 +169,27 @@ void print_summary(const lc::GenerateStats& st, const lc::Context& ctx) {
                ctx.attention().spec().c_str());
 }
 
+// Streams generated text to stdout as it comes.
+bool print_piece(int32_t, std::string_view text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
+Expected<std::unique_ptr<lc::Session>> make_session(const lc::Model& m, const CommonOpts& co,
+                                                    const std::string& qttt_spec) {
+  lc::SessionParams sp;
+  LC_ASSIGN_OR_RETURN(sp.ctx, co.ctx_params());
+  LC_ASSIGN_OR_RETURN(sp.qttt, lc::parse_qttt(qttt_spec));
+  return lc::Session::create(m, sp);
+}
+
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
             const std::string& file, const std::string& question, int64_t n_predict, bool no_special_bos,
             bool parse_special, const std::string& qttt_spec) {
   if (!prompt_arg.empty() && !file.empty()) return fail("give either -p or -f, not both");
   if (n_predict < 0) return fail("-n must be >= 0");
-  auto qttt = lc::parse_qttt(qttt_spec);
-  if (!qttt) return fail(qttt.error().message);
+  if (auto q = lc::parse_qttt(qttt_spec); !q) return fail(q.error().message);
   std::string prompt = prompt_arg;
   if (!file.empty()) {
     auto t = read_file(file);
@@ -190,73 +200,27 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   if (!sp) return fail(sp.error().message);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
-  auto ctx = make_context(**model, co.ctx_params());
-  if (!ctx) return fail(ctx.error().message);
-  if (qttt->enabled()) {
-    Status s = lc::check_qttt_context(**ctx);
-    if (!s) return fail(s.message());
-  }
+  auto session = make_session(**model, co, qttt_spec);
+  if (!session) return fail(session.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
-  // --question: appended after the prompt; with a query-agnostic press the prompt (the
-  // context) is compressed before the question is read.
-  std::vector<int32_t> ids = tok.encode(prompt + question, !no_special_bos, parse_special);
-  size_t n_context = ids.size();
-  if (!question.empty()) n_context = common_prefix(tok.encode(prompt, !no_special_bos, parse_special), ids);
-  if (static_cast<int64_t>(ids.size()) > (*ctx)->n_ctx())
-    return fail(lc::strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
-                              ids.size(), (long long)(*ctx)->n_ctx()));
-  if (ids.empty()) return fail("the prompt is empty and the model adds no BOS token");
-  // qTTT trains on everything before the question (without --question, all but the last prompt
-  // token, which generation evaluates).
-  const size_t n_qttt_context = question.empty() || n_context >= ids.size() ? ids.size() - 1 : n_context;
-  if (Status s = lc::check_qttt_span(*qttt, static_cast<int64_t>(n_qttt_context)); !s) return fail(s.message());
+  // --question: appended after the prompt (tokenised as one text); a query-agnostic press
+  // compresses the prompt before the question is read, and qTTT trains on the prompt alone.
+  lc::Prompt pr;
+  pr.tokens = tok.encode(prompt + question, !no_special_bos, parse_special);
+  if (!question.empty())
+    pr.n_context = static_cast<int64_t>(common_prefix(tok.encode(prompt, !no_special_bos, parse_special), pr.tokens));
+  if (Status s = (*session)->validate(pr); !s) return fail(s.message());
   lc::Sampler sampler(*sp);
   const std::string shown = prompt + question;
   std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
   std::fflush(stdout);
-  lc::GenerateStats st;
-  const lc::KvPress* press = (*ctx)->press();
-  if (press && !press->schedule().query_aware) {
-    // Query-agnostic: everything before the question is the context (without --question, all
-    // but the last prompt token, which generation needs to evaluate).
-    if (question.empty() || n_context >= ids.size()) n_context = ids.size() - 1;
-    if (n_context > 0) {
-      const double t0 = lc::now_seconds();
-      Status s = (*ctx)->decode_context(std::span<const int32_t>(ids.data(), n_context));
-      if (!s) return fail(s.message());
-      st.n_prompt += static_cast<int64_t>(n_context);
-      st.t_prompt += lc::now_seconds() - t0;
-      // The cache holds the (possibly compressed, with specpc) context; the question follows.
-      std::vector<int32_t> rest(ids.begin() + static_cast<std::ptrdiff_t>(n_context), ids.end());
-      ids = (*ctx)->tokens();
-      ids.insert(ids.end(), rest.begin(), rest.end());
-    }
-  }
-  lc::QtttStats qst;
-  if (qttt->enabled()) {
-    // qTTT: one prefill of the context (everything before the question; without --question,
-    // all but the last prompt token), a few steps on the query projections, then the rest of
-    // the prompt and the answer with the trained W_q.
-    const double t0 = lc::now_seconds();
-    Status s = (*ctx)->decode(std::span<const int32_t>(ids.data(), n_qttt_context), lc::Logits::kNone);
-    if (!s) return fail(s.message());
-    st.n_prompt += static_cast<int64_t>(n_qttt_context);
-    st.t_prompt += lc::now_seconds() - t0;
-    auto r = lc::run_qttt(**ctx, *qttt, sp->seed, static_cast<int64_t>(n_qttt_context));
-    if (!r) return fail(r.error().message);
-    qst = std::move(*r);
-  }
-  Status s = lc::generate(**ctx, sampler, ids, n_predict,
-                          [](int32_t, std::string_view text) {
-                            std::fwrite(text.data(), 1, text.size(), stdout);
-                            std::fflush(stdout);
-                            return true;
-                          },
-                          st);
-  (*ctx)->clear_query_weights();  // qTTT: the model's own W_q again
-  if (!s) return fail(s.message());
-  print_summary(st, **ctx);
-  if (!qttt_spec.empty()) std::fprintf(stderr, "%s\n", lc::qttt_summary(qst).c_str());
+  lc::GenerateOptions go;
+  go.n_predict = n_predict;
+  go.qttt_seed = sp->seed;
+  auto st = (*session)->run(pr, sampler, go, print_piece);
+  if (!st) return fail(st.error().message);
+  print_summary(*st, (*session)->context());
+  if (!qttt_spec.empty()) std::fprintf(stderr, "%s\n", lc::qttt_summary(st->qttt).c_str());
   return 0;
 }
 
@@ -273,56 +237,34 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
     if (!t) return fail(t.error().message);
     tmpl = *t;
   }
-  auto ctx = make_context(**model, co.ctx_params());
-  if (!ctx) return fail(ctx.error().message);
-  if (const lc::KvPress* press = (*ctx)->press()) {
-    if (!press->schedule().query_aware)
-      return fail("--kv-press query=agnostic needs to know where the question starts: use run --question or bench run "
-                  "(chat compresses each turn query-aware)");
-    if (press->prompt_compression())
-      return fail("--kv-press specpc compresses one prompt before prefill; chat reuses the cache across turns (use run)");
-  }
+  auto session = make_session(**model, co, "");
+  if (!session) return fail(session.error().message);
+  if (Status s = (*session)->check_multi_turn(); !s) return fail(s.message());
   std::fprintf(stderr, "chat template: %s. Type a message; an empty line or Ctrl-D ends.\n",
                lc::chat_template_name(tmpl));
   lc::Sampler sampler(*sp);
   std::vector<lc::ChatMessage> msgs;
   if (!system.empty()) msgs.push_back({"system", system});
-  std::vector<int32_t> history;  // tokens of the conversation; the cache holds a prefix of it
-  lc::GenerateStats total;
+  lc::RequestStats total;
+  lc::GenerateOptions go;
+  go.n_predict = n_predict;
   std::string line;
   for (;;) {
     std::fprintf(stderr, "\n> ");
     if (!std::getline(std::cin, line) || line.empty()) break;
     msgs.push_back({"user", line});
-    // Re-render the whole conversation and evaluate only what differs from the cached prefix
-    // (the way servers reuse a prompt cache): the template's end-of-turn markers may tokenize
-    // differently from what was sampled.
+    // The whole conversation, re-rendered; the Session evaluates what the cache does not hold.
     std::vector<int32_t> ids = tok.encode(lc::apply_chat_template(tmpl, msgs, true), true, true);
-    size_t common = 0;
-    const size_t cached = static_cast<size_t>((*ctx)->n_past());
-    while (common < ids.size() && common < cached && ids[common] == history[common]) ++common;
-    if (common == ids.size() && common > 0) --common;  // at least one token yields the logits
-    (*ctx)->truncate(static_cast<int64_t>(common));
-    history = std::move(ids);
-    std::string reply;
-    lc::GenerateStats st;
-    Status s = lc::generate(**ctx, sampler, history, n_predict,
-                            [&](int32_t, std::string_view text) {
-                              reply += text;
-                              std::fwrite(text.data(), 1, text.size(), stdout);
-                              std::fflush(stdout);
-                              return true;
-                            },
-                            st);
-    if (!s) return fail(s.message());
+    auto st = (*session)->continue_with(std::move(ids), sampler, go, print_piece);
+    if (!st) return fail(st.error().message);
     std::fputc('\n', stdout);
-    total.n_prompt += st.n_prompt;
-    total.n_gen += st.n_gen;
-    total.t_prompt += st.t_prompt;
-    total.t_gen += st.t_gen;
-    msgs.push_back({"assistant", reply});
+    total.n_prompt += st->n_prompt;
+    total.n_gen += st->n_gen;
+    total.t_prompt += st->t_prompt;
+    total.t_gen += st->t_gen;
+    msgs.push_back({"assistant", st->text});
   }
-  print_summary(total, **ctx);
+  print_summary(total, (*session)->context());
   return 0;
 }
 

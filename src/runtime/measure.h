@@ -1,5 +1,6 @@
-// Prompt processing and the decode loop, perplexity the way llama.cpp's perplexity tool
-// computes it, and llama-bench style speed measurements.
+// Measurements over a context: perplexity the way llama.cpp's perplexity tool computes it, and
+// llama-bench style speed measurements. (A request's prefill and generation live in
+// runtime/session.h.)
 #pragma once
 
 #include <cstdint>
@@ -10,26 +11,8 @@
 
 #include "core/status.h"
 #include "model/context.h"
-#include "runtime/sampler.h"
 
 namespace lc {
-
-struct GenerateStats {
-  int64_t n_prompt = 0;   // tokens evaluated for the prompt
-  int64_t n_gen = 0;      // tokens generated
-  double t_prompt = 0;    // seconds
-  double t_gen = 0;
-  bool stopped_eog = false;
-};
-
-// Called with each generated token and the text it completes (never a partial UTF-8
-// character). Return false to stop.
-using TokenCallback = std::function<bool(int32_t id, std::string_view text)>;
-
-// Evaluates the tokens of `history` not yet in the context, then samples up to n_predict
-// tokens (stopping at an end-of-generation token), appending them to `history`.
-Status generate(Context& ctx, Sampler& sampler, std::vector<int32_t>& history, int64_t n_predict,
-                const TokenCallback& on_token, GenerateStats& stats);
 
 struct PerplexityResult {
   double ppl = 0, ppl_err = 0;

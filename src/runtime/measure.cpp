@@ -1,4 +1,4 @@
-#include "runtime/generate.h"
+#include "runtime/measure.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,54 +8,6 @@
 #include "core/sys.h"
 
 namespace lc {
-
-Status generate(Context& ctx, Sampler& sampler, std::vector<int32_t>& history, int64_t n_predict,
-                const TokenCallback& on_token, GenerateStats& stats) {
-  const Tokenizer& tok = ctx.model().tokenizer();
-  const int32_t n_vocab = tok.n_vocab();
-  if (static_cast<int64_t>(history.size()) > ctx.n_ctx()) {
-    return make_error(strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
-                                history.size(), (long long)ctx.n_ctx()));
-  }
-  if (history.empty()) return make_error("empty prompt: nothing to condition on (the model adds no BOS)");
-  const int64_t start = ctx.n_past();
-  if (start >= static_cast<int64_t>(history.size())) {
-    return make_error("internal: context already holds the whole history");
-  }
-  double t0 = now_seconds();
-  std::span<const int32_t> todo(history.data() + start, history.size() - static_cast<size_t>(start));
-  LC_TRY(ctx.decode(todo, Logits::kLast));
-  stats.n_prompt += static_cast<int64_t>(todo.size());
-  stats.t_prompt += now_seconds() - t0;
-
-  StreamDecoder dec(tok);
-  t0 = now_seconds();
-  for (int64_t i = 0; i < n_predict; ++i) {
-    const int32_t id = sampler.sample(ctx.logits(0), n_vocab, history);
-    history.push_back(id);
-    ++stats.n_gen;
-    if (tok.is_eog(id)) {
-      stats.stopped_eog = true;
-      std::string rest = dec.flush();
-      if (on_token && !rest.empty()) on_token(id, rest);
-      break;
-    }
-    const std::string text = dec.push(id);
-    if (on_token && !on_token(id, text)) break;
-    if (i + 1 == n_predict) break;  // the last token needs no forward pass
-    if (ctx.n_past() >= ctx.n_ctx()) {
-      stats.t_gen += now_seconds() - t0;
-      return make_error(strprintf("context full after %lld tokens (raise --ctx-size)", (long long)ctx.n_ctx()));
-    }
-    LC_TRY(ctx.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
-  }
-  if (on_token) {
-    std::string rest = dec.flush();
-    if (!rest.empty()) on_token(-1, rest);
-  }
-  stats.t_gen += now_seconds() - t0;
-  return Status::ok();
-}
 
 Expected<PerplexityResult> perplexity(Context& ctx, const std::vector<int32_t>& tokens, int64_t n_ctx,
                                       const std::function<void(int64_t, double)>& on_chunk) {

@@ -1,0 +1,69 @@
+// The press registry: ONE line per method, read as an X-macro list. Everything in src/kv that
+// names the presses is generated from it: the scorer factories' declarations (press_impl.h),
+// the scorer table find_scorer() and adakv's inner= error list, kv_press_methods() (name + help
+// line) and the "unknown press" error, kv_press_method_info() (+ paper and keys) (press.cpp).
+// The order here is the order of all those lists.
+//
+//   LC_PRESS_SCORER(name, help, paper): a scorer; a file under src/kv/ (press_<name>.cpp) defines
+//     press::make_<name>(Args&, const PressShape&). It runs under the common frame (ratio,
+//     budget, window, ...) on its own and as adakv's inner=.
+//   LC_PRESS_FRAME(name, help, paper): a press press.cpp builds itself: a budget allocation over
+//     a scorer (pyramidkv, adakv) or prompt compression (specpc). No factory of its own.
+//
+// Adding a training-free scorer = its file + one LC_PRESS_SCORER line (CMake globs src/kv).
+//
+// Include this file after defining the macro(s) wanted; an undefined one expands to nothing,
+// and both are undefined again at the end, so the file can be included any number of times.
+// No include guard, on purpose.
+
+#ifndef LC_PRESS_SCORER
+#define LC_PRESS_SCORER(name, help, paper)
+#endif
+#ifndef LC_PRESS_FRAME
+#define LC_PRESS_FRAME(name, help, paper)
+#endif
+
+LC_PRESS_SCORER(streaming_llm,
+                "first n_sink (4) tokens + the most recent ones; positions re-assigned (reposition=1)",
+                "Xiao et al., \"Efficient Streaming Language Models with Attention Sinks\", ICLR 2024")
+LC_PRESS_SCORER(snapkv,
+                "attention of the last window (64) queries, avg-pooled (kernel=5), reduced over the group",
+                "Li et al., \"SnapKV: LLM Knows What You are Looking for Before Generation\", NeurIPS 2024")
+LC_PRESS_FRAME(pyramidkv,
+               "SnapKV scores, per-layer budgets falling linearly with depth (beta=20)",
+               "Cai et al., \"PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information "
+               "Funneling\", arXiv 2406.02069, 2024")
+LC_PRESS_SCORER(h2o,
+                "observed attention: column sums over the window queries / number of queries that see the key",
+                "Zhang et al., \"H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language "
+                "Models\", NeurIPS 2023")
+LC_PRESS_SCORER(tova,
+                "attention of the last query averaged over all heads",
+                "Oren et al., \"Transformers are Multi-State RNNs\", arXiv 2401.06104, 2024")
+LC_PRESS_SCORER(knorm,
+                "-||k||: keeps keys of small norm",
+                "Devoto et al., \"A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression\", EMNLP 2024")
+LC_PRESS_SCORER(keydiff,
+                "-cos(k, mean of the head's unit keys): keeps the most distinctive keys",
+                "Park et al., \"KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in "
+                "Resource-Constrained Environments\", arXiv 2504.15364, 2025")
+LC_PRESS_SCORER(expected_attention,
+                "attention expected from query statistics over the next n_future (512) positions, x ||v||",
+                "Devoto et al., \"Expected Attention: KV Cache Compression by Estimating Attention from Future "
+                "Queries Distribution\", arXiv 2510.00636, 2025")
+LC_PRESS_SCORER(random,
+                "uniform random scores (control), seed=",
+                "the control of the press papers (kvpress RandomPress)")
+LC_PRESS_FRAME(adakv,
+               "head-wise budgets over a scorer (inner=NAME, alpha=0.2)",
+               "Feng et al., \"Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient "
+               "LLM Inference\", arXiv 2407.11550, 2024")
+LC_PRESS_SCORER(speckv,
+                "SnapKV scores from the last 32 prompt queries + the queries of 8 draft lookahead tokens (needs --draft)",
+                "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
+LC_PRESS_FRAME(specpc,
+               "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)",
+               "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
+
+#undef LC_PRESS_SCORER
+#undef LC_PRESS_FRAME

@@ -1,0 +1,339 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "core/sys.h"
+
+namespace lc {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kLength: return "length";
+    case StopReason::kEog: return "eog";
+    case StopReason::kStopString: return "stop";
+    case StopReason::kCallback: return "callback";
+    case StopReason::kCancelled: return "cancelled";
+  }
+  return "length";
+}
+
+Session::Session(const Model& model, const SessionParams& p, std::unique_ptr<Context> ctx)
+    : model_(model), params_(p), ctx_(std::move(ctx)) {
+  ctx_->set_chunk_callback([this](int64_t done, int64_t total) {
+    if (progress_) progress_(done, total);
+    return !cancelled();
+  });
+}
+
+Expected<std::unique_ptr<Session>> Session::create(const Model& model, const SessionParams& p) {
+  LC_ASSIGN_OR_RETURN(std::unique_ptr<Context> ctx, Context::create(model, p.ctx));
+  if (p.qttt.enabled()) LC_TRY(check_qttt_context(*ctx));
+  return std::unique_ptr<Session>(new Session(model, p, std::move(ctx)));
+}
+
+Status Session::check_multi_turn() const {
+  if (const KvPress* press = ctx_->press()) {
+    if (!press->schedule().query_aware)
+      return make_error(ErrorCode::kUnsupported,
+                        "--kv-press query=agnostic needs to know where the question starts: use run --question or "
+                        "bench run (chat compresses each turn query-aware)");
+    if (press->prompt_compression())
+      return make_error(ErrorCode::kUnsupported,
+                        "--kv-press specpc compresses one prompt before prefill; chat reuses the cache across turns "
+                        "(use run)");
+  }
+  if (params_.qttt.enabled())
+    return make_error(ErrorCode::kUnsupported,
+                      "--qttt trains on one document before its question; a conversation reuses the cache across "
+                      "turns (use run)");
+  return Status::ok();
+}
+
+Status Session::decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st) {
+  const double t0 = now_seconds();
+  Status s = context_part ? ctx_->decode_context(tokens) : ctx_->decode(tokens, which);
+  st.t_prompt += now_seconds() - t0;
+  if (s) st.n_prompt += static_cast<int64_t>(tokens.size());
+  return s;
+}
+
+namespace {
+
+Status check_prompt(const std::vector<int32_t>& tokens, const Context& ctx) {
+  if (tokens.empty())
+    return make_error(ErrorCode::kInvalidArgument, "the prompt is empty and the model adds no BOS token");
+  if (static_cast<int64_t>(tokens.size()) > ctx.n_ctx())
+    return make_error(ErrorCode::kContextFull,
+                      strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
+                                tokens.size(), (long long)ctx.n_ctx()));
+  return Status::ok();
+}
+
+// Puts the model's own W_q back when a request ends, however it ends.
+struct QueryWeightsGuard {
+  Context& ctx;
+  ~QueryWeightsGuard() { ctx.clear_query_weights(); }
+};
+
+}  // namespace
+
+namespace {
+// Tokens of the document: everything before the question; without one, all but the last prompt
+// token (generation evaluates that one and reads its logits).
+int64_t document_tokens(const Prompt& p) {
+  const int64_t n = static_cast<int64_t>(p.tokens.size());
+  return p.n_context < 0 || p.n_context >= n ? n - 1 : p.n_context;
+}
+}  // namespace
+
+Status Session::validate(const Prompt& prompt) const {
+  LC_TRY(check_prompt(prompt.tokens, *ctx_));
+  return check_qttt_span(params_.qttt, document_tokens(prompt));
+}
+
+Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, const GenerateOptions& g,
+                                    const TokenCallback& on_token) {
+  cancel_.store(false, std::memory_order_relaxed);
+  LC_TRY(validate(prompt));
+  ctx_->clear();
+  history_.clear();
+  QueryWeightsGuard restore{*ctx_};
+  RequestStats st;
+  const int64_t n_doc = document_tokens(prompt);
+  const QtttParams& qttt = params_.qttt;
+  history_ = prompt.tokens;
+  const KvPress* press = ctx_->press();
+  if (press && !press->schedule().query_aware && n_doc > 0) {
+    // Query-agnostic: the press compresses the document before the question is read.
+    LC_TRY(decode_timed(std::span<const int32_t>(prompt.tokens.data(), static_cast<size_t>(n_doc)), Logits::kNone,
+                        true, st));
+    // The cache holds the (with SpecPC, selected) document; the question follows.
+    history_ = ctx_->tokens();
+    history_.insert(history_.end(), prompt.tokens.begin() + n_doc, prompt.tokens.end());
+  }
+  if (qttt.enabled()) {
+    // qTTT: one prefill of the document, a few steps on the query projections; the question and
+    // the answer then read the cache with the trained W_q. (A press and qTTT never meet: the
+    // Session refuses the pair when it is made.)
+    LC_TRY(decode_timed(std::span<const int32_t>(history_.data(), static_cast<size_t>(n_doc)), Logits::kNone, false,
+                        st));
+    LC_ASSIGN_OR_RETURN(st.qttt, run_qttt(*ctx_, qttt, g.qttt_seed, n_doc));
+    st.qttt_ran = true;
+  }
+  const int64_t start = ctx_->n_past();
+  if (start >= static_cast<int64_t>(history_.size())) return make_error("internal: the cache already holds the whole prompt");
+  LC_TRY(decode_timed(std::span<const int32_t>(history_.data() + start, history_.size() - static_cast<size_t>(start)),
+                      Logits::kLast, false, st));
+  LC_TRY(generate(sampler, g, on_token, st));
+  return st;
+}
+
+Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
+                                              const TokenCallback& on_token) {
+  cancel_.store(false, std::memory_order_relaxed);
+  LC_TRY(check_multi_turn());
+  LC_TRY(check_prompt(tokens, *ctx_));
+  // Keep the longest prefix the cache holds (the way servers reuse a prompt cache: a template's
+  // end-of-turn markers may tokenize differently from what was sampled), and evaluate at least
+  // one token, whose logits start the answer.
+  const size_t cached = std::min(static_cast<size_t>(ctx_->n_past()), history_.size());
+  size_t common = 0;
+  while (common < tokens.size() && common < cached && tokens[common] == history_[common]) ++common;
+  if (common == tokens.size()) --common;
+  ctx_->truncate(static_cast<int64_t>(common));
+  history_ = std::move(tokens);
+  RequestStats st;
+  st.n_reused = static_cast<int64_t>(common);
+  LC_TRY(decode_timed(std::span<const int32_t>(history_.data() + common, history_.size() - common), Logits::kLast,
+                      false, st));
+  LC_TRY(generate(sampler, g, on_token, st));
+  return st;
+}
+
+namespace {
+
+// Length of the longest suffix of `text` that is a proper prefix of one of the stop strings:
+// text that may still become a stop string and is held back.
+size_t held_back(std::string_view text, const std::vector<std::string>& stop) {
+  size_t best = 0;
+  for (const auto& s : stop)
+    for (size_t k = std::min(s.size() - 1, text.size()); k > best; --k)
+      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
+        best = k;
+        break;
+      }
+  return best;
+}
+
+}  // namespace
+
+Status Session::generate(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token, RequestStats& st) {
+  const Tokenizer& tok = model_.tokenizer();
+  const int32_t n_vocab = tok.n_vocab();
+  for (const auto& s : g.stop)
+    if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "a stop string is empty");
+  StreamDecoder dec(tok);
+  size_t emitted = 0;  // bytes of st.text passed to on_token
+  // Passes the final part of the text on; with stop strings, text that may begin one waits.
+  auto emit = [&](int32_t id, bool final_piece) -> bool {
+    const size_t upto = final_piece || g.stop.empty() ? st.text.size() : st.text.size() - held_back(st.text, g.stop);
+    if (upto <= emitted && !g.stop.empty()) return true;
+    const std::string_view piece = std::string_view(st.text).substr(emitted, upto - emitted);
+    emitted = upto;
+    return !on_token || on_token(id, piece);
+  };
+  // Ends the text at the first stop string in it (searched from where a new one could start).
+  auto find_stop = [&](size_t from) -> size_t {
+    size_t at = std::string::npos;
+    for (const auto& s : g.stop) at = std::min(at, st.text.find(s, from));
+    return at;
+  };
+  const double t0 = now_seconds();
+  auto finish = [&]() {
+    st.t_gen += now_seconds() - t0;
+    return Status::ok();
+  };
+  for (int64_t i = 0; i < g.n_predict; ++i) {
+    if (cancelled()) {
+      st.stop = StopReason::kCancelled;
+      break;
+    }
+    const int32_t id = sampler.sample(ctx_->logits(0), n_vocab, history_);
+    history_.push_back(id);
+    st.generated.push_back(id);
+    ++st.n_gen;
+    if (tok.is_eog(id)) {
+      st.stop = StopReason::kEog;
+      const std::string rest = dec.flush();
+      st.text += rest;
+      if (on_token && emitted < st.text.size()) emit(id, true);
+      return finish();
+    }
+    size_t longest = 0;
+    for (const auto& s : g.stop) longest = std::max(longest, s.size());
+    const size_t search_from = st.text.size() >= longest ? st.text.size() - longest + 1 : 0;
+    st.text += dec.push(id);
+    if (!g.stop.empty()) {
+      const size_t at = find_stop(search_from);
+      if (at != std::string::npos) {
+        st.text.resize(at);
+        emit(id, true);
+        st.stop = StopReason::kStopString;
+        return finish();
+      }
+    }
+    if (!emit(id, false)) {
+      st.stop = StopReason::kCallback;
+      return finish();
+    }
+    if (i + 1 == g.n_predict) break;  // the last token needs no forward pass
+    if (ctx_->n_past() >= ctx_->n_ctx()) {
+      (void)finish();
+      return make_error(ErrorCode::kContextFull,
+                        strprintf("context full after %lld tokens (raise --ctx-size)", (long long)ctx_->n_ctx()));
+    }
+    if (Status s = ctx_->decode(std::span<const int32_t>(&id, 1), Logits::kLast); !s) {
+      (void)finish();
+      return s;
+    }
+  }
+  st.text += dec.flush();
+  if (!g.stop.empty()) {
+    const size_t at = find_stop(emitted);
+    if (at != std::string::npos) {
+      st.text.resize(at);
+      st.stop = StopReason::kStopString;
+    }
+  }
+  if (emitted < st.text.size() && on_token) emit(-1, true);
+  return finish();
+}
+
+namespace {
+constexpr uint32_t kSessionMagic = 0x5353434cu;  // "LCSS"
+constexpr uint32_t kSessionVersion = 1;
+
+// What a saved session must agree on with the Session that loads it.
+std::string session_identity(const Model& m, const Context& ctx) {
+  const HParams& hp = m.hparams();
+  return strprintf("arch %s, n_vocab %lld, n_layer %lld, n_embd %lld, n_head %lld/%lld, head_dim %lld, weights %zu "
+                   "bytes; rope %s; attention %s; press %s",
+                   arch_name(hp.arch), (long long)hp.n_vocab, (long long)hp.n_layer, (long long)hp.n_embd,
+                   (long long)hp.n_head, (long long)hp.n_head_kv, (long long)hp.head_dim, m.weight_bytes(),
+                   ctx.rope_plan().describe().c_str(), ctx.attention().spec().c_str(),
+                   ctx.press() ? ctx.press()->spec().c_str() : "none");
+}
+}  // namespace
+
+Status Session::save(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return make_error(ErrorCode::kIo, strprintf("%s: cannot write the session file", tmp.c_str()));
+    const std::string id = session_identity(model_, *ctx_);
+    out.write(reinterpret_cast<const char*>(&kSessionMagic), sizeof kSessionMagic);
+    out.write(reinterpret_cast<const char*>(&kSessionVersion), sizeof kSessionVersion);
+    const uint64_t id_len = id.size(), n_hist = history_.size();
+    out.write(reinterpret_cast<const char*>(&id_len), sizeof id_len);
+    out.write(id.data(), static_cast<std::streamsize>(id.size()));
+    out.write(reinterpret_cast<const char*>(&n_hist), sizeof n_hist);
+    out.write(reinterpret_cast<const char*>(history_.data()), static_cast<std::streamsize>(n_hist * sizeof(int32_t)));
+    if (Status s = ctx_->save_state(out); !s) {
+      out.close();
+      std::remove(tmp.c_str());
+      return s;
+    }
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return make_error(ErrorCode::kIo, strprintf("%s: write error (disk full?)", tmp.c_str()));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return make_error(ErrorCode::kIo, strprintf("%s: cannot replace the session file", path.c_str()));
+  }
+  return Status::ok();
+}
+
+Status Session::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, strprintf("%s: cannot open the session file", path.c_str()));
+  uint32_t magic = 0, version = 0;
+  uint64_t id_len = 0, n_hist = 0;
+  in.read(reinterpret_cast<char*>(&magic), sizeof magic);
+  in.read(reinterpret_cast<char*>(&version), sizeof version);
+  if (!in || magic != kSessionMagic)
+    return make_error(ErrorCode::kBadFile, strprintf("%s: not a longctx session file", path.c_str()));
+  if (version != kSessionVersion)
+    return make_error(ErrorCode::kBadFile, strprintf("%s: session file version %u, this build reads version %u",
+                                                     path.c_str(), version, kSessionVersion));
+  in.read(reinterpret_cast<char*>(&id_len), sizeof id_len);
+  if (!in || id_len > 4096) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  std::string id(static_cast<size_t>(id_len), '\0');
+  in.read(id.data(), static_cast<std::streamsize>(id_len));
+  const std::string mine = session_identity(model_, *ctx_);
+  if (!in) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  if (id != mine)
+    return make_error(ErrorCode::kInvalidArgument,
+                      strprintf("%s: the session was saved with another model or other methods (%s); this one has %s",
+                                path.c_str(), id.c_str(), mine.c_str()));
+  in.read(reinterpret_cast<char*>(&n_hist), sizeof n_hist);
+  if (!in || n_hist > static_cast<uint64_t>(ctx_->n_ctx()))
+    return make_error(ErrorCode::kBadFile, strprintf("%s: bad history length", path.c_str()));
+  std::vector<int32_t> hist(static_cast<size_t>(n_hist));
+  in.read(reinterpret_cast<char*>(hist.data()), static_cast<std::streamsize>(n_hist * sizeof(int32_t)));
+  if (!in) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  history_.clear();
+  if (Status s = ctx_->load_state(in); !s) return make_error(s.code(), path + ": " + s.message());
+  if (hist.size() < static_cast<size_t>(ctx_->n_past())) {
+    ctx_->clear();
+    return make_error(ErrorCode::kBadFile, strprintf("%s: the history is shorter than the cache", path.c_str()));
+  }
+  history_ = std::move(hist);
+  return Status::ok();
+}
+
+}  // namespace lc

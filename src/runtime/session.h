@@ -1,0 +1,137 @@
+// One request's life over a model: the home of the request flow that every front end (run,
+// chat, bench run, and the readers and server to come) goes through.
+//
+// A request is a prompt (a document, then optionally a question), the method settings of the
+// Session (rope, attention, press, qTTT in SessionParams), sampling and stop conditions. The
+// Session owns, in order:
+//   1. prefill: the document, compressed by a query-agnostic press before the question is read
+//      (METHODS.md §2), or the whole prompt with a query-aware press compressing after it;
+//   2. qTTT (model/qttt.h): after the document's prefill, a few steps on W_q; the question and
+//      the answer use the trained W_q, and the model's own weights come back when the request
+//      ends, whether it succeeds or fails;
+//   3. generation, streamed through a callback, with end-of-generation, stop strings, a token
+//      cap and cancellation;
+//   4. timings and memory figures.
+// A Session can be saved to a file and restored (tokens, KV blocks, the press's schedule
+// state and qTTT's weights), so that a later request continues from the same cache.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "model/context.h"
+#include "model/model.h"
+#include "model/qttt.h"
+#include "runtime/sampler.h"
+
+namespace lc {
+
+struct SessionParams {
+  ContextParams ctx;  // rope, attention, press, KV cache, threads, draft
+  QtttParams qttt{.steps = 0};  // steps 0: no test-time training
+};
+
+// The prompt of a request, tokenised as one text (so that a token straddling the boundary
+// between document and question is what the model sees).
+struct Prompt {
+  std::vector<int32_t> tokens;  // document then question, BOS included if the model adds one
+  // Tokens of `tokens` before the question: what a query-agnostic press compresses and qTTT
+  // trains on. -1 or >= tokens.size(): no question (then both use all but the last token,
+  // which generation evaluates).
+  int64_t n_context = -1;
+};
+
+struct GenerateOptions {
+  int64_t n_predict = 128;         // cap on generated tokens
+  std::vector<std::string> stop;   // generation ends before the first of these strings
+  uint64_t qttt_seed = 0;          // seed of qTTT's span draws
+};
+
+// Called with each piece of generated text as it becomes final (never a partial UTF-8
+// character, never the start of a stop string); id is the token that completed it, -1 for
+// text flushed at the end. Return false to stop.
+using TokenCallback = std::function<bool(int32_t id, std::string_view text)>;
+
+enum class StopReason { kLength, kEog, kStopString, kCallback, kCancelled };
+const char* stop_reason_name(StopReason r);
+
+struct RequestStats {
+  int64_t n_prompt = 0;   // prompt tokens evaluated by this request
+  int64_t n_reused = 0;   // prompt tokens found in the cache already (continue_with)
+  int64_t n_gen = 0;      // tokens generated
+  double t_prompt = 0;    // seconds of prefill (press work included)
+  double t_gen = 0;       // seconds of generation
+  StopReason stop = StopReason::kLength;
+  std::string text;       // the generated text, stop string excluded
+  std::vector<int32_t> generated;  // the generated token ids
+  bool qttt_ran = false;
+  QtttStats qttt;
+};
+
+class Session {
+ public:
+  // Makes the context from p.ctx and checks that the methods work together (qTTT needs the
+  // whole cache: dense or fixed attention, no press).
+  static Expected<std::unique_ptr<Session>> create(const Model& model, const SessionParams& p);
+
+  // A fresh request: clears the cache, prefills the prompt (with compression and qTTT), then
+  // generates. The Session's history is the prompt (as the cache holds it) plus the answer.
+  Expected<RequestStats> run(const Prompt& prompt, Sampler& sampler, const GenerateOptions& g,
+                             const TokenCallback& on_token);
+
+  // The checks run() makes before any work: a prompt that is not empty, fits the context, and
+  // leaves room for qTTT's spans. Front ends call it before they print anything.
+  Status validate(const Prompt& prompt) const;
+
+  // The next turn of a conversation (chat, server slots): `tokens` is the whole conversation
+  // so far. The longest prefix the cache already holds is kept, the rest is evaluated, then
+  // the answer is generated. Needs a Session whose cache holds every token it was given
+  // (check_multi_turn()).
+  Expected<RequestStats> continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
+                                       const TokenCallback& on_token);
+  // Whether continue_with() can work with these methods: a query-agnostic press needs to know
+  // where the question starts, and SpecPC compresses one prompt before its prefill.
+  Status check_multi_turn() const;
+
+  // Asks the request in progress (from another thread, or from a callback) to stop at the next
+  // chunk or token: it returns with stop reason kCancelled (during generation) or a kCancelled
+  // error (during prefill). The flag is cleared when the next request starts.
+  void cancel() { cancel_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+  // Progress of a long prefill: tokens done of the prompt's total (called after every chunk).
+  void set_progress(std::function<void(int64_t done, int64_t total)> fn) { progress_ = std::move(fn); }
+
+  // Writes the state a later request continues from: the history, every KV block of every
+  // (layer, head) with its positions, the press's schedule state and qTTT's weights. The file
+  // names the model's shape and the cache settings; load() refuses a file made with others.
+  Status save(const std::string& path) const;
+  Status load(const std::string& path);
+
+  const std::vector<int32_t>& history() const { return history_; }
+  Context& context() { return *ctx_; }
+  const Context& context() const { return *ctx_; }
+  const Model& model() const { return model_; }
+  const SessionParams& params() const { return params_; }
+
+ private:
+  Session(const Model& model, const SessionParams& p, std::unique_ptr<Context> ctx);
+  // Samples up to g.n_predict tokens after the prompt the cache holds (its logits are those of
+  // history_'s last token), appending them to history_.
+  Status generate(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token, RequestStats& st);
+  Status decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st);
+
+  const Model& model_;
+  SessionParams params_;
+  std::unique_ptr<Context> ctx_;
+  std::vector<int32_t> history_;  // the tokens of the request so far (the cache holds them)
+  std::atomic<bool> cancel_{false};
+  std::function<void(int64_t, int64_t)> progress_;
+};
+
+}  // namespace lc
