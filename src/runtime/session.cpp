@@ -299,6 +299,10 @@ Status Session::save(const std::string& path) const {
 }
 
 Status Session::load(const std::string& path) {
+  // Whatever happens, the old state is gone: an error leaves an empty Session.
+  ctx_->clear();
+  ctx_->clear_query_weights();
+  history_.clear();
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kIo, strprintf("%s: cannot open the session file", path.c_str()));
   uint32_t magic = 0, version = 0;
