@@ -32,6 +32,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kv/attention_caps.h"
 #include "kv/kv_cache.h"
 
 namespace lc {
@@ -66,6 +67,9 @@ class AttentionBackend {
 
   // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2,share=1".
   virtual std::string spec() const = 0;
+  // What the backend does with the cache (typed; see kv/attention_caps.h). The default claims
+  // nothing: a backend is taken to read a subset of the keys unless it says otherwise.
+  virtual AttentionCaps caps() const { return AttentionCaps{spec()}; }
 
   // Checks the cache against the method (shapes, block sizes) and installs what the method
   // needs from it (an evictor). Call once after the cache is created.

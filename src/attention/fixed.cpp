@@ -44,6 +44,13 @@ class FixedBackend final : public ExecBackend {
     return s;
   }
 
+  AttentionCaps caps() const override {
+    AttentionCaps c{spec()};
+    c.fixed_distance = distance_;
+    c.reads_all_keys = budget_ == 0;
+    return c;
+  }
+
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;

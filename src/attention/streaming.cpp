@@ -31,6 +31,11 @@ class StreamingBackend final : public ExecBackend {
   std::string spec() const override {
     return strprintf("streaming:sinks=%lld,window=%lld", (long long)n_sink_, (long long)window_);
   }
+  AttentionCaps caps() const override {
+    AttentionCaps c{spec()};
+    c.evicts = c.relabels_positions = true;
+    return c;
+  }
 
   Status attach(KvCache& kv) override {
     LC_TRY(AttentionBackend::attach(kv));

@@ -55,7 +55,8 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
   if (!j.is_object()) return make_error("config: expected a JSON object");
   static const std::set<std::string> known = {"models", "methods", "tasks", "lengths", "depths", "samples",
                                               "seed", "threshold", "max_new_tokens", "observations",
-                                              "chat_template", "batch", "threads", "out", "draft"};
+                                              "chat_template", "batch", "threads", "out", "draft", "kv_block",
+                                              "kv_type_k", "kv_type_v", "kv_budget", "kv_spill"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) return make_error(strprintf("config: unknown field \"%s\"", it.key().c_str()));
   try {
@@ -114,6 +115,22 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
     if (j.contains("threads")) cfg.n_threads = j["threads"].get<int>();
     if (j.contains("out")) cfg.out_dir = j["out"].get<std::string>();
     if (j.contains("draft")) cfg.draft = j["draft"].get<std::string>();
+    if (j.contains("kv_block")) cfg.kv_block = j["kv_block"].get<int64_t>();
+    if (j.contains("kv_type_k")) {
+      LC_ASSIGN_OR_RETURN(cfg.kv_type_k, parse_kv_type(j["kv_type_k"].get<std::string>()));
+    }
+    if (j.contains("kv_type_v")) {
+      LC_ASSIGN_OR_RETURN(cfg.kv_type_v, parse_kv_type(j["kv_type_v"].get<std::string>()));
+    }
+    if (j.contains("kv_budget")) {
+      const json& b = j["kv_budget"];
+      if (b.is_number_integer()) {
+        cfg.kv_budget = b.get<int64_t>();
+      } else {
+        LC_ASSIGN_OR_RETURN(cfg.kv_budget, parse_byte_size(b.get<std::string>()));
+      }
+    }
+    if (j.contains("kv_spill")) cfg.kv_spill = j["kv_spill"].get<std::string>();
   } catch (const json::exception& e) {
     return make_error(strprintf("config: %s", e.what()));
   }
@@ -548,6 +565,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       pp.n_ctx = cfg.lengths.front();
       pp.n_batch = 16;
       pp.n_threads = 1;
+      pp.kv_block = cfg.kv_block;
+      pp.kv_type_k = cfg.kv_type_k, pp.kv_type_v = cfg.kv_type_v;
+      pp.kv_spill = cfg.kv_spill;
       pp.model_name = model_name;
       pp.draft = draft.get();
       pp.draft_name = cfg.draft;
@@ -560,6 +580,10 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       cp.n_ctx = cfg.lengths.back();
       cp.n_batch = cfg.n_batch;
       cp.n_threads = cfg.n_threads;
+      cp.kv_block = cfg.kv_block;
+      cp.kv_type_k = cfg.kv_type_k, cp.kv_type_v = cfg.kv_type_v;
+      cp.kv_budget = cfg.kv_budget;
+      cp.kv_spill = cfg.kv_spill;
       cp.model_name = model_name;
       cp.draft = draft.get();
       cp.draft_name = cfg.draft;

@@ -15,6 +15,7 @@
 #include "bench/method.h"
 #include "bench/score.h"
 #include "bench/tasks.h"
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace lc::bench {
@@ -39,6 +40,11 @@ struct RunConfig {
   std::string out_dir = "bench-out";
   int64_t n_batch = 512;
   int n_threads = 0;
+  // The paged KV cache of every context (--kv-block, --kv-type-k/-v, --kv-budget, --kv-spill).
+  int64_t kv_block = 64;
+  DType kv_type_k = DType::F32, kv_type_v = DType::F32;
+  int64_t kv_budget = 0;   // bytes; 0: no cap
+  std::string kv_spill;    // folder for the spill file; empty: none
   std::string chat_template = "auto";  // auto (from the GGUF), none, llama3, chatml, ...
   std::string draft;                   // --draft: draft model for speckv / specpc (same vocabulary)
   bool plots = true;
@@ -49,7 +55,8 @@ struct RunConfig {
 // Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"qttt":..,"name":..}],
 // "tasks": [...], "lengths": [4096, "8K"], "depths": [...], "samples": N, "seed": N,
 // "threshold": X, "max_new_tokens": N, "observations": N, "chat_template": "auto",
-// "batch": N, "threads": N, "out": "dir", "draft": "draft.gguf"}) over `cfg`: fields present
+// "batch": N, "threads": N, "out": "dir", "draft": "draft.gguf", "kv_block": N, "kv_type_k":
+// "f16", "kv_type_v": "f16", "kv_budget": "2G", "kv_spill": "dir"}) over `cfg`: fields present
 // replace the defaults.
 Status apply_config_json(const nlohmann::json& j, RunConfig& cfg);
 Status load_config_file(const std::string& path, RunConfig& cfg);

@@ -231,16 +231,15 @@ class ScoredPress final : public KvPress {
   int64_t n_obs() const override { return scorer_->n_obs(); }
   AttentionObserver* observer() override { return scorer_->observer(); }
   int64_t lookahead() const override { return scorer_->lookahead(); }
-  Status check_backend(std::string_view attn) const override {
+  Status check_backend(const AttentionCaps& attn) const override {
     // The observer recomputes DENSE attention over the held tokens at their stored positions:
     // exact for dense and naive, not for a backend that attends a subset (quest, infllm, dssa,
     // lychee) or scores at re-assigned positions (streaming).
-    const std::string_view base = attn.substr(0, attn.find(':'));
-    if (scorer_->observer() && base != "dense" && base != "naive")
+    if (scorer_->observer() && !attn.exact)
       return make_error(strprintf("kv press %s: it accumulates the attention of the forward pass as dense softmax, "
                                   "but --attn %.*s attends a subset of the tokens or re-assigns their positions "
                                   "(use --attn dense, or %s:source=window)",
-                                  name_.c_str(), static_cast<int>(attn.size()), attn.data(), name_.c_str()));
+                                  name_.c_str(), static_cast<int>(attn.spec.size()), attn.spec.data(), name_.c_str()));
     return Status::ok();
   }
 
@@ -468,7 +467,7 @@ class ChainPress final : public KvPress {
       if (const PromptCompression* p = q->prompt_compression()) return p;
     return nullptr;
   }
-  Status check_backend(std::string_view attn) const override {
+  Status check_backend(const AttentionCaps& attn) const override {
     for (const auto& q : parts_) LC_TRY(q->check_backend(attn));
     return Status::ok();
   }

@@ -48,6 +48,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kv/attention_caps.h"
 #include "kv/kv_cache.h"
 
 namespace lc {
@@ -173,7 +174,7 @@ class KvPress {
   bool needs_draft() const { return lookahead() > 0 || prompt_compression() != nullptr; }
   // An attention backend the press cannot work with (error naming both), e.g. h2o's observer
   // recomputes dense attention, which a sparse backend does not compute.
-  virtual Status check_backend(std::string_view attn_spec) const { (void)attn_spec; return Status::ok(); }
+  virtual Status check_backend(const AttentionCaps& attn) const { (void)attn; return Status::ok(); }
   // Computes the keep lists of layer il without touching the cache:
   // keep[h] ascending indices into head (il, h)'s tokens. Empty outer vector: nothing to do.
   virtual Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) = 0;

@@ -106,7 +106,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     auto press = make_kv_press(p.kv_press, ps);
     if (!press) return make_error("--kv-press: " + press.error().message);
     c->press_ = std::move(*press);
-    Status st = c->press_->check_backend(c->backend_->spec());
+    Status st = c->press_->check_backend(c->backend_->caps());
     if (!st) return make_error("--kv-press: " + st.message());
     if (c->press_->needs_draft() && !p.draft)
       return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
@@ -588,7 +588,7 @@ Status Context::set_attention(std::string_view spec) {
   auto attn = make_attention_backend(spec, as);
   if (!attn) return make_error("--attn: " + attn.error().message);
   if (press_) {
-    Status st = press_->check_backend((*attn)->spec());
+    Status st = press_->check_backend((*attn)->caps());
     if (!st) return make_error("--kv-press: " + st.message());
   }
   LC_TRY((*attn)->attach(*kv_));

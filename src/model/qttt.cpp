@@ -86,17 +86,11 @@ Expected<QtttParams> parse_qttt(std::string_view text) {
 // The distance ceiling of the context's attention: 0 for dense, W for `fixed:distance=W` read
 // whole (no budget); an error for every backend that reads a subset of the cache.
 static Expected<int64_t> qttt_fixed_distance(const Context& ctx) {
-  const std::string spec = ctx.attention().spec();
-  const std::string name = spec.substr(0, spec.find(':'));
-  if (name == "dense" || name == "naive") return int64_t{0};
-  if (name == "fixed" && spec.find("budget=") == std::string::npos) {
-    const size_t at = spec.find("distance=");
-    if (at != std::string::npos) {
-      const long long w = std::strtoll(spec.c_str() + at + 9, nullptr, 10);
-      if (w > 0) return static_cast<int64_t>(w);
-    }
-  }
-  return make_error(strprintf("--qttt needs --attn dense or fixed (without budget): its gradient is that of exact "
+  const AttentionCaps caps = ctx.attention().caps();
+  const std::string& spec = caps.spec;
+  if (caps.exact) return int64_t{0};
+  if (caps.fixed_distance > 0 && caps.reads_all_keys) return caps.fixed_distance;
+  return make_error(ErrorCode::kUnsupported, strprintf("--qttt needs --attn dense or fixed (without budget): its gradient is that of exact "
                               "attention over every cached token, while --attn %s reads (or keeps) a subset, so the "
                               "trained queries would answer through a different attention",
                               spec.c_str()));

@@ -1069,9 +1069,11 @@ TEST(KvPressObserver, AccumulatesNaiveSoftmaxOfTheForward) {
   std::sort(want.begin(), want.end());
   EXPECT_EQ(seq_of(*g.kv, 0, 0), want);
   // The observer recomputes dense attention: a sparse backend is refused, dense accepted.
-  EXPECT_FALSE(p->check_backend("quest:budget=64").is_ok());
-  EXPECT_TRUE(p->check_backend("dense").is_ok());
-  EXPECT_TRUE(make("h2o:ratio=0.5,source=window", f.shape)->check_backend("quest").is_ok());
+  AttentionCaps dense{"dense"};
+  dense.exact = dense.reads_all_keys = true;
+  EXPECT_FALSE(p->check_backend(AttentionCaps{"quest:budget=64"}).is_ok());
+  EXPECT_TRUE(p->check_backend(dense).is_ok());
+  EXPECT_TRUE(make("h2o:ratio=0.5,source=window", f.shape)->check_backend(AttentionCaps{"quest"}).is_ok());
   EXPECT_FALSE(make_kv_press("h2o:ratio=0.5,reduce=max", f.shape).has_value());
   // truncate drops the statistics of removed tokens.
   o2->truncate(10);

@@ -16,6 +16,7 @@
 #include "bench/tasks.h"
 #include "bench/text.h"
 #include "command.h"
+#include "options.h"
 #include "core/progress.h"
 #include "embedded_model.h"
 #include "gguf/gguf.h"
@@ -60,7 +61,7 @@ struct MethodOpts {
   void add(CLI::App* app) {
     app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
     app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
-    app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5");
+    app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5 (" + press_flag_help() + ")");
     app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;name=..' (repeatable)");
   }
   void add_qttt(CLI::App* app) {
@@ -247,6 +248,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
       double threshold = -1;
       bool no_plots = false;
       MethodOpts mo;
+      CacheOpts cache;
     };
     auto o = std::make_shared<O>();
     CLI::App* app = bench_app->add_subcommand("run", "run a benchmark matrix: models x methods x tasks x lengths x depths x samples");
@@ -262,7 +264,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--max-new-tokens", o->max_new, "cap on the answer budget (0: each task's own)");
     app->add_option("--observations", o->obs, "dense tasks: a fixed number of observations (0: fill the length)");
     app->add_option("--chat-template", o->tmpl, "auto (default), none, llama3, chatml, llama2, zephyr");
-    app->add_option("-o,--out", o->out, "output folder (default bench-out); a re-run resumes from it");
+    app->add_option("--out-dir", o->out, "output folder (default bench-out); a re-run resumes from it");
+    app->add_option("-o,--out", o->out, "same as --out-dir")->group("");  // the older name
     app->add_option("-b,--batch-size", o->batch, "tokens per prefill chunk (default 512)");
     app->add_option("-t,--threads", o->threads, "threads (0 = all cores)");
     app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
@@ -270,7 +273,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--draft", o->draft, "draft model GGUF for --kv-press speckv / specpc (same vocabulary)");
     o->mo.add(app);
     o->mo.add_qttt(app);
-    cmds.push_back({app, [o]() -> int {
+    o->cache.add(app);
+    cmds.push_back({app, [o, app]() -> int {
                       try {
                         if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
                         bench::RunConfig cfg;
@@ -304,6 +308,16 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         if (o->threads >= 0) cfg.n_threads = o->threads;
                         if (o->no_plots) cfg.plots = false;
                         if (!o->draft.empty()) cfg.draft = o->draft;
+                        {
+                          // The cache flags given on the command line replace the config's.
+                          lc::ContextParams kv;
+                          if (lc::Status st = o->cache.apply(kv); !st) return fail(st.message());
+                          if (app->count("--kv-block")) cfg.kv_block = kv.kv_block;
+                          if (app->count("--kv-type-k")) cfg.kv_type_k = kv.kv_type_k;
+                          if (app->count("--kv-type-v")) cfg.kv_type_v = kv.kv_type_v;
+                          if (app->count("--kv-budget")) cfg.kv_budget = kv.kv_budget;
+                          if (app->count("--kv-spill")) cfg.kv_spill = kv.kv_spill;
+                        }
                         if (o->mo.given()) {
                           auto ms = o->mo.settings();
                           if (!ms) return fail(ms.error().message);
@@ -335,7 +349,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("-f,--file", o->file, "text file (default: the shipped essay, data/haystack/opticks.txt)");
     app->add_option("-L,--length", o->length, "tokens to evaluate in one sequence, e.g. 32K")->capture_default_str();
     app->add_option("--bucket", o->bucket, "positions per bucket (default: length / 16)");
-    app->add_option("-o,--out", o->out, "output folder: ppl.csv, ppl_vs_position.svg/.png")->capture_default_str();
+    app->add_option("--out-dir", o->out, "output folder: ppl.csv, ppl_vs_position.svg/.png")->capture_default_str();
+    app->add_option("-o,--out", o->out, "same as --out-dir")->group("");  // the older name
     app->add_option("-b,--batch-size", o->batch, "tokens per prefill chunk")->capture_default_str();
     app->add_option("-t,--threads", o->threads, "threads (0 = all cores)")->capture_default_str();
     app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -16,6 +17,7 @@
 #include "bench/text.h"
 #include "core/log.h"
 #include "command.h"
+#include "options.h"
 #include "embedded_model.h"
 #include "core/sys.h"
 #include "kernels/blas_cpu.h"
@@ -53,68 +55,6 @@ Expected<std::string> read_file(const std::string& path) {
 
 double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
-struct CommonOpts {
-  std::string model;  // empty: the embedded model
-  int64_t n_ctx = 0;
-  int64_t n_batch = 512;
-  int threads = 0;
-  std::string rope;
-  std::string attn;
-  int64_t kv_block = 64;
-  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill, kv_press, draft;
-  bool verbose = false;
-  mutable std::shared_ptr<lc::Model> draft_model;  // --draft, loaded by ctx_params()
-  void add(CLI::App* app) {
-    app->add_option("-m,--model", model, "GGUF model file (default: the embedded longctx-2l, the project's retrieval model)");
-    app->add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's training context)")
-        ->capture_default_str();
-    app->add_option("-b,--batch-size", n_batch, "tokens per prefill chunk")->capture_default_str();
-    app->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
-    app->add_option("--rope", rope, "RoPE scaling NAME:key=value,...[+logn] overriding the GGUF's "
-                    "(none, linear, ntk, dynamic-ntk, yarn, llama3, mrrope-uni, mrrope-pro; see docs/rope.md)");
-    app->add_option("--attn", attn, "attention backend NAME:key=value,... (dense, streaming, quest, infllm, "
-                    "dssa, lychee, fixed; see docs/attention.md). Default: dense, or fixed for a model trained "
-                    "with a distance ceiling");
-    app->add_option("--kv-block", kv_block, "tokens per KV-cache block")->capture_default_str();
-    app->add_option("--kv-type-k", kv_type_k, "key storage type: f32, f16, bf16, q8_0")->capture_default_str();
-    app->add_option("--kv-type-v", kv_type_v, "value storage type: f32, f16, bf16, q8_0")->capture_default_str();
-    app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM, e.g. 512M, 2G (default: none)");
-    app->add_option("--kv-spill", kv_spill, "directory for a spill file that takes cold KV blocks past the budget");
-    app->add_option("--kv-press", kv_press, "KV-cache compression NAME:key=value,...[+NAME...] (streaming_llm, "
-                    "snapkv, h2o, tova, knorm, pyramidkv, adakv, expected_attention, random, speckv, specpc; "
-                    "see docs/kv-press.md)");
-    app->add_option("--draft", draft, "draft model GGUF for --kv-press speckv / specpc (a small model with the same "
-                    "vocabulary)");
-    app->add_flag("-v,--verbose", verbose, "log more");
-  }
-  Expected<lc::ContextParams> ctx_params() const {
-    lc::ContextParams p;
-    p.n_ctx = n_ctx;
-    p.n_batch = n_batch;
-    p.n_threads = threads;
-    p.rope = rope;
-    p.attn = attn;
-    p.kv_block = kv_block;
-    LC_ASSIGN_OR_RETURN(p.kv_type_k, lc::parse_kv_type(kv_type_k));
-    LC_ASSIGN_OR_RETURN(p.kv_type_v, lc::parse_kv_type(kv_type_v));
-    if (!kv_budget.empty()) {
-      LC_ASSIGN_OR_RETURN(p.kv_budget, lc::parse_byte_size(kv_budget));
-    }
-    p.kv_spill = kv_spill;
-    p.kv_press = kv_press;
-    p.model_name = model.empty() ? kEmbeddedModelName : model;
-    if (!draft.empty()) {
-      if (!draft_model) {
-        LC_ASSIGN_OR_RETURN(std::unique_ptr<lc::Model> d, lc::Model::load(draft));
-        draft_model = std::move(d);
-      }
-      p.draft = draft_model.get();
-      p.draft_name = draft;
-    }
-    return p;
-  }
-};
-
 // Tokens that tokenizing `head` and `head + tail` have in common: where the tail starts in
 // the tokens of the whole text (a token that straddles the boundary belongs to the tail).
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -122,27 +62,6 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
   return i;
 }
-
-struct SamplingOpts {
-  lc::SamplerParams p;
-  int64_t seed = -1;
-  void add(CLI::App* app) {
-    app->add_option("--temp", p.temp, "temperature (0 = greedy)")->capture_default_str();
-    app->add_option("--top-k", p.top_k, "top-k (0 = off)")->capture_default_str();
-    app->add_option("--top-p", p.top_p, "top-p (1 = off)")->capture_default_str();
-    app->add_option("--min-p", p.min_p, "min-p (0 = off)")->capture_default_str();
-    app->add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)")->capture_default_str();
-    app->add_option("--repeat-last-n", p.repeat_last_n, "tokens considered by the penalty")->capture_default_str();
-    app->add_option("--seed", seed, "random seed (-1 = from the clock)")->capture_default_str();
-  }
-  Expected<lc::SamplerParams> params() const {
-    lc::SamplerParams q = p;
-    q.seed = seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
-                      : static_cast<uint64_t>(seed);
-    LC_TRY(lc::validate(q));
-    return q;
-  }
-};
 
 Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
   if (o.verbose) lc::set_log_level(lc::LogLevel::kInfo);
@@ -186,7 +105,7 @@ Expected<std::unique_ptr<lc::Session>> make_session(const lc::Model& m, const Co
 
 int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
             const std::string& file, const std::string& question, int64_t n_predict, bool no_special_bos,
-            bool parse_special, const std::string& qttt_spec) {
+            bool parse_special, const std::string& qttt_spec, const std::string& prompt_cache) {
   if (!prompt_arg.empty() && !file.empty()) return fail("give either -p or -f, not both");
   if (n_predict < 0) return fail("-n must be >= 0");
   if (auto q = lc::parse_qttt(qttt_spec); !q) return fail(q.error().message);
@@ -210,6 +129,17 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   if (!question.empty())
     pr.n_context = static_cast<int64_t>(common_prefix(tok.encode(prompt, !no_special_bos, parse_special), pr.tokens));
   if (Status s = (*session)->validate(pr); !s) return fail(s.message());
+  // --prompt-cache: a saved session continues (the prompt's prefix it holds is not evaluated
+  // again), and the session is saved when the request ends.
+  bool resume = false;
+  if (!prompt_cache.empty()) {
+    if (Status s = (*session)->check_multi_turn(); !s) return fail("--prompt-cache: " + s.message());
+    std::error_code ec;
+    if (std::filesystem::exists(prompt_cache, ec)) {
+      if (Status s = (*session)->load(prompt_cache); !s) return fail("--prompt-cache: " + s.message());
+      resume = true;
+    }
+  }
   lc::Sampler sampler(*sp);
   const std::string shown = prompt + question;
   std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
@@ -217,9 +147,15 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   lc::GenerateOptions go;
   go.n_predict = n_predict;
   go.qttt_seed = sp->seed;
-  auto st = (*session)->run(pr, sampler, go, print_piece);
+  auto st = resume ? (*session)->continue_with(pr.tokens, sampler, go, print_piece)
+                    : (*session)->run(pr, sampler, go, print_piece);
   if (!st) return fail(st.error().message);
   print_summary(*st, (*session)->context());
+  if (!prompt_cache.empty()) {
+    if (Status s = (*session)->save(prompt_cache); !s) return fail("--prompt-cache: " + s.message());
+    std::fprintf(stderr, "prompt cache: %lld prompt tokens reused, %lld evaluated; saved %s\n", (long long)st->n_reused,
+                 (long long)st->n_prompt, prompt_cache.c_str());
+  }
   if (!qttt_spec.empty()) std::fprintf(stderr, "%s\n", lc::qttt_summary(st->qttt).c_str());
   return 0;
 }
@@ -450,7 +386,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   auto ds = parse_list(d_list, "-d", err);
   if (!err.empty()) return fail(err);
   if (reps < 1) return fail("-r must be >= 1");
-  if (output != "md" && output != "json") return fail("-o must be md or json");
+  if (output != "md" && output != "json") return fail("--format must be md or json");
   if (attns.empty()) attns.push_back(co.attn);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
@@ -715,6 +651,10 @@ int main(int argc, char** argv) {
   run->add_option("-n,--n-predict", run_n, "tokens to generate")->capture_default_str();
   run->add_flag("--no-bos", run_no_bos, "do not add the BOS/EOS tokens the model asks for");
   run->add_flag("--parse-special", run_special, "turn special-token text in the prompt into those tokens");
+  std::string run_prompt_cache;
+  run->add_option("--prompt-cache", run_prompt_cache,
+                  "session file: when it exists, the run continues from it (the prompt's prefix it holds is not "
+                  "evaluated again); the session is saved to it at the end");
   std::string run_qttt;
   run->add_option("--qttt", run_qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S "
                   "(Adam on W_q over spans of the context; see docs/qttt.md)");
@@ -765,7 +705,8 @@ int main(int argc, char** argv) {
   bspeed->add_option("-n,--n-gen", bs_n, "generation lengths, comma-separated")->capture_default_str();
   bspeed->add_option("-d,--n-depth", bs_d, "context depths, comma-separated")->capture_default_str();
   bspeed->add_option("-r,--repetitions", bs_r, "repetitions")->capture_default_str();
-  bspeed->add_option("-o,--output", bs_o, "md or json")->capture_default_str();
+  bspeed->add_option("--format", bs_o, "md or json")->capture_default_str();
+  bspeed->add_option("-o,--output", bs_o, "same as --format")->group("");  // the older name
   std::vector<std::string> bs_attns;
   std::string bs_fill;
   bool bs_no_warmup = false;
@@ -835,7 +776,7 @@ int main(int argc, char** argv) {
   try {
     if (*run)
       return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_question, run_n, run_no_bos,
-                     run_special, run_qttt);
+                     run_special, run_qttt, run_prompt_cache);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_total, cal_out);

@@ -1,0 +1,107 @@
+// The request flow from the command line: run --prompt-cache (a saved Session continues, with
+// the same output as a run from scratch), bench run's KV-cache flags, and a truncated haystack
+// file that must be an error, not skipped samples.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/run_cli.h"
+
+namespace {
+
+using lc_cli::Result;
+using lc_cli::run;
+
+const std::string kStories = std::string(LONGCTX_TEST_DATA) + "/golden/models/stories260K.gguf";
+const std::string kPrompt = "'Once upon a time, there was a little girl named Lily. She loved to play outside.'";
+
+// The generated text: stdout up to the first blank line of the summary.
+std::string text_of(const std::string& out) { return out.substr(0, out.find("\n\nprompt:")); }
+
+TEST(CliSession, PromptCacheContinuesASavedSession) {
+  const std::string cache = testing::TempDir() + "prompt_cache.bin";
+  std::remove(cache.c_str());
+  const std::string base = "run -m " + kStories + " -p " + kPrompt + " -n 24 --temp 0 -c 256";
+  Result plain = run(base);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  Result first = run(base + " --prompt-cache " + cache);
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("0 prompt tokens reused"), std::string::npos) << first.out;
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  Result second = run(base + " --prompt-cache " + cache);
+  ASSERT_EQ(second.code, 0) << second.out;
+  // The whole prompt came from the file (the last token is evaluated again for its logits).
+  EXPECT_NE(second.out.find("prompt:          1 tokens"), std::string::npos) << second.out;
+  EXPECT_EQ(text_of(first.out), text_of(plain.out));
+  EXPECT_EQ(text_of(second.out), text_of(plain.out));
+  // A longer prompt with the same start reuses the common prefix and matches a fresh run.
+  const std::string longer = "run -m " + kStories +
+                             " -p 'Once upon a time, there was a little girl named Lily. She loved to play outside. "
+                             "One day' -n 24 --temp 0 -c 256";
+  Result fresh = run(longer);
+  Result cont = run(longer + " --prompt-cache " + cache);
+  ASSERT_EQ(cont.code, 0) << cont.out;
+  EXPECT_EQ(text_of(cont.out), text_of(fresh.out));
+  // Bad files and settings are errors that name the problem.
+  {
+    std::ofstream(cache, std::ios::binary | std::ios::trunc) << "garbage";
+  }
+  Result bad = run(base + " --prompt-cache " + cache);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("not a longctx session file"), std::string::npos) << bad.out;
+  std::remove(cache.c_str());
+  ASSERT_EQ(run(base + " --prompt-cache " + cache).code, 0);
+  Result other = run(base + " --kv-type-k f16 --prompt-cache " + cache);
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.out.find("--prompt-cache"), std::string::npos) << other.out;
+  Result agnostic = run(base + " --kv-press snapkv:query=agnostic --prompt-cache " + cache);
+  EXPECT_EQ(agnostic.code, 1);
+  EXPECT_NE(agnostic.out.find("query=agnostic"), std::string::npos) << agnostic.out;
+  std::remove(cache.c_str());
+}
+
+TEST(CliSession, BenchRunTakesTheCacheFlags) {
+  const std::string out = testing::TempDir() + "bench_kv_flags";
+  std::filesystem::remove_all(out);
+  Result r = run("bench run -m " + kStories + " --task passkey -L 512 --max-new-tokens 4 -t 1 --no-plots --out-dir " +
+                 out + " --kv-block 32 --kv-type-k f16 --kv-type-v bf16 --kv-budget 64M");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(out + "/results.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto j = nlohmann::json::parse(line);
+  // K in f16 and V in bf16: 2 bytes per element each; the blocks hold 32 tokens.
+  EXPECT_GT(j["kv_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["kv_bytes"].get<int64_t>() % (32 * 2 * 8), 0) << line;
+  r = run("bench run -m " + kStories + " --task passkey -L 512 -t 1 --no-plots --out-dir " + out +
+          " --kv-type-k q4_0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("q4_0"), std::string::npos) << r.out;
+  r = run("bench run -m " + kStories + " --task passkey -L 512 -t 1 --no-plots --out-dir " + out + " --kv-budget lots");
+  EXPECT_EQ(r.code, 1);
+  std::filesystem::remove_all(out);
+}
+
+TEST(CliSession, TruncatedHaystackIsAnErrorNotASkip) {
+  const std::string dir = testing::TempDir() + "short_haystack";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/opticks.txt");
+    for (int i = 0; i < 50; ++i) f << "light is refracted ";
+  }
+  const std::string out = testing::TempDir() + "short_haystack_out";
+  std::filesystem::remove_all(out);
+  Result r = run("bench run -m " + kStories + " --task niah_single_2 -L 1K -t 1 --no-plots --out-dir " + out +
+                 " --data-dir " + dir);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("truncated"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
+  std::filesystem::remove_all(out);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
