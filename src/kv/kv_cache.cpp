@@ -236,7 +236,14 @@ Status KvCache::ensure_room(int64_t il, int64_t needed) {
   }
   int64_t held = 0;
   for (const auto& hd : heads_) held = std::max(held, hd.n);
-  return make_error(strprintf(
+  if (cfg_.budget_is_default)
+    return make_error(ErrorCode::kContextFull, strprintf(
+        "the KV cache has reached the memory it may take (%lld bytes, 3/4 of the memory available when it was "
+        "made, the bound of a growing context -c 0): %lld tokens are cached. Give --kv-budget and --kv-spill DIR "
+        "to spill to disk, use an evicting attention method (e.g. --attn streaming), or a smaller KV type "
+        "(--kv-type-k/-v f16, q8_0)",
+        (long long)cfg_.budget_bytes, (long long)held));
+  return make_error(ErrorCode::kContextFull, strprintf(
       "KV cache budget reached (--kv-budget %lld bytes): %lld tokens fit per KV head "
       "(%lld blocks of %lld tokens, %zu bytes each, shared by %lld layers x %lld KV heads); "
       "%lld tokens are cached. Raise --kv-budget, set --kv-spill DIR, or use an evicting "

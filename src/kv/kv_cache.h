@@ -68,6 +68,7 @@ struct KvCacheConfig {
   DType type_k = DType::F32; // --kv-type-k: f32, f16, bf16, q8_0
   DType type_v = DType::F32; // --kv-type-v
   int64_t budget_bytes = 0;  // --kv-budget, RAM for blocks; 0: no cap
+  bool budget_is_default = false;  // the cap was not given but derived from free memory (-c 0)
   std::string spill_dir;     // --kv-spill; required by kSpill
   KvBudgetPolicy policy = KvBudgetPolicy::kError;  // kSpill is chosen when spill_dir is set
   RopeTable rope;            // the table keys are rotated with

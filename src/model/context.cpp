@@ -52,7 +52,8 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
                                                    std::unique_ptr<AttentionBackend> backend) {
   ContextParams p = in;
   const HParams& hp = model.hparams();
-  if (p.n_ctx == 0) p.n_ctx = std::max<int64_t>(hp.n_ctx_train, 512);
+  const bool grow = p.n_ctx == 0;
+  if (grow) p.n_ctx = kGrowingContext;
   if (p.n_ctx < 1 || p.n_ctx > (int64_t{1} << 31))
     return make_error(strprintf("context size %lld is out of range", (long long)p.n_ctx));
   if (p.n_batch < 1 || p.n_batch > 65536)
@@ -72,7 +73,9 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   if (!plan) return make_error("--rope: " + plan.error().message);
   auto c = std::unique_ptr<Context>(new Context(model, p));
   c->rope_plan_ = std::make_unique<RopePlan>(std::move(*plan));
-  c->rope_ = c->rope_plan_->table(p.n_ctx);
+  // A growing context starts from the table of the trained length; a dynamic scaling follows the
+  // length as it grows (the cache asks the plan per append).
+  c->rope_ = c->rope_plan_->table(grow ? std::max<int64_t>(hp.n_ctx_train, 512) : p.n_ctx);
 
   KvCacheConfig kc;
   kc.n_layer = hp.n_layer;
@@ -83,6 +86,14 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   kc.type_k = p.kv_type_k;
   kc.type_v = p.kv_type_v;
   kc.budget_bytes = p.kv_budget;
+  if (grow && p.kv_budget == 0 && p.kv_spill.empty()) {
+    // Bounded by the machine: an error that names the limit, never an out-of-memory kill.
+    const int64_t avail = available_memory_bytes();
+    if (avail > 0) {
+      kc.budget_bytes = avail / 4 * 3;
+      kc.budget_is_default = true;
+    }
+  }
   kc.spill_dir = p.kv_spill;
   kc.policy = p.kv_spill.empty() ? KvBudgetPolicy::kEvict : KvBudgetPolicy::kSpill;
   kc.rope = c->rope_;

@@ -24,7 +24,9 @@
 namespace lc {
 
 struct ContextParams {
-  int64_t n_ctx = 0;     // 0: the model's training context (at least 512)
+  // 0: the context grows as the input needs, bounded by kv_budget, or without one by 3/4 of the
+  // memory available when the context is made; N: at most N tokens (an error beyond).
+  int64_t n_ctx = 0;
   int64_t n_batch = 512; // tokens per forward chunk
   int n_threads = 0;     // 0: all cores
   std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
@@ -41,6 +43,9 @@ struct ContextParams {
 };
 
 enum class Logits { kLast, kAll, kNone };
+
+// The n_ctx of a context made with n_ctx = 0: positions are int32.
+inline constexpr int64_t kGrowingContext = INT32_MAX;
 
 class Context {
  public:

@@ -191,6 +191,23 @@ TEST(KvCache, BudgetErrorSaysHowManyTokensFit) {
   EXPECT_LE(kv->memory().resident_bytes, static_cast<size_t>(c.budget_bytes));
 }
 
+TEST(KvCache, DefaultBudgetErrorNamesTheGrowingContext) {
+  const int64_t H = 2, d = 64, B = 16;
+  Data x(1000, H, d, 4);
+  auto c = config(H, d, B, 2);
+  c.budget_bytes = 20 * B * d * 4 * 2;
+  c.budget_is_default = true;  // what -c 0 without --kv-budget sets
+  auto kv = make(c);
+  ASSERT_TRUE(kv->append(0, 80, x.k.data(), x.v.data(), x.pos.data()).is_ok());
+  ASSERT_TRUE(kv->append(1, 80, x.k.data(), x.v.data(), x.pos.data()).is_ok());
+  auto st = kv->append(0, 1, x.k.data(), x.v.data(), x.pos.data() + 80);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), ErrorCode::kContextFull);
+  EXPECT_NE(st.message().find("-c 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("80 tokens are cached"), std::string::npos) << st.message();
+  EXPECT_EQ(kv->n_tokens(0, 0), 80);
+}
+
 TEST(KvCache, EvictPolicyAsksTheEvictor) {
   const int64_t H = 1, d = 32, B = 8;
   Data x(400, H, d, 5);

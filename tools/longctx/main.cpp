@@ -332,13 +332,13 @@ int cmd_perplexity(const CommonOpts& co, const std::string& file, int64_t chunk)
   if (!cpe) return fail(cpe.error().message);
   lc::ContextParams cp = *cpe;
   cp.n_ctx = std::max(chunk, cp.n_ctx);
-  auto ctx = lc::Context::create(**model, cp);
-  if (!ctx) return fail(ctx.error().message);
+  auto session = lc::Session::create(**model, lc::SessionParams{cp});
+  if (!session) return fail(session.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
   auto ids = tok.encode(*text, true, false);
   std::fprintf(stderr, "perplexity: %zu tokens, chunks of %lld\n", ids.size(), (long long)chunk);
   const double t0 = lc::now_seconds();
-  auto r = lc::perplexity(**ctx, ids, chunk, [](int64_t i, double ppl) {
+  auto r = lc::perplexity((*session)->context(), ids, chunk, [](int64_t i, double ppl) {
     std::printf("[%lld]%.4f,", (long long)(i + 1), ppl);
     std::fflush(stdout);
   });
@@ -400,9 +400,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::
   lc::ContextParams cp = *cpe;
   cp.n_ctx = std::max(cp.n_ctx, need);
   cp.attn = attns[0];
-  auto ctx = lc::Context::create(**model, cp);
-  if (!ctx) return fail(ctx.error().message);
-  lc::Context& c = **ctx;
+  auto session = lc::Session::create(**model, lc::SessionParams{cp});
+  if (!session) return fail(session.error().message);
+  lc::Context& c = (*session)->context();
   // The model's default attention, named as it runs.
   for (auto& a : attns)
     if (a.empty()) a = c.attention().spec();
@@ -564,9 +564,9 @@ int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n
     if (!cpe) return fail(cpe.error().message);
     lc::ContextParams cp = *cpe;
     cp.n_ctx = std::max(cp.n_ctx, L + n_gen + 64);
-    auto ctx = lc::Context::create(**model, cp);
-    if (!ctx) return fail(ctx.error().message);
-    lc::Context& c = **ctx;
+    auto session = lc::Session::create(**model, lc::SessionParams{cp});
+    if (!session) return fail(session.error().message);
+    lc::Context& c = (*session)->context();
     const int32_t nv = (*model)->tokenizer().n_vocab();
     std::mt19937_64 rng(seed);
     std::uniform_int_distribution<int32_t> pick(0, nv - 1);

@@ -62,7 +62,7 @@ lc::Status CacheOpts::apply(lc::ContextParams& p) const {
 
 void CommonOpts::add(CLI::App* app) {
   app->add_option("-m,--model", model, "GGUF model file (default: the embedded longctx-2l, the project's retrieval model)");
-  app->add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's training context)")->capture_default_str();
+  app->add_option("-c,--ctx-size", n_ctx, "context size in tokens (0: grows as the input needs, bounded by --kv-budget or 3/4 of the free memory)")->capture_default_str();
   app->add_option("-b,--batch-size", n_batch, "tokens per prefill chunk")->capture_default_str();
   app->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
   app->add_option("--rope", rope, rope_flag_help());
