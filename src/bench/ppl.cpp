@@ -6,7 +6,7 @@
 #include <set>
 #include <span>
 
-#include "bench/plot.h"
+#include "report/plot.h"
 #include "core/sys.h"
 
 namespace lc::bench {
@@ -78,14 +78,14 @@ Status write_ppl_csv(const std::vector<PplCurve>& curves, const std::string& pat
 Status write_ppl_plot(const std::vector<PplCurve>& curves, const std::string& stem) {
   std::set<std::string> models;
   for (const auto& c : curves) models.insert(c.model);
-  Chart ch;
+  report::Chart ch;
   ch.title = "Perplexity by position";
   ch.x_label = "position (tokens, bucket end)";
   ch.y_label = "perplexity";
   ch.log2_x = true;
   ch.log10_y = true;
   for (const auto& c : curves) {
-    Series s;
+    report::Series s;
     s.label = models.size() > 1 ? c.model + " · " + c.method : c.method;
     for (const auto& b : c.buckets) {
       s.x.push_back(static_cast<double>(b.end));
@@ -93,7 +93,7 @@ Status write_ppl_plot(const std::vector<PplCurve>& curves, const std::string& st
     }
     ch.series.push_back(std::move(s));
   }
-  return write_chart(ch, stem);
+  return report::write_chart(ch, stem);
 }
 
 }  // namespace lc::bench

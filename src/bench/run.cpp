@@ -9,8 +9,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "bench/plot.h"
-#include "bench/text.h"
+#include "report/plot.h"
+#include "tasks/text.h"
 #include "core/progress.h"
 #include "core/sys.h"
 #include "model/model.h"
@@ -29,7 +29,7 @@ namespace {
 Expected<int64_t> json_length(const json& v) {
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_string()) {
-    const int64_t n = parse_length(v.get<std::string>());
+    const int64_t n = tasks::parse_length(v.get<std::string>());
     if (n > 0) return n;
   }
   return make_error("a length must be a number of tokens or a string like \"8K\"");
@@ -322,7 +322,7 @@ Summary summarize(const std::vector<SampleRecord>& records, double threshold) {
   std::map<std::tuple<std::string, std::string, std::string>, std::vector<std::pair<int64_t, double>>> curves;
   for (const auto& c : s.cells) curves[{c.model, c.method, c.task}].emplace_back(c.length, c.score);
   for (const auto& [k, pts] : curves)
-    s.effective.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), effective_length(pts, threshold)});
+    s.effective.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k), tasks::effective_length(pts, threshold)});
   return s;
 }
 
@@ -410,7 +410,7 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
     if (!avg.count(l)) order.push_back(l);
     avg[l].push_back(&c);
   }
-  Chart acc;
+  report::Chart acc;
   acc.title = strprintf("Accuracy against length (average of %zu task%s)", tasks.size(), tasks.size() == 1 ? "" : "s");
   acc.x_label = "length (tokens)";
   acc.y_label = "score";
@@ -418,13 +418,13 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
   acc.y_min = 0, acc.y_max = 100;
   acc.hline = s.threshold;
   acc.hline_label = strprintf("threshold %.1f", s.threshold);
-  Chart mem;
+  report::Chart mem;
   mem.title = "Memory against length";
   mem.x_label = "length (tokens)";
   mem.y_label = "MiB (solid: peak RSS, dashed: KV cache)";
   mem.log2_x = true;
   mem.log10_y = true;
-  Chart speed;
+  report::Chart speed;
   speed.title = "Speed against length";
   speed.x_label = "length (tokens)";
   speed.y_label = "tokens/s (solid: prefill, dashed: decode)";
@@ -432,8 +432,8 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
   speed.log10_y = true;
   int colour = 0;
   for (const auto& l : order) {
-    Series a{l, {}, {}, false, colour}, rss{l + " RSS", {}, {}, false, colour}, kv{l + " KV", {}, {}, true, colour};
-    Series pf{l + " prefill", {}, {}, false, colour}, dc{l + " decode", {}, {}, true, colour};
+    report::Series a{l, {}, {}, false, colour}, rss{l + " RSS", {}, {}, false, colour}, kv{l + " KV", {}, {}, true, colour};
+    report::Series pf{l + " prefill", {}, {}, false, colour}, dc{l + " decode", {}, {}, true, colour};
     for (const CellSummary* c : avg[l]) {
       const double x = static_cast<double>(c->length);
       a.x.push_back(x), a.y.push_back(c->score);
@@ -447,21 +447,21 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
     speed.series.push_back(pf), speed.series.push_back(dc);
     ++colour;
   }
-  LC_TRY(write_chart(acc, out_dir + "/accuracy_vs_length"));
-  LC_TRY(write_chart(mem, out_dir + "/memory_vs_length"));
-  LC_TRY(write_chart(speed, out_dir + "/speed_vs_length"));
+  LC_TRY(report::write_chart(acc, out_dir + "/accuracy_vs_length"));
+  LC_TRY(report::write_chart(mem, out_dir + "/memory_vs_length"));
+  LC_TRY(report::write_chart(speed, out_dir + "/speed_vs_length"));
   // Per task, one chart per (model, method).
   for (const auto& l : order) {
-    Chart t;
+    report::Chart t;
     t.title = "Accuracy by task: " + l;
     t.x_label = "length (tokens)";
     t.y_label = "score";
     t.log2_x = true;
     t.y_min = 0, t.y_max = 100;
-    std::map<std::string, Series> by_task;
+    std::map<std::string, report::Series> by_task;
     for (const auto& c : s.cells) {
       if (c.task == "average" || label(c) != l) continue;
-      Series& se = by_task[c.task];
+      report::Series& se = by_task[c.task];
       se.label = c.task;
       se.x.push_back(static_cast<double>(c.length));
       se.y.push_back(c.score);
@@ -472,7 +472,7 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
       t.series.push_back(se);
       ++k;
     }
-    LC_TRY(write_chart(t, out_dir + "/accuracy_by_task-" + slug(l)));
+    LC_TRY(report::write_chart(t, out_dir + "/accuracy_by_task-" + slug(l)));
   }
   return Status::ok();
 }
@@ -507,7 +507,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       if (!labels.insert(m.label()).second)
         return make_error(strprintf("bench run: two method settings are both called '%s'", m.label().c_str()));
   }
-  LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, expand_task_names(cfg.tasks));
+  LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, tasks::expand_task_names(cfg.tasks));
   std::sort(cfg.lengths.begin(), cfg.lengths.end());
   cfg.lengths.erase(std::unique(cfg.lengths.begin(), cfg.lengths.end()), cfg.lengths.end());
 
@@ -527,7 +527,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
   std::vector<Cell> cells;
   for (int64_t len : cfg.lengths)
     for (const auto& t : tasks) {
-      const TaskInfo* info = find_task(t);
+      const tasks::TaskInfo* info = tasks::find_task(t);
       std::vector<int> depths = info->uses_depth && !cfg.depths.empty() ? cfg.depths : std::vector<int>{-1};
       for (int d : depths)
         for (int64_t i = 0; i < cfg.samples; ++i) cells.push_back({t, len, d, i});
@@ -558,7 +558,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
     } else {
       LC_ASSIGN_OR_RETURN(tmpl, chat_template_from_name(cfg.chat_template));
     }
-    const PromptRenderer renderer(model->tokenizer(), tmpl);
+    const tasks::PromptRenderer renderer(model->tokenizer(), tmpl);
     // Every setting is tried on this model before any work, so that a bad spec fails now.
     for (const MethodSetting& method : cfg.methods) {
       ContextParams pp;
@@ -593,14 +593,14 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       const bool agnostic = ctx->press() && !ctx->press()->schedule().query_aware;
       const std::string query_mode = !ctx->press() ? "" : agnostic ? "agnostic" : "aware";
       for (const Cell& cell : cells) {
-        SampleSpec spec;
+        tasks::SampleSpec spec;
         spec.task = cell.task;
         spec.length = cell.length;
         spec.depth = cell.depth;
         spec.index = cell.index;
         spec.seed = cfg.seed;
         spec.opts = cfg.gen;
-        auto sample = make_sample(renderer, spec);
+        auto sample = tasks::make_sample(renderer, spec);
         if (!sample) {
           if (sample.error().code != ErrorCode::kTooShort) return sample.error();
           ++rep.too_short;
@@ -620,7 +620,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         rec.qttt = qttt.enabled() ? qttt.spec() : "";
         rec.query = query_mode;
         rec.task = cell.task;
-        rec.metric = metric_name(find_task(cell.task)->metric);
+        rec.metric = tasks::metric_name(tasks::find_task(cell.task)->metric);
         rec.chat_template = chat_template_name(tmpl);
         rec.length = cell.length;
         rec.depth = sample->spec.depth;
@@ -659,8 +659,8 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
           rec.qttt_loss_after = st->qttt.loss_after;
         }
         const std::string& text = st->text;
-        rec.output = postprocess_prediction(text);
-        rec.score = score_prediction(find_task(cell.task)->metric, rec.output, rec.answers);
+        rec.output = tasks::postprocess_prediction(text);
+        rec.score = tasks::score_prediction(tasks::find_task(cell.task)->metric, rec.output, rec.answers);
         rec.n_gen = st->n_gen;
         rec.t_prefill = st->t_prompt;
         rec.t_decode = st->t_gen;

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/method.h"
-#include "bench/score.h"
-#include "bench/tasks.h"
+#include "tasks/score.h"
+#include "tasks/tasks.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -35,8 +35,8 @@ struct RunConfig {
   std::vector<int> depths;             // percent; empty: RULER's random draw from 40 depths
   int64_t samples = 1;
   uint64_t seed = 42;
-  GenOptions gen;
-  double threshold = kDefaultThreshold;
+  tasks::GenOptions gen;
+  double threshold = tasks::kDefaultThreshold;
   std::string out_dir = "bench-out";
   int64_t n_batch = 512;
   int n_threads = 0;
@@ -108,7 +108,7 @@ struct EffectiveLength {
 struct Summary {
   std::vector<CellSummary> cells;        // sorted by model, method, task, length
   std::vector<EffectiveLength> effective;
-  double threshold = kDefaultThreshold;
+  double threshold = tasks::kDefaultThreshold;
 };
 
 // The last record of each key counts (a re-run sample replaces the older line).

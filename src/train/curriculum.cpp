@@ -5,9 +5,9 @@
 #include <cstring>
 #include <set>
 
-#include "bench/haystack.h"
-#include "bench/task_impl.h"
-#include "bench/text.h"
+#include "tasks/haystack.h"
+#include "tasks/needles.h"
+#include "tasks/text.h"
 
 namespace lc::train {
 
@@ -50,9 +50,9 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // The text the model should produce after a bench task's prompt, in the form the scorer
 // accepts (every reference contained in the output).
-std::string answer_text(const bench::Sample& s) {
+std::string answer_text(const tasks::Sample& s) {
   std::string a = " ";  // (appending rather than " " + ... sidesteps a GCC 12 -Wrestrict false positive)
-  a += bench::join(s.answers, s.spec.task == "vt" ? " " : ", ");
+  a += tasks::join(s.answers, s.spec.task == "vt" ? " " : ", ");
   if (s.spec.task != "vt") a += '.';
   return a;
 }
@@ -76,7 +76,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
       if (w.empty() || *end != '\0' || !(t.weight > 0) || t.weight > 1e6)
         return make_error(strprintf("--curriculum: weight '%s' of '%s' must be a positive number", w.c_str(), t.name.c_str()));
     }
-    if (!is_own_task(t.name) && !bench::find_task(t.name))
+    if (!is_own_task(t.name) && !tasks::find_task(t.name))
       return make_error(strprintf("--curriculum: unknown task '%s' (bench tasks, recall, quiz, copy, repeat, induction, text)", t.name.c_str()));
     if (!seen.insert(t.name).second)
       return make_error(strprintf("--curriculum: task '%s' is listed twice", t.name.c_str()));
@@ -125,8 +125,8 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
     if (text) {
       c->text_tokens_ = text->tokens();
     } else {
-      LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, bench::essay_words());
-      c->text_tokens_ = tok.encode(bench::join(*words, " "), false, false);
+      LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, tasks::essay_words());
+      c->text_tokens_ = tok.encode(tasks::join(*words, " "), false, false);
     }
     if (static_cast<int64_t>(c->text_tokens_.size()) < o.max_len + 1)
       return make_error(strprintf("curriculum: the plain text has %zu tokens, fewer than max_len + 1 = %lld",
@@ -220,14 +220,14 @@ Expected<CurriculumSample> Curriculum::draw(const std::string& task, int64_t len
 
 Expected<CurriculumSample> Curriculum::bench_task(const std::string& task, int64_t len, uint64_t seed,
                                                   int32_t* tokens, int32_t* targets) const {
-  bench::SampleSpec spec;
+  tasks::SampleSpec spec;
   spec.task = task;
   spec.length = len;
   spec.depth = -1;
   spec.index = -1;  // never an evaluation index
   spec.seed = seed;
   spec.opts.max_new_tokens = 48;  // room for the longest answer (a UUID, or four numbers)
-  LC_ASSIGN_OR_RETURN(bench::Sample smp, bench::make_sample(render_, spec));
+  LC_ASSIGN_OR_RETURN(tasks::Sample smp, tasks::make_sample(render_, spec));
   const std::string prompt = render_.text(smp.user, smp.answer_prefix);
   std::vector<int32_t> full = tok_.encode(prompt + answer_text(smp), true, false);
   // The answer must continue the prompt's tokens, as generation will.
@@ -287,20 +287,20 @@ Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
 // "Zoology"): key-value lines, then some keys again, each followed by its value. Every queried
 // value is scored, which gives many retrieval targets per sequence.
 Expected<CurriculumSample> Curriculum::recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
-  bench::Rng rng(bench::mix64(seed));
+  tasks::Rng rng(tasks::mix64(seed));
   // About 12 tokens per line, each key twice; the text is cut at len tokens anyway.
   const int64_t n_pairs = std::max<int64_t>(2, len / 26);
   std::set<std::string> used;
   std::vector<std::pair<std::string, std::string>> kv;
   while (static_cast<int64_t>(kv.size()) < n_pairs) {
-    std::string k = bench::random_key_word(rng);
-    if (used.insert(k).second) kv.emplace_back(k, bench::random_number(rng, 4));
+    std::string k = tasks::random_key_word(rng);
+    if (used.insert(k).second) kv.emplace_back(k, tasks::random_number(rng, 4));
   }
   std::string text = "Remember the number of each key.\n";
   for (const auto& [k, v] : kv) text += k + ": " + v + "\n";
   text += "Recall the numbers.\n";
   std::vector<std::pair<size_t, size_t>> scored;
-  std::vector<int64_t> order = bench::sample_without_replacement(rng, n_pairs, n_pairs);
+  std::vector<int64_t> order = tasks::sample_without_replacement(rng, n_pairs, n_pairs);
   for (int64_t q : order) {
     const auto& [k, v] = kv[static_cast<size_t>(q)];
     text += k + ":";
@@ -317,43 +317,43 @@ Expected<CurriculumSample> Curriculum::recall(int64_t len, uint64_t seed, int32_
 // to three key-matching targets. Its generator is seeded apart from the bench tasks' (and the
 // evaluation's), so no quiz sequence is an evaluation sample.
 Expected<CurriculumSample> Curriculum::quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
-  bench::Rng rng(bench::mix64(seed ^ 0x71a7e5a1ull));
-  LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, bench::essay_words());
+  tasks::Rng rng(tasks::mix64(seed ^ 0x71a7e5a1ull));
+  LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, tasks::essay_words());
   // A needle takes about 35 tokens and a question about 80 with the 512-piece vocabulary:
   // up to 6 needles, up to 3 of them asked, leave about half of a 1K window to the haystack.
   // Asking only some of the keys keeps elimination ("the needle not asked yet") from
   // answering the later questions: each is a choice among the needles not asked before it.
   const int64_t k_max = std::clamp<int64_t>((std::min(len, o_.max_len) - 64) / 100, 1, 6);
-  const int64_t k = bench::uniform(rng, std::min<int64_t>(2, k_max), k_max);
-  const int64_t m = bench::uniform(rng, 1, std::clamp<int64_t>(k - 1, 1, 3));  // keys 0..m-1 are asked
+  const int64_t k = tasks::uniform(rng, std::min<int64_t>(2, k_max), k_max);
+  const int64_t m = tasks::uniform(rng, 1, std::clamp<int64_t>(k - 1, 1, 3));  // keys 0..m-1 are asked
   std::set<std::string> used;
   std::vector<std::pair<std::string, std::string>> kv;
   while (static_cast<int64_t>(kv.size()) < k) {
-    std::string key = bench::random_key_word(rng), value = bench::random_number(rng, 7);
+    std::string key = tasks::random_key_word(rng), value = tasks::random_number(rng, 7);
     if (used.count(key) || used.count(value)) continue;
     used.insert(key);
     used.insert(value);
     kv.emplace_back(key, value);
   }
-  const std::vector<double> depths = bench::detail::needle_depths(rng, -1, kv.size());
-  const std::vector<int64_t> order = bench::sample_without_replacement(rng, m, m);
-  const size_t start = bench::essay_sentence_start(*words, static_cast<size_t>(bench::uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
+  const std::vector<double> depths = tasks::needle_depths(rng, -1, kv.size());
+  const std::vector<int64_t> order = tasks::sample_without_replacement(rng, m, m);
+  const size_t start = tasks::essay_sentence_start(*words, static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
   // The text with the first n_keys keys (needles and questions) and n_words of essay.
   auto build = [&](int64_t n_keys, int64_t n_words, std::vector<std::pair<size_t, size_t>>* scored) {
-    std::vector<bench::detail::Insert> inserts;
+    std::vector<tasks::Insert> inserts;
     for (int64_t i = 0; i < n_keys; ++i) {
       const auto& [key, value] = kv[static_cast<size_t>(i)];
-      inserts.push_back({depths[static_cast<size_t>(i)], bench::detail::needle_sentence("numbers", key, value)});
+      inserts.push_back({depths[static_cast<size_t>(i)], tasks::needle_sentence("numbers", key, value)});
     }
-    std::string text = bench::detail::niah_single_wording("numbers", "").head +
-                       bench::detail::assemble(bench::essay_sentences(*words, start, static_cast<size_t>(n_words)),
+    std::string text = tasks::niah_single_wording("numbers", "").head +
+                       tasks::assemble(tasks::essay_sentences(*words, start, static_cast<size_t>(n_words)),
                                                inserts, " ", false, nullptr);
     scored->clear();
     const int64_t asked = n_keys >= 2 ? std::min(m, n_keys - 1) : 1;  // one needle stays unasked
     for (int64_t q : order) {
       if (q >= asked) continue;
       const auto& [key, value] = kv[static_cast<size_t>(q)];
-      const bench::detail::NiahWording w = bench::detail::niah_single_wording("numbers", key);
+      const tasks::NiahWording w = tasks::niah_single_wording("numbers", key);
       text += w.question + w.answer_prefix;
       scored->emplace_back(text.size(), text.size() + 2 + value.size());
       text += " " + value + ".";
@@ -384,12 +384,12 @@ Expected<CurriculumSample> Curriculum::quiz(int64_t len, uint64_t seed, int32_t*
 
 // Copying: a list of words, then the same list again; the copy is scored.
 Expected<CurriculumSample> Curriculum::copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const {
-  bench::Rng rng(bench::mix64(seed ^ 0xC0C0C0C0ull));
+  tasks::Rng rng(tasks::mix64(seed ^ 0xC0C0C0C0ull));
   const int64_t n_words = std::max<int64_t>(4, len / 11);
   std::vector<std::string> words;
   for (int64_t i = 0; i < n_words; ++i)
-    words.push_back(bench::uniform(rng, 0, 1) ? bench::random_key_word(rng) : bench::random_number(rng, 3));
-  const std::string list = bench::join(words, " ");
+    words.push_back(tasks::uniform(rng, 0, 1) ? tasks::random_key_word(rng) : tasks::random_number(rng, 3));
+  const std::string list = tasks::join(words, " ");
   std::string text = "Copy the list.\n" + list + "\nCopy:";
   std::vector<std::pair<size_t, size_t>> scored = {{text.size(), text.size() + 1 + list.size()}};
   text += " " + list + ".";

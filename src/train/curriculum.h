@@ -1,5 +1,5 @@
 // The synthetic long-context curriculum: training sequences drawn from the benchmark's own
-// task generators (src/bench: passkey, RULER needles with distractors, variable tracking,
+// task generators (src/tasks: passkey, RULER needles with distractors, variable tracking,
 // counting and state tracking) with seeds of their own, plus generators that exist for
 // training only (multi-query associative recall, a quiz of several keys of multi-key needles,
 // copying of words, repeated random pieces, the induction warm-up, and plain text that keeps a
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/tasks.h"
+#include "tasks/tasks.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data.h"
@@ -97,7 +97,7 @@ class Curriculum {
                                            bool eos, int64_t len, int32_t* tokens, int32_t* targets) const;
 
   const Tokenizer& tok_;
-  bench::PromptRenderer render_;
+  tasks::PromptRenderer render_;
   CurriculumOptions o_;
   std::vector<double> cdf_;          // cumulative task weights
   std::vector<int64_t> min_len_;     // per task: its shortest workable length (>= o_.min_len)

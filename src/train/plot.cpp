@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "bench/plot.h"
+#include "report/plot.h"
 
 namespace lc::train {
 
@@ -17,12 +17,12 @@ std::string loss_csv(const std::vector<StepRecord>& h) {
 }
 
 Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& title, const std::string& stem) {
-  bench::Chart c;
+  report::Chart c;
   c.title = title;
   c.x_label = "step";
   c.y_label = "training loss";
   c.y_min = 0.0;  // the axis starts at 0 so that falls read true
-  bench::Series s;
+  report::Series s;
   s.label = "training loss";
   s.markers = h.size() <= 60;  // dots would merge into a band on long runs
   for (const auto& r : h) {
@@ -33,7 +33,7 @@ Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& tit
   // Drawn next to the files, then renamed into place: a run stopped while writing (the curve is
   // rewritten at every checkpoint) leaves the previous curve whole.
   const std::string tmp = stem + ".tmp";
-  LC_TRY(bench::write_chart(c, tmp));
+  LC_TRY(report::write_chart(c, tmp));
   for (const char* ext : {".svg", ".png"}) {
     const std::string from = tmp + ext, to = stem + ext;
     if (std::rename(from.c_str(), to.c_str()) != 0)

@@ -1,4 +1,4 @@
-// The loss curve as CSV, and drawn as SVG and PNG by the benchmark's line charts (bench/plot.h).
+// The loss curve as CSV, and drawn as SVG and PNG by the benchmark's line charts (report/plot.h).
 #pragma once
 
 #include <cstdint>

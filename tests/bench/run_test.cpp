@@ -15,10 +15,10 @@
 #include <sstream>
 
 #include "bench/method.h"
-#include "bench/plot.h"
 #include "bench/ppl.h"
 #include "bench/run.h"
 #include "model/model.h"
+#include "report/plot.h"
 
 namespace lc::bench {
 namespace {
@@ -370,29 +370,6 @@ TEST(BenchPpl, ByPositionMatchesOneShotEvaluation) {
   fs::remove_all(out);
 }
 
-TEST(BenchPlot, EmptyAndOddCharts) {
-  const std::string out = fresh_dir("plot");
-  fs::create_directories(out);
-  Chart empty;
-  empty.title = "nothing";
-  ASSERT_TRUE(write_chart(empty, out + "/empty").is_ok());
-  expect_plot(out + "/empty");
-  Chart one;
-  one.title = "one point";
-  one.log2_x = true;
-  one.log10_y = true;
-  one.series.push_back({"a", {4096}, {12.5}, false, -1});
-  one.series.push_back({"zero and nan are skipped", {1024, 2048}, {0.0, std::nan("")}, true, -1});
-  ASSERT_TRUE(write_chart(one, out + "/one").is_ok());
-  expect_plot(out + "/one");
-  EXPECT_FALSE(write_chart(one, "/nonexistent/dir/x").is_ok());
-  EXPECT_EQ(length_label(4096), "4K");
-  EXPECT_EQ(length_label(131072), "128K");
-  EXPECT_EQ(length_label(1048576), "1M");
-  EXPECT_EQ(length_label(1000), "1000");
-  fs::remove_all(out);
-}
-
 }  // namespace
 }  // namespace lc::bench
 
@@ -400,7 +377,7 @@ namespace {
 // cairo keeps fonts from fontconfig in static caches; release them before the leak check runs.
 class CairoReset : public ::testing::Environment {
  public:
-  void TearDown() override { lc::bench::release_plot_caches(); }
+  void TearDown() override { lc::report::release_plot_caches(); }
 };
 const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
 }  // namespace
@@ -437,30 +414,6 @@ TEST(BenchRun, QueryModesAreRecordedApart) {
   for (const auto& l : csv) seen |= l.find(",agnostic,") != std::string::npos;
   EXPECT_TRUE(seen);
   fs::remove_all(out);
-}
-
-// The context/question split of every task: the prompt's tokens up to the context's end.
-TEST(BenchTasks, ContextEndsBeforeTheQuestion) {
-  auto model = Model::load(kModel);
-  ASSERT_TRUE(model.has_value());
-  const PromptRenderer r((*model)->tokenizer(), ChatTemplate::kNone);
-  for (const char* task : {"niah_single_1", "passkey", "qa_1", "vt"}) {
-    SampleSpec sp;
-    sp.task = task;
-    sp.length = 1024;
-    auto s = make_sample(r, sp);
-    ASSERT_TRUE(s.has_value()) << task << ": " << s.error().message;
-    ASSERT_GT(s->n_context_tokens, 0) << task;
-    ASSERT_LT(s->n_context_tokens, s->n_prompt) << task;
-    // The tokens after the split decode to text that holds the end of the user message
-    // (the question), and the split lies at or after the end of the context minus one token.
-    const std::vector<int32_t> tail(s->tokens.begin() + s->n_context_tokens, s->tokens.end());
-    const std::string tail_text = (*model)->tokenizer().decode(tail);
-    const std::string user_tail = s->user.substr(s->user.rfind(s->context) + s->context.size());
-    EXPECT_NE(tail_text.find(user_tail.substr(user_tail.size() > 20 ? user_tail.size() - 20 : 0)), std::string::npos) << task;
-    const std::vector<int32_t> head(s->tokens.begin(), s->tokens.begin() + s->n_context_tokens);
-    EXPECT_LE((*model)->tokenizer().decode(head).size(), s->user.rfind(s->context) + s->context.size() + 1) << task;
-  }
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/tasks.h"
+#include "tasks/tasks.h"
 #include "gguf/gguf.h"
 #include "train/curriculum.h"
 #include "train/trainer.h"

@@ -1,4 +1,5 @@
-// `longctx bench tasks | run | ppl`: the long-context benchmark suite (src/bench).
+// `longctx bench tasks | run | ppl`: the long-context benchmark suite (src/bench,
+// with its tasks from src/tasks and its plots from src/report).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,13 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "bench/haystack.h"
 #include "bench/method.h"
-#include "bench/plot.h"
 #include "bench/ppl.h"
 #include "bench/run.h"
-#include "bench/tasks.h"
-#include "bench/text.h"
+#include "report/plot.h"
+#include "tasks/haystack.h"
+#include "tasks/tasks.h"
+#include "tasks/text.h"
 #include "command.h"
 #include "options.h"
 #include "core/progress.h"
@@ -25,6 +26,8 @@
 namespace {
 
 namespace bench = lc::bench;
+namespace report = lc::report;
+namespace tasks = lc::tasks;
 using nlohmann::json;
 
 int fail(const std::string& msg) {
@@ -36,7 +39,7 @@ int fail(const std::string& msg) {
 lc::Expected<std::vector<int64_t>> parse_lengths(const std::vector<std::string>& in) {
   std::vector<int64_t> out;
   for (const auto& s : in) {
-    const int64_t n = bench::parse_length(s);
+    const int64_t n = tasks::parse_length(s);
     if (n <= 0) return lc::make_error("bad length '" + s + "' (a number of tokens, or like 4K, 128K)");
     out.push_back(n);
   }
@@ -104,12 +107,12 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
               bool show) {
   if (list) {
     std::printf("%-16s %-9s %-18s %6s  %s\n", "task", "family", "metric", "budget", "what it measures");
-    for (const auto& t : bench::task_list())
-      std::printf("%-16s %-9s %-18s %6lld  %s\n", t.name.c_str(), t.family.c_str(), bench::metric_name(t.metric),
+    for (const auto& t : tasks::task_list())
+      std::printf("%-16s %-9s %-18s %6lld  %s\n", t.name.c_str(), t.family.c_str(), tasks::metric_name(t.metric),
                   (long long)t.new_tokens, t.description.c_str());
     return 0;
   }
-  auto tasks = bench::expand_task_names(task_names.empty() ? std::vector<std::string>{"all"} : task_names);
+  auto tasks = lc::tasks::expand_task_names(task_names.empty() ? std::vector<std::string>{"all"} : task_names);
   if (!tasks) return fail(tasks.error().message);
   auto lengths = parse_lengths(length_s);
   if (!lengths) return fail(lengths.error().message);
@@ -124,7 +127,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
   if (tmpl_name == "auto") tmpl = lc::detect_chat_template(**gf, **tok);
   else tmpl = lc::chat_template_from_name(tmpl_name);
   if (!tmpl) return fail(tmpl.error().message);
-  const bench::PromptRenderer r(**tok, *tmpl);
+  const tasks::PromptRenderer r(**tok, *tmpl);
   std::ofstream file;
   if (!out_path.empty()) {
     file.open(out_path);
@@ -137,8 +140,8 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
     for (const auto& t : *tasks)
       for (int d : ds)
         for (int64_t i = 0; i < samples; ++i) {
-          bench::SampleSpec spec{t, len, d, i, seed, {max_new, obs}};
-          auto s = bench::make_sample(r, spec);
+          tasks::SampleSpec spec{t, len, d, i, seed, {max_new, obs}};
+          auto s = tasks::make_sample(r, spec);
           if (!s) {
             std::fprintf(stderr, "longctx: skipped: %s\n", s.error().message.c_str());
             continue;
@@ -183,13 +186,13 @@ void print_report(const bench::RunReport& rep, const std::string& out_dir) {
   for (const auto& c : rep.summary.cells) {
     if (c.task != "average") continue;
     std::printf("%-28s %-24s %8s %5lld %7.2f %11.1f %10.2f %9.1f\n", c.model.c_str(), c.method.c_str(),
-                bench::length_label(static_cast<double>(c.length)).c_str(), (long long)c.n, c.score, c.prefill_tps,
+                report::length_label(static_cast<double>(c.length)).c_str(), (long long)c.n, c.score, c.prefill_tps,
                 c.decode_tps, static_cast<double>(c.peak_rss) / (1024.0 * 1024.0));
   }
   for (const auto& e : rep.summary.effective)
     if (e.task == "average")
       std::printf("effective length (> %.1f): %s / %s: %s\n", rep.summary.threshold, e.model.c_str(), e.method.c_str(),
-                  e.length > 0 ? bench::length_label(static_cast<double>(e.length)).c_str() : "none");
+                  e.length > 0 ? report::length_label(static_cast<double>(e.length)).c_str() : "none");
   std::printf("%lld sample(s) run, %lld resumed from %s/results.jsonl, %lld skipped (length too short)\n",
               (long long)rep.run, (long long)rep.resumed, out_dir.c_str(), (long long)rep.too_short);
   std::printf("reports: %s/summary.csv, summary.json, effective_length.csv, *.svg, *.png\n", out_dir.c_str());
@@ -227,7 +230,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_flag("--show", o->show, "print the rendered prompts as text instead of JSON");
     cmds.push_back({app, [o]() -> int {
                       try {
-                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
+                        if (!o->data_dir.empty()) tasks::set_data_dir(o->data_dir);
                         return cmd_tasks(o->list, o->model, o->tasks, o->lengths, o->depths, o->samples, o->seed,
                                          o->max_new, o->obs, o->tmpl, o->out, o->show);
                       } catch (const std::exception& e) {
@@ -276,7 +279,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     o->cache.add(app);
     cmds.push_back({app, [o, app]() -> int {
                       try {
-                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
+                        if (!o->data_dir.empty()) tasks::set_data_dir(o->data_dir);
                         bench::RunConfig cfg;
                         if (o->suite == "tiny") cfg = bench::tiny_suite();
                         else if (o->suite == "standard") cfg = bench::standard_suite();
@@ -324,7 +327,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           cfg.methods = *ms;
                         }
                         auto rep = bench::run_matrix(cfg);
-                        bench::release_plot_caches();  // nothing draws after this
+                        report::release_plot_caches();  // nothing draws after this
                         if (!rep) return fail(rep.error().message);
                         print_report(*rep, cfg.out_dir);
                         return 0;
@@ -357,15 +360,15 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     o->mo.add(app);
     cmds.push_back({app, [o]() -> int {
                       try {
-                        if (!o->data_dir.empty()) bench::set_data_dir(o->data_dir);
-                        const int64_t len = bench::parse_length(o->length);
+                        if (!o->data_dir.empty()) tasks::set_data_dir(o->data_dir);
+                        const int64_t len = tasks::parse_length(o->length);
                         if (len < 16) return fail("bad --length '" + o->length + "'");
                         const int64_t bucket = o->bucket > 0 ? o->bucket : std::max<int64_t>(1, len / 16);
                         auto ms = o->mo.settings();
                         if (!ms) return fail(ms.error().message);
                         std::string path = o->file;
                         if (path.empty()) {
-                          auto p = bench::find_data_file("opticks.txt");
+                          auto p = tasks::find_data_file("opticks.txt");
                           if (!p) return fail(p.error().message);
                           path = *p;
                         }
@@ -417,7 +420,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         lc::Status st = bench::write_ppl_csv(curves, o->out + "/ppl.csv");
                         if (!st) return fail(st.message());
                         st = bench::write_ppl_plot(curves, o->out + "/ppl_vs_position");
-                        bench::release_plot_caches();  // nothing draws after this
+                        report::release_plot_caches();  // nothing draws after this
                         if (!st) return fail(st.message());
                         std::printf("reports: %s/ppl.csv, %s/ppl_vs_position.svg, .png\n", o->out.c_str(), o->out.c_str());
                         return 0;

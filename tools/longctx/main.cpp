@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "bench/text.h"
+#include "tasks/text.h"
 #include "core/log.h"
 #include "command.h"
 #include "options.h"
@@ -547,7 +547,7 @@ int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n
     std::stringstream ss(len_list);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      const int64_t v = lc::bench::parse_length(item);
+      const int64_t v = lc::tasks::parse_length(item);
       if (v <= 1) return fail(lc::strprintf("-L: '%s' is not a length (e.g. 16K)", item.c_str()));
       lens.push_back(v);
     }

@@ -7,7 +7,7 @@
 
 #include "core/status.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 // RULER's noise haystack, one sentence per entry; haystacks cycle through them.
 const std::vector<std::string>& noise_sentences();
@@ -28,4 +28,4 @@ std::vector<std::string> essay_sentences(const std::vector<std::string>& words, 
 // Index of the first word of a sentence at or after `w` (so haystacks start cleanly).
 size_t essay_sentence_start(const std::vector<std::string>& words, size_t w);
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

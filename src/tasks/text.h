@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace lc::bench {
+namespace lc::tasks {
 
 using Rng = std::mt19937_64;
 
@@ -58,4 +58,4 @@ std::string hex64(uint64_t v);
 // "4096", "4K", "128k", "1M" -> tokens; -1 if malformed.
 int64_t parse_length(std::string_view s);
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -6,11 +6,12 @@
 #include <map>
 #include <set>
 
-#include "bench/haystack.h"
-#include "bench/task_impl.h"
-#include "bench/text.h"
+#include "tasks/haystack.h"
+#include "tasks/needles.h"
+#include "tasks/task_impl.h"
+#include "tasks/text.h"
 
-namespace lc::bench::detail {
+namespace lc::tasks::detail {
 
 namespace {
 
@@ -39,6 +40,9 @@ NiahCfg niah_cfg(const std::string& task) {
 }
 
 }  // namespace
+}  // namespace lc::tasks::detail
+
+namespace lc::tasks {
 
 std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value) {
   return "One of the special magic " + type + " for " + key + " is: " + value + ".";
@@ -51,6 +55,10 @@ NiahWording niah_single_wording(const std::string& type, const std::string& quer
           "\nWhat is the special magic " + t + " for " + query + " mentioned in the provided text?",
           " The special magic " + t + " for " + query + " mentioned in the provided text is"};
 }
+
+}  // namespace lc::tasks
+
+namespace lc::tasks::detail {
 
 Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
   const NiahCfg c = niah_cfg(spec.task);
@@ -487,4 +495,4 @@ Expected<std::vector<Layout>> make_qa(const SampleSpec& spec, uint64_t seed) {
   return std::vector<Layout>{lay};
 }
 
-}  // namespace lc::bench::detail
+}  // namespace lc::tasks::detail

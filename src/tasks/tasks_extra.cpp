@@ -6,11 +6,11 @@
 #include <map>
 #include <set>
 
-#include "bench/haystack.h"
-#include "bench/task_impl.h"
-#include "bench/text.h"
+#include "tasks/haystack.h"
+#include "tasks/task_impl.h"
+#include "tasks/text.h"
 
-namespace lc::bench::detail {
+namespace lc::tasks::detail {
 
 Expected<std::vector<Layout>> make_passkey(const SampleSpec& spec, uint64_t seed) {
   Layout lay;
@@ -313,4 +313,4 @@ Expected<std::vector<Layout>> make_dense(const SampleSpec& spec, uint64_t seed) 
   return std::vector<Layout>{lay};
 }
 
-}  // namespace lc::bench::detail
+}  // namespace lc::tasks::detail

@@ -1,14 +1,15 @@
-#include "bench/tasks.h"
+#include "tasks/tasks.h"
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 
-#include "bench/haystack.h"
-#include "bench/task_impl.h"
-#include "bench/text.h"
+#include "tasks/haystack.h"
+#include "tasks/needles.h"
+#include "tasks/task_impl.h"
+#include "tasks/text.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 const char* metric_name(Metric m) {
   switch (m) {
@@ -145,6 +146,8 @@ std::vector<std::string> noise_haystack(int64_t n) {
   return out;
 }
 
+}  // namespace detail
+
 std::vector<double> needle_depths(Rng& rng, int depth, size_t k) {
   const auto& grid = ruler_depths();
   std::vector<double> out;
@@ -217,8 +220,6 @@ std::string assemble(const std::vector<std::string>& hay, const std::vector<Inse
   }
   return out;
 }
-
-}  // namespace detail
 
 namespace {
 
@@ -345,4 +346,4 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
                               (long long)need));
 }
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

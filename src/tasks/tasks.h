@@ -18,7 +18,7 @@
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 enum class Metric {
   kMatchAll,     // RULER string_match_all: mean over references of "contained in the output"
@@ -106,4 +106,4 @@ class PromptRenderer {
 
 Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec);
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -3,9 +3,9 @@
 //   string_match_part = max  over refs of [ref.lower() in pred.lower()] * 100
 #include <gtest/gtest.h>
 
-#include "bench/score.h"
+#include "tasks/score.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 namespace {
 
 TEST(BenchScore, StringMatchAll) {
@@ -53,4 +53,4 @@ TEST(BenchScore, EffectiveLength) {
 }
 
 }  // namespace
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -1,4 +1,5 @@
-// Internals shared by the task generators (not part of the bench API).
+// Internals shared by the task generators: included only by src/tasks/*.cpp, never by another
+// module (the public API is tasks.h, needles.h, text.h, haystack.h and score.h).
 #pragma once
 
 #include <functional>
@@ -6,10 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "bench/tasks.h"
-#include "bench/text.h"
+#include "tasks/needles.h"
+#include "tasks/tasks.h"
+#include "tasks/text.h"
 
-namespace lc::bench::detail {
+namespace lc::tasks::detail {
 
 // One candidate prompt for a haystack size: what the fitter tokenizes.
 struct Built {
@@ -42,34 +44,7 @@ Expected<std::vector<Layout>> make_passkey(const SampleSpec& spec, uint64_t seed
 Expected<std::vector<Layout>> make_babilong(const SampleSpec& spec, uint64_t seed);
 Expected<std::vector<Layout>> make_dense(const SampleSpec& spec, uint64_t seed);
 
-// Something to hide at a depth (percent of the haystack).
-struct Insert {
-  double depth = 0;  // 0..100
-  std::string text;
-};
-
-// Joins haystack sentences with `sep` and puts each insert at the sentence boundary nearest
-// its depth (boundary b of n sits before sentence b). Inserts at the same boundary keep
-// their order. With own_line, an insert sits on a line of its own. Records where each insert
-// landed in `needles`, in the order of `inserts`.
-std::string assemble(const std::vector<std::string>& hay, const std::vector<Insert>& inserts,
-                     const std::string& sep, bool own_line, std::vector<Needle>* needles);
-
-// Depths for k needles: the first at `depth` when it is >= 0, the rest drawn from RULER's
-// 40 depths without replacement (all drawn when depth < 0).
-std::vector<double> needle_depths(Rng& rng, int depth, size_t k);
-
-// RULER's needle sentence: "One of the special magic {type} for {key} is: {value}."
-std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value);
-
-// RULER's wording for one queried key with one value (the singular template): the prompt is
-// head + context + question, and the answer follows answer_prefix. type is plural ("numbers").
-struct NiahWording {
-  std::string head, question, answer_prefix;
-};
-NiahWording niah_single_wording(const std::string& type, const std::string& query);
-
 // `n` haystack sentences cycling through the noise sentences.
 std::vector<std::string> noise_haystack(int64_t n);
 
-}  // namespace lc::bench::detail
+}  // namespace lc::tasks::detail

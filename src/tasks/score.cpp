@@ -1,11 +1,11 @@
-#include "bench/score.h"
+#include "tasks/score.h"
 
 #include <algorithm>
 #include <cctype>
 
-#include "bench/text.h"
+#include "tasks/text.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 namespace {
 std::string strip(std::string_view s) {
@@ -67,4 +67,4 @@ int64_t effective_length(std::vector<std::pair<int64_t, double>> points, double 
   return best;
 }
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "bench/tasks.h"
+#include "tasks/tasks.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 inline constexpr double kDefaultThreshold = 85.6;
 
@@ -30,4 +30,4 @@ double score_prediction(Metric m, std::string_view pred, const std::vector<std::
 // to L scores strictly above the threshold (RULER: "exceeds"); 0 when the shortest does not.
 int64_t effective_length(std::vector<std::pair<int64_t, double>> points, double threshold = kDefaultThreshold);
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -10,13 +10,13 @@
 #include <set>
 #include <sstream>
 
-#include "bench/haystack.h"
-#include "bench/tasks.h"
-#include "bench/text.h"
+#include "tasks/haystack.h"
+#include "tasks/tasks.h"
+#include "tasks/text.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 namespace {
 
 const std::string kData = LONGCTX_TEST_DATA;
@@ -419,4 +419,4 @@ TEST(BenchTasks, Text) {
 }
 
 }  // namespace
-}  // namespace lc::bench
+}  // namespace lc::tasks

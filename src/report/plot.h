@@ -1,5 +1,6 @@
-// Line charts of benchmark results, drawn with cairo into an SVG and a PNG of the same
-// picture: axes with ticks, a title, a legend, optional log scales and a threshold line.
+// Line charts of benchmark results and training curves, drawn with cairo into an SVG and a PNG
+// of the same picture: axes with ticks, a title, a legend, optional log scales and a threshold
+// line.
 #pragma once
 
 #include <optional>
@@ -8,7 +9,7 @@
 
 #include "core/status.h"
 
-namespace lc::bench {
+namespace lc::report {
 
 struct Series {
   std::string label;
@@ -37,4 +38,4 @@ void release_plot_caches();
 // "512", "4K", "128K", "1M".
 std::string length_label(double v);
 
-}  // namespace lc::bench
+}  // namespace lc::report

@@ -1,11 +1,11 @@
-#include "bench/text.h"
+#include "tasks/text.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <set>
 
-namespace lc::bench {
+namespace lc::tasks {
 
 uint64_t fnv1a(std::string_view s, uint64_t h) {
   for (unsigned char c : s) {
@@ -275,4 +275,4 @@ int64_t parse_length(std::string_view s) {
   return v * mult;
 }
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -1,4 +1,4 @@
-#include "bench/plot.h"
+#include "report/plot.h"
 
 #include <cairo-svg.h>
 #include <cairo.h>
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace lc::bench {
+namespace lc::report {
 
 std::string length_label(double v) {
   char buf[32];
@@ -256,7 +256,7 @@ void draw(cairo_t* cr, const Chart& c) {
 
 void release_plot_caches() { cairo_debug_reset_static_data(); }
 
-}  // namespace lc::bench
+}  // namespace lc::report
 
 #if defined(__SANITIZE_ADDRESS__)
 // cairo's text goes through fontconfig, which leaks a little of its configuration the first
@@ -267,7 +267,7 @@ void release_plot_caches() { cairo_debug_reset_static_data(); }
 extern "C" __attribute__((weak)) const char* __lsan_default_suppressions() { return "leak:libfontconfig.so\n"; }
 #endif
 
-namespace lc::bench {
+namespace lc::report {
 
 Status write_chart(const Chart& c, const std::string& stem) {
   {
@@ -298,4 +298,4 @@ Status write_chart(const Chart& c, const std::string& stem) {
   return Status::ok();
 }
 
-}  // namespace lc::bench
+}  // namespace lc::report

@@ -1,4 +1,4 @@
-#include "bench/haystack.h"
+#include "tasks/haystack.h"
 
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 #include <mutex>
 #include <sstream>
 
-#include "bench/text.h"
+#include "tasks/text.h"
 
-namespace lc::bench {
+namespace lc::tasks {
 
 namespace fs = std::filesystem;
 
@@ -38,7 +38,7 @@ std::vector<fs::path> candidate_dirs() {
     fs::path d = exe.parent_path();
     for (int up = 0; up < 3 && !d.empty(); ++up, d = d.parent_path()) out.push_back(d / "data" / "haystack");
   }
-  // The source tree: this file is src/bench/haystack.cpp.
+  // The source tree: this file is src/tasks/haystack.cpp.
   out.push_back(fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "haystack");
   return out;
 }
@@ -107,4 +107,4 @@ std::vector<std::string> essay_sentences(const std::vector<std::string>& words, 
   return out;
 }
 
-}  // namespace lc::bench
+}  // namespace lc::tasks

@@ -1,0 +1,42 @@
+// Needles in haystacks: the public building blocks of the needle tasks' text. The benchmark's
+// samples (make_sample in tasks.h) are built from them, and so are the trainer's curriculum
+// tasks (train/curriculum.cpp), so that a trained needle reads like a benchmark needle.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "tasks/tasks.h"
+#include "tasks/text.h"
+
+namespace lc::tasks {
+
+// Something to hide at a depth (percent of the haystack).
+struct Insert {
+  double depth = 0;  // 0..100
+  std::string text;
+};
+
+// Joins haystack sentences with `sep` and puts each insert at the sentence boundary nearest
+// its depth (boundary b of n sits before sentence b). Inserts at the same boundary keep
+// their order. With own_line, an insert sits on a line of its own. Records where each insert
+// landed in `needles`, in the order of `inserts`.
+std::string assemble(const std::vector<std::string>& hay, const std::vector<Insert>& inserts,
+                     const std::string& sep, bool own_line, std::vector<Needle>* needles);
+
+// Depths for k needles: the first at `depth` when it is >= 0, the rest drawn from RULER's
+// 40 depths without replacement (all drawn when depth < 0).
+std::vector<double> needle_depths(Rng& rng, int depth, size_t k);
+
+// RULER's needle sentence: "One of the special magic {type} for {key} is: {value}."
+std::string needle_sentence(const std::string& type, const std::string& key, const std::string& value);
+
+// RULER's wording for one queried key with one value (the singular template): the prompt is
+// head + context + question, and the answer follows answer_prefix. type is plural ("numbers").
+struct NiahWording {
+  std::string head, question, answer_prefix;
+};
+NiahWording niah_single_wording(const std::string& type, const std::string& query);
+
+}  // namespace lc::tasks

@@ -1,0 +1,75 @@
+// Line charts: empty and odd charts still draw (an SVG and a PNG), bad paths fail, length
+// labels. (Moved from tests/bench/run_test.cpp with the plots, src/bench -> src/report.)
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "report/plot.h"
+
+namespace lc::report {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("longctx_report_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void expect_plot(const std::string& stem) {
+  const std::string svg = slurp(stem + ".svg");
+  const std::string png = slurp(stem + ".png");
+  EXPECT_GT(svg.size(), 1000u) << stem;
+  EXPECT_NE(svg.find("<svg"), std::string::npos) << stem;
+  ASSERT_GT(png.size(), 1000u) << stem;
+  EXPECT_EQ(png.substr(1, 3), "PNG") << stem;
+}
+
+TEST(BenchPlot, EmptyAndOddCharts) {
+  const std::string out = fresh_dir("plot");
+  fs::create_directories(out);
+  Chart empty;
+  empty.title = "nothing";
+  ASSERT_TRUE(write_chart(empty, out + "/empty").is_ok());
+  expect_plot(out + "/empty");
+  Chart one;
+  one.title = "one point";
+  one.log2_x = true;
+  one.log10_y = true;
+  one.series.push_back({"a", {4096}, {12.5}, false, -1});
+  one.series.push_back({"zero and nan are skipped", {1024, 2048}, {0.0, std::nan("")}, true, -1});
+  ASSERT_TRUE(write_chart(one, out + "/one").is_ok());
+  expect_plot(out + "/one");
+  EXPECT_FALSE(write_chart(one, "/nonexistent/dir/x").is_ok());
+  EXPECT_EQ(length_label(4096), "4K");
+  EXPECT_EQ(length_label(131072), "128K");
+  EXPECT_EQ(length_label(1048576), "1M");
+  EXPECT_EQ(length_label(1000), "1000");
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace lc::report
+
+namespace {
+// cairo keeps fonts from fontconfig in static caches; release them before the leak check runs.
+class CairoReset : public ::testing::Environment {
+ public:
+  void TearDown() override { lc::report::release_plot_caches(); }
+};
+const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
+}  // namespace
