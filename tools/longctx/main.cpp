@@ -16,6 +16,7 @@
 
 #include "tasks/text.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "command.h"
 #include "options.h"
 #include "embedded_model.h"
@@ -147,6 +148,17 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   lc::GenerateOptions go;
   go.n_predict = n_predict;
   go.qttt_seed = sp->seed;
+  // A long prefill shows a progress line (tokens, rate, time left) on a terminal.
+  std::unique_ptr<lc::Progress> prog;
+  (*session)->set_progress([&prog](int64_t done, int64_t total) {
+    if (total < 4096) return;
+    if (!prog) prog = std::make_unique<lc::Progress>("prefill", total);
+    prog->update(done);
+    if (done >= total) {
+      prog->finish();
+      prog.reset();
+    }
+  });
   auto st = resume ? (*session)->continue_with(pr.tokens, sampler, go, print_piece)
                     : (*session)->run(pr, sampler, go, print_piece);
   if (!st) return fail(st.error().message);
