@@ -94,6 +94,12 @@ class AttentionBackend {
 
  protected:
   explicit AttentionBackend(const AttnShape& s);
+  // The caps of an exact softmax over every visible key (dense, naive).
+  AttentionCaps exact_caps() const {
+    AttentionCaps c{spec()};
+    c.exact = c.reads_all_keys = true;
+    return c;
+  }
   Status check_call(int64_t il, int64_t n, const KvCache& kv) const;
 
   AttnShape shape_;

@@ -215,11 +215,7 @@ class DenseBackend final : public ExecBackend {
  public:
   DenseBackend(const AttnShape& s, int64_t split) : ExecBackend(s) { split_ = split; }
   std::string spec() const override { return split_ == kDefaultSplit ? "dense" : strprintf("dense:split=%lld", (long long)split_); }
-  AttentionCaps caps() const override {
-    AttentionCaps c{spec()};
-    c.exact = c.reads_all_keys = true;
-    return c;
-  }
+  AttentionCaps caps() const override { return exact_caps(); }
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;

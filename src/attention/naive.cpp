@@ -14,11 +14,7 @@ class NaiveBackend final : public AttentionBackend {
  public:
   explicit NaiveBackend(const AttnShape& s) : AttentionBackend(s) {}
   std::string spec() const override { return "naive"; }
-  AttentionCaps caps() const override {
-    AttentionCaps c{spec()};
-    c.exact = c.reads_all_keys = true;
-    return c;
-  }
+  AttentionCaps caps() const override { return exact_caps(); }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {

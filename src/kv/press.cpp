@@ -181,6 +181,19 @@ void window_probs(const PressContext& c, int64_t il, const PressShape& s, const 
   }
 }
 
+void score_heads_by_keys(const PressContext& c, int64_t il, const PressShape& s, PressScores& out,
+                         const std::function<void(const float*, int64_t, int64_t, float*)>& fn) {
+  out.by_kv_head.resize(static_cast<size_t>(s.n_head_kv));
+  for_each_head(c, s.n_head_kv, [&](int64_t h) {
+    std::vector<float> K;
+    read_head_keys(*c.kv, il, h, K);
+    auto& r = out.by_kv_head[static_cast<size_t>(h)];
+    const int64_t n = c.kv->n_tokens(il, h);
+    r.assign(static_cast<size_t>(n), 0.0f);
+    if (n > 0) fn(K.data(), n, s.head_dim, r.data());
+  });
+}
+
 // ---------------------------------------------------------------- the scored press
 
 namespace {

@@ -65,6 +65,10 @@ void for_each_head(const PressContext& c, int64_t n, const std::function<void(in
 void rotate_queries(const PressContext& c, int64_t il, const PressShape& s, std::vector<float>& out);
 // out: [n_tokens(il, h), head_dim] post-RoPE keys of head (il, h).
 void read_head_keys(const KvCache& kv, int64_t il, int64_t h, std::vector<float>& out);
+// Scores every KV head of layer il from its keys alone (knorm, keydiff): fn(keys [n, head_dim]
+// as stored, post-RoPE, n, head_dim, scores [n]) per head, over the pool.
+void score_heads_by_keys(const PressContext& c, int64_t il, const PressShape& s, PressScores& out,
+                         const std::function<void(const float* keys, int64_t n, int64_t d, float* scores)>& fn);
 // Causal softmax of the observation queries of query head hq over KV head hq / group's held
 // tokens: probs [n_obs, n] (a key after the query's sequence index gets 0).
 // qr: rotated queries [n_obs, n_head, head_dim]; keys: [n, head_dim].

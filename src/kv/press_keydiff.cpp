@@ -36,17 +36,10 @@ class KeyDiff final : public PressScorer {
  public:
   std::string name() const override { return "keydiff"; }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
-    out.by_kv_head.resize(static_cast<size_t>(s.n_head_kv));
-    for_each_head(c, s.n_head_kv, [&](int64_t h) {
-      std::vector<float> K;
-      read_head_keys(*c.kv, il, h, K);
-      auto& r = out.by_kv_head[static_cast<size_t>(h)];
-      const int64_t n = c.kv->n_tokens(il, h), d = s.head_dim;
-      r.assign(static_cast<size_t>(n), 0.0f);
-      if (n == 0) return;
+    score_heads_by_keys(c, il, s, out, [](const float* K, int64_t n, int64_t d, float* r) {
       std::vector<double> norm(static_cast<size_t>(n)), a(static_cast<size_t>(d), 0.0);
       for (int64_t j = 0; j < n; ++j) {
-        const float* k = K.data() + j * d;
+        const float* k = K + j * d;
         double q = 0;
         for (int64_t e = 0; e < d; ++e) q += static_cast<double>(k[e]) * k[e];
         norm[static_cast<size_t>(j)] = std::sqrt(q);
@@ -60,11 +53,11 @@ class KeyDiff final : public PressScorer {
       }
       const double inv_an = 1.0 / std::max(std::sqrt(an), kCosineEps);
       for (int64_t j = 0; j < n; ++j) {
-        const float* k = K.data() + j * d;
+        const float* k = K + j * d;
         double dot = 0;
         for (int64_t e = 0; e < d; ++e) dot += k[e] * a[static_cast<size_t>(e)];
         const double sim = dot * inv_an / std::max(norm[static_cast<size_t>(j)], kCosineEps);
-        r[static_cast<size_t>(j)] = static_cast<float>(-sim);
+        r[j] = static_cast<float>(-sim);
       }
     });
     return Status::ok();

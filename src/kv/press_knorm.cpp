@@ -12,17 +12,11 @@ class Knorm final : public PressScorer {
  public:
   std::string name() const override { return "knorm"; }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
-    out.by_kv_head.resize(static_cast<size_t>(s.n_head_kv));
-    for_each_head(c, s.n_head_kv, [&](int64_t h) {
-      std::vector<float> K;
-      read_head_keys(*c.kv, il, h, K);
-      auto& r = out.by_kv_head[static_cast<size_t>(h)];
-      const int64_t n = c.kv->n_tokens(il, h), d = s.head_dim;
-      r.resize(static_cast<size_t>(n));
+    score_heads_by_keys(c, il, s, out, [](const float* K, int64_t n, int64_t d, float* r) {
       for (int64_t j = 0; j < n; ++j) {
         double a = 0;
-        for (int64_t e = 0; e < d; ++e) a += static_cast<double>(K[static_cast<size_t>(j * d + e)]) * K[static_cast<size_t>(j * d + e)];
-        r[static_cast<size_t>(j)] = -static_cast<float>(std::sqrt(a));
+        for (int64_t e = 0; e < d; ++e) a += static_cast<double>(K[j * d + e]) * K[j * d + e];
+        r[j] = -static_cast<float>(std::sqrt(a));
       }
     });
     return Status::ok();
