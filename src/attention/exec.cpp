@@ -7,11 +7,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LC_ATTN_AVX2 1
-#endif
-
 #include "core/fp16.h"
 #include "kernels/kernels.h"
 
@@ -21,99 +16,10 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 
-#if LC_ATTN_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-#if defined(__F16C__)
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-#endif
-#endif
-inline float to_f32(float x) { return x; }
-inline float to_f32(uint16_t h) { return fp16_to_fp32(h); }
-
-// o[c] += sum_j p[j] * v[j, c]; o: [dv], v: [nk, dv] as f32, or f16 read in place (widening is
-// exact, so both give the same bits for the same values). Accumulates in registers across keys.
-template <class T>
-void accumulate_values(float* o, const float* p, const T* v, int64_t nk, int64_t dv) {
-  int64_t c = 0;
-#if LC_ATTN_AVX2
-  for (; c + 32 <= dv; c += 32) {
-    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
-    __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
-    const T* vc = v + c;
-    for (int64_t j = 0; j < nk; ++j, vc += dv) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      a0 = _mm256_fmadd_ps(pj, load8(vc), a0);
-      a1 = _mm256_fmadd_ps(pj, load8(vc + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, load8(vc + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, load8(vc + 24), a3);
-    }
-    _mm256_storeu_ps(o + c, a0);
-    _mm256_storeu_ps(o + c + 8, a1);
-    _mm256_storeu_ps(o + c + 16, a2);
-    _mm256_storeu_ps(o + c + 24, a3);
-  }
-  for (; c + 8 <= dv; c += 8) {
-    __m256 a0 = _mm256_loadu_ps(o + c);
-    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + j * dv + c), a0);
-    _mm256_storeu_ps(o + c, a0);
-  }
-#endif
-  for (; c < dv; ++c) {
-    float a = o[c];
-    for (int64_t j = 0; j < nk; ++j) a += p[j] * to_f32(v[j * dv + c]);
-    o[c] = a;
-  }
-}
-
 // f16 storage is read in place by the fused kernels (Runner::run): each row is widened in
-// registers as it is used, instead of into a scratch block that is then read back. Requires
-// d % 8 == 0 and d <= kMaxD.
-#if LC_ATTN_AVX2 && defined(__F16C__)
-#define LC_ATTN_F16 1
-#endif
-constexpr int64_t kMaxD = 512;
+// registers as it is used (kernels::dot_rows_f16, kernels::accumulate_rows_f16), instead of
+// into a scratch block that is then read back. Requires d % 8 == 0 and d <= kMaxRowWidth.
 constexpr int64_t kFusedMaxRows = 8;
-
-// sc[j] = q . k[j] for j < nk, keys as f32 (kernels::dot_rows_f32) or as f16 read in place;
-// four keys at a time so q is loaded once per four. Widening f16 is exact and the arithmetic
-// and its order are those of dot_rows_f32, so f16 keys give the bits their f32 copies would.
-void scores(const float* q, const float* k, int64_t nk, int64_t d, float* sc) {
-  kernels::dot_rows_f32(q, k, nk, d, sc);
-}
-
-template <class T>
-void scores(const float* q, const T* k, int64_t nk, int64_t d, float* sc) {
-  static_assert(sizeof(T) == 2, "f32 keys use the overload above");
-  int64_t j = 0;
-#if LC_ATTN_AVX2
-  if (d % 8 == 0) {
-    for (; j + 4 <= nk; j += 4) {
-      const T* k0 = k + j * d;
-      // The next four rows are usually in the same block: ask for them while these compute.
-      _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
-      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-      for (int64_t c = 0; c < d; c += 8) {
-        const __m256 qc = _mm256_loadu_ps(q + c);
-        s0 = _mm256_fmadd_ps(qc, load8(k0 + c), s0);
-        s1 = _mm256_fmadd_ps(qc, load8(k0 + d + c), s1);
-        s2 = _mm256_fmadd_ps(qc, load8(k0 + 2 * d + c), s2);
-        s3 = _mm256_fmadd_ps(qc, load8(k0 + 3 * d + c), s3);
-      }
-      // Horizontal sums of the four accumulators at once.
-      const __m256 h01 = _mm256_hadd_ps(s0, s1), h23 = _mm256_hadd_ps(s2, s3);
-      const __m256 h = _mm256_hadd_ps(h01, h23);
-      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-      _mm_storeu_ps(sc + j, r);
-    }
-  }
-#endif
-  for (; j < nk; ++j) {
-    alignas(32) float row[kMaxD];
-    for (int64_t c = 0; c < d; ++c) row[c] = to_f32(k[j * d + c]);
-    sc[j] = kernels::dot_f32(q, row, d);
-  }
-}
 
 }  // namespace
 
@@ -297,18 +203,13 @@ void Runner::run(const Span& s, float* lse) {
     if ((mask >> r & 1) && vis(r) <= s.first) mask &= ~(uint64_t{1} << r);
   if (!mask || s.count <= 0) return;
   const KvCache& kv = *c.kv;
-#if LC_ATTN_F16
   // f16 storage (what llama.cpp caches by default) is read in place by the fused kernels when
   // few rows share the block (decoding: one token x a GQA group), where the block is streamed
   // once and converting it into scratch first was half the time (docs/performance.md). A
   // prefill tile of many rows re-reads the block per row, so it converts once instead.
-  const bool fused = rows <= kFusedMaxRows && c.d % 8 == 0 && c.d <= kMaxD && c.dv % 8 == 0;
+  const bool fused = rows <= kFusedMaxRows && c.d % 8 == 0 && c.d <= kernels::kMaxRowWidth && c.dv % 8 == 0;
   const uint16_t* Kh = fused && !s.unrotate ? kv.keys_f16(c.il, item_.hk, s.first) : nullptr;
   const uint16_t* Vh = fused ? kv.values_f16(c.il, item_.hk, s.first) : nullptr;
-#else
-  const uint16_t* Kh = nullptr;
-  const uint16_t* Vh = nullptr;
-#endif
   const float* K = Kh ? nullptr : kv.keys_f32(c.il, item_.hk, s.first, s.count, kbuf_.data());
   if (s.unrotate) {
     const RopeTable& rt = kv.rope(c.il);
@@ -325,12 +226,10 @@ void Runner::run(const Span& s, float* lse) {
     const int64_t t = token_of(r), h = head_of(r);
     const int64_t lim = std::min<int64_t>(s.count, vis(r) - s.first);
     const float* q = qv.q + (t * c.n_head + h) * c.d;
-#if LC_ATTN_F16
     if (Kh)
-      scores(q, Kh, lim, c.d, sc);
+      kernels::dot_rows_f16(q, Kh, lim, c.d, sc);
     else
-#endif
-      scores(q, K, lim, c.d, sc);
+      kernels::dot_rows_f32(q, K, lim, c.d, sc);
     float mx = kNegInf;
     for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, sc[j]);
     const float mnew = std::max(m_[r], mx);
@@ -338,12 +237,10 @@ void Runner::run(const Span& s, float* lse) {
     const float sum = kernels::exp_sub_sum(sc, lim, mnew);
     float* o = o_.data() + r * c.dv;
     if (corr != 1.0f) kernels::scale_inplace(o, corr, c.dv);
-#if LC_ATTN_F16
     if (Vh)
-      accumulate_values(o, sc, Vh, lim, c.dv);
+      kernels::accumulate_rows_f16(o, sc, Vh, lim, c.dv);
     else
-#endif
-      accumulate_values(o, sc, V, lim, c.dv);
+      kernels::accumulate_rows_f32(o, sc, V, lim, c.dv);
     l_[r] = l_[r] * corr + sum;
     m_[r] = mnew;
     if (lse) lse[r] = mnew + std::log(sum);

@@ -47,6 +47,15 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // out[j] = q . k[j] for j < nk; k: [nk, d] contiguous rows. Four rows at a time share each
 // load of q and one horizontal reduction (scores of one query against a block of keys).
 void dot_rows_f32(const float* q, const float* k, int64_t nk, int64_t d, float* out);
+// The same with keys stored as f16 (raw bits), widened as they are read: widening is exact and
+// the arithmetic and its order are those of dot_rows_f32, so f16 keys give the bits their f32
+// copies would. d at most kMaxRowWidth.
+void dot_rows_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float* out);
+// o[c] += sum_j p[j] * v[j, c] for c < dv; v: [nk, dv] rows of f32, or of f16 widened as they
+// are read (same bits as their f32 copies). The attention's value accumulation over a span.
+void accumulate_rows_f32(float* o, const float* p, const float* v, int64_t nk, int64_t dv);
+void accumulate_rows_f16(float* o, const float* p, const uint16_t* v, int64_t nk, int64_t dv);
+inline constexpr int64_t kMaxRowWidth = 512;
 void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 void add_inplace(float* y, const float* x, int64_t n);    // y += x
 void scale_inplace(float* y, float a, int64_t n);

@@ -138,6 +138,81 @@ void dot_rows_f32(const float* q, const float* k, int64_t nk, int64_t d, float* 
   for (; j < nk; ++j) out[j] = dot_f32(q, k + j * d, d);
 }
 
+namespace {
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+template <class T>
+void accumulate_rows(float* o, const float* p, const T* v, int64_t nk, int64_t dv) {
+  int64_t c = 0;
+  // Four accumulators of 8 columns stay in registers across all the keys.
+  for (; c + 32 <= dv; c += 32) {
+    __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
+    __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
+    const T* vc = v + c;
+    for (int64_t j = 0; j < nk; ++j, vc += dv) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      a0 = _mm256_fmadd_ps(pj, load8(vc), a0);
+      a1 = _mm256_fmadd_ps(pj, load8(vc + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, load8(vc + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, load8(vc + 24), a3);
+    }
+    _mm256_storeu_ps(o + c, a0);
+    _mm256_storeu_ps(o + c + 8, a1);
+    _mm256_storeu_ps(o + c + 16, a2);
+    _mm256_storeu_ps(o + c + 24, a3);
+  }
+  for (; c + 8 <= dv; c += 8) {
+    __m256 a0 = _mm256_loadu_ps(o + c);
+    for (int64_t j = 0; j < nk; ++j) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v + j * dv + c), a0);
+    _mm256_storeu_ps(o + c, a0);
+  }
+  for (; c < dv; ++c) {
+    float a = o[c];
+    // fma, as the vector body: the same rounding whatever the compiler contracts.
+    for (int64_t j = 0; j < nk; ++j) a = std::fma(p[j], to_f32(v[j * dv + c]), a);
+    o[c] = a;
+  }
+}
+}  // namespace
+
+void dot_rows_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, float* out) {
+  int64_t j = 0;
+  if (d % 8 == 0) {
+    for (; j + 4 <= nk; j += 4) {
+      const uint16_t* k0 = k + j * d;
+      // The next four rows are usually in the same block: ask for them while these compute.
+      _mm_prefetch(reinterpret_cast<const char*>(k0 + 4 * d), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(k0 + 6 * d), _MM_HINT_T0);
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+      for (int64_t c = 0; c < d; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(q + c);
+        s0 = _mm256_fmadd_ps(qc, load8(k0 + c), s0);
+        s1 = _mm256_fmadd_ps(qc, load8(k0 + d + c), s1);
+        s2 = _mm256_fmadd_ps(qc, load8(k0 + 2 * d + c), s2);
+        s3 = _mm256_fmadd_ps(qc, load8(k0 + 3 * d + c), s3);
+      }
+      // Horizontal sums of the four accumulators at once, as dot_rows_f32 does.
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+      _mm_storeu_ps(out + j, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
+  }
+  for (; j < nk; ++j) {
+    alignas(32) float row[kMaxRowWidth];
+    for (int64_t c = 0; c < d; ++c) row[c] = to_f32(k[j * d + c]);
+    out[j] = dot_f32(q, row, d);
+  }
+}
+
+void accumulate_rows_f32(float* o, const float* p, const float* v, int64_t nk, int64_t dv) {
+  accumulate_rows(o, p, v, nk, dv);
+}
+void accumulate_rows_f16(float* o, const float* p, const uint16_t* v, int64_t nk, int64_t dv) {
+  accumulate_rows(o, p, v, nk, dv);
+}
+
 void axpy(float a, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;

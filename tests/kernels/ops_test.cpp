@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/fp16.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 #include "test_util.h"
@@ -26,6 +27,36 @@ TEST(Ops, Rmsnorm) {
   std::vector<float> z(64, 0.0f), w(64, 1.0f), y(64);  // all zero: eps keeps it finite
   rmsnorm(z.data(), w.data(), y.data(), 64, 1e-6f);
   for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+// The attention's span kernels: value accumulation against the double reference, and the f16
+// forms against the f32 forms on the widened copies (widening is exact: the same bits).
+TEST(Ops, AttentionRowKernels) {
+  std::mt19937 rng(11);
+  for (int64_t d : {1, 5, 8, 24, 32, 40, 64, 72, 128, 136}) {
+    for (int64_t nk : {1, 2, 3, 4, 5, 9, 64}) {
+      auto q = random_floats(rng, d, -1, 1), kf = random_floats(rng, nk * d, -2, 2);
+      auto p = random_floats(rng, nk, 0, 1), vf = random_floats(rng, nk * d, -3, 3);
+      std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+      for (size_t i = 0; i < kf.size(); ++i) kh[i] = fp32_to_fp16(kf[i]), kf[i] = fp16_to_fp32(kh[i]);
+      for (size_t i = 0; i < vf.size(); ++i) vh[i] = fp32_to_fp16(vf[i]), vf[i] = fp16_to_fp32(vh[i]);
+      std::vector<float> s32(static_cast<size_t>(nk)), s16(static_cast<size_t>(nk));
+      dot_rows_f32(q.data(), kf.data(), nk, d, s32.data());
+      dot_rows_f16(q.data(), kh.data(), nk, d, s16.data());
+      EXPECT_EQ(s32, s16) << "d " << d << " nk " << nk;
+      auto o0 = random_floats(rng, d, -1, 1);
+      auto o32 = o0, o16 = o0, oref = o0;
+      accumulate_rows_f32(o32.data(), p.data(), vf.data(), nk, d);
+      accumulate_rows_f16(o16.data(), p.data(), vh.data(), nk, d);
+      ref::accumulate_rows(oref.data(), p.data(), vf.data(), nk, d);
+      EXPECT_EQ(o32, o16) << "d " << d << " nk " << nk;
+      for (int64_t c = 0; c < d; ++c) {
+        double mag = std::fabs(o0[c]);
+        for (int64_t j = 0; j < nk; ++j) mag += std::fabs(p[j] * vf[j * d + c]);
+        ASSERT_NEAR(o32[c], oref[c], 2e-6 * mag + 1e-30) << "d " << d << " nk " << nk << " c " << c;
+      }
+    }
+  }
 }
 
 TEST(Ops, Softmax) {

@@ -283,6 +283,14 @@ double dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+void accumulate_rows(float* o, const float* p, const float* v, int64_t nk, int64_t dv) {
+  for (int64_t c = 0; c < dv; ++c) {
+    double a = o[c];
+    for (int64_t j = 0; j < nk; ++j) a += static_cast<double>(p[j]) * v[j * dv + c];
+    o[c] = static_cast<float>(a);
+  }
+}
+
 void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }

@@ -47,6 +47,8 @@ void softmax_inplace(float* x, int64_t n);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 double dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
+// o[c] += sum_j p[j] * v[j, c], summed in double. v: [nk, dv].
+void accumulate_rows(float* o, const float* p, const float* v, int64_t nk, int64_t dv);
 void add_inplace(float* y, const float* x, int64_t n);
 void scale_inplace(float* y, float a, int64_t n);
 // x: [n_tokens, n_head, head_dim]; pos: [n_tokens]; inv_freq: [n_rot / 2].
