@@ -5,15 +5,13 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LC_PB_AVX2 1
-#endif
+#include "kernels/kernels.h"
 
 namespace lc::attn {
 namespace {
 
 constexpr int64_t T = PageBounds::kTile;
+static_assert(T == kernels::kBoundTile, "page-bound tiles are the kernels' tiles");
 
 // A query's factors for the point form: q_i >= 0 ? q_i M_i : q_i m_i is computed as
 // pos_i M_i + neg_i m_i with pos = max(q, 0) and neg = min(q, 0) (one of them is 0, and a
@@ -26,92 +24,6 @@ void split_signs(const float* q, int64_t d, float* pos, float* neg) {
     neg[c] = x != x ? x : (x < 0.0f ? x : 0.0f);
   }
 }
-
-#if !LC_PB_AVX2
-// Scalar form of one query on one tile, the order of operations of the vector forms: a bound
-// is the scale times the code, m = s_i * code. A point query comes as a = pos, b = neg; a box
-// as a = lo, b = hi.
-void tile_scalar(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, bool box, const float* a,
-                 const float* b, float* out) {
-  for (int64_t j = 0; j < T; ++j) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < d; ++c) {
-      const float m = scale[c] * static_cast<float>(mn[c * T + j]);
-      const float M = scale[c] * static_cast<float>(mx[c * T + j]);
-      if (box) {
-        // max as the vector max does: the second operand when either is NaN
-        auto vmax = [](float x, float y) { return x > y ? x : y; };
-        acc += vmax(vmax(a[c] * m, a[c] * M), vmax(b[c] * m, b[c] * M));
-      } else {
-        acc = std::fma(b[c], m, std::fma(a[c], M, acc));
-      }
-    }
-    out[j] = acc;
-  }
-}
-#endif
-
-#if LC_PB_AVX2
-// Channel c of a tile, 16 pages: the minima and maxima as floats, scale times code.
-struct Row16 {
-  __m256 m0, m1, M0, M1;
-};
-inline Row16 widen_row(const float* scale, const int8_t* mn, const int8_t* mx, int64_t c) {
-  const __m256 s = _mm256_broadcast_ss(scale + c);
-  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c * T));
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mx + c * T));
-  Row16 r;
-  r.m0 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)));
-  r.m1 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))));
-  r.M0 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
-  r.M1 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
-  return r;
-}
-
-// Up to four point queries (pos, neg) on one tile; each widened row serves all of them.
-template <int NQ>
-void tile_points_avx2(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
-                      const float* const* neg, float* out) {
-  __m256 a[NQ][2];
-  for (int s = 0; s < NQ; ++s) a[s][0] = a[s][1] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < d; ++c) {
-    const Row16 r = widen_row(scale, mn, mx, c);
-    for (int s = 0; s < NQ; ++s) {
-      const __m256 p = _mm256_broadcast_ss(pos[s] + c), n = _mm256_broadcast_ss(neg[s] + c);
-      a[s][0] = _mm256_fmadd_ps(n, r.m0, _mm256_fmadd_ps(p, r.M0, a[s][0]));
-      a[s][1] = _mm256_fmadd_ps(n, r.m1, _mm256_fmadd_ps(p, r.M1, a[s][1]));
-    }
-  }
-  for (int s = 0; s < NQ; ++s) {
-    _mm256_storeu_ps(out + s * T, a[s][0]);
-    _mm256_storeu_ps(out + s * T + 8, a[s][1]);
-  }
-}
-
-// Up to four box queries [lo, hi] on one tile: sum_i max(lo m, lo M, hi m, hi M).
-template <int NQ>
-void tile_boxes_avx2(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* lo,
-                     const float* const* hi, float* out) {
-  __m256 a[NQ][2];
-  for (int s = 0; s < NQ; ++s) a[s][0] = a[s][1] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < d; ++c) {
-    const Row16 r = widen_row(scale, mn, mx, c);
-    for (int s = 0; s < NQ; ++s) {
-      const __m256 l = _mm256_broadcast_ss(lo[s] + c), h = _mm256_broadcast_ss(hi[s] + c);
-      auto term = [&](__m256 m, __m256 M) {
-        return _mm256_max_ps(_mm256_max_ps(_mm256_mul_ps(l, m), _mm256_mul_ps(l, M)),
-                             _mm256_max_ps(_mm256_mul_ps(h, m), _mm256_mul_ps(h, M)));
-      };
-      a[s][0] = _mm256_add_ps(a[s][0], term(r.m0, r.M0));
-      a[s][1] = _mm256_add_ps(a[s][1], term(r.m1, r.M1));
-    }
-  }
-  for (int s = 0; s < NQ; ++s) {
-    _mm256_storeu_ps(out + s * T, a[s][0]);
-    _mm256_storeu_ps(out + s * T + 8, a[s][1]);
-  }
-}
-#endif
 
 // The smallest scale s with 127 s >= a (exactly, in double), so every bound of magnitude at
 // most a has a code in [-127, 127].
@@ -264,34 +176,17 @@ void PageBounds::tile_bounds(const float* const* lo, const float* const* hi, con
   scale.resize(static_cast<size_t>(d_));
   std::memcpy(scale.data(), tp, static_cast<size_t>(d_) * sizeof(float));
   const float* sc = scale.data();
-#if LC_PB_AVX2
-  // Runs of up to four queries of one kind share each widened row.
+  // Runs of queries of one kind: the kernel bounds them four at a time.
   for (int64_t s0 = 0; s0 < nq;) {
     const bool box = hi[s0] != nullptr;
     int64_t k = 1;
-    while (k < 4 && s0 + k < nq && (hi[s0 + k] != nullptr) == box) ++k;
-    float* o = out + s0 * T;
-    if (box) {
-      switch (k) {
-        case 1: tile_boxes_avx2<1>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
-        case 2: tile_boxes_avx2<2>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
-        case 3: tile_boxes_avx2<3>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
-        default: tile_boxes_avx2<4>(sc, mn, mx, d_, lo + s0, hi + s0, o); break;
-      }
-    } else {
-      switch (k) {
-        case 1: tile_points_avx2<1>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
-        case 2: tile_points_avx2<2>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
-        case 3: tile_points_avx2<3>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
-        default: tile_points_avx2<4>(sc, mn, mx, d_, lo + s0, neg + s0, o); break;
-      }
-    }
+    while (s0 + k < nq && (hi[s0 + k] != nullptr) == box) ++k;
+    if (box)
+      kernels::bound_tile_boxes(sc, mn, mx, d_, lo + s0, hi + s0, k, out + s0 * T);
+    else
+      kernels::bound_tile_points(sc, mn, mx, d_, lo + s0, neg + s0, k, out + s0 * T);
     s0 += k;
   }
-#else
-  for (int64_t s = 0; s < nq; ++s)
-    tile_scalar(sc, mn, mx, d_, hi[s] != nullptr, lo[s], hi[s] ? hi[s] : neg[s], out + s * T);
-#endif
 }
 
 void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t nq, int64_t p0, int64_t p1,
@@ -328,25 +223,10 @@ void PageBounds::bounds(const float* const* lo, const float* const* hi, int64_t 
       }
       tile_bounds(first.data() + q0, hi + q0, second.data() + q0, nqc, t, tb);
       const int64_t a = std::max(p0, t * T), b = std::min(p1, (t + 1) * T);
-#if LC_PB_AVX2
       if (max_of_queries && q0 == 0 && a == t * T && b == a + T) {  // a whole tile at once
-        const __m256 inf = _mm256_set1_ps(kInf);
-        for (int64_t h = 0; h < T; h += 8) {
-          __m256 m = _mm256_loadu_ps(tb + h);
-          for (int64_t s = 1; s < nqc; ++s) {
-            const __m256 v = _mm256_loadu_ps(tb + s * T + h);
-            const __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            m = _mm256_blendv_ps(m, v, take);
-          }
-          // wide pages: +inf
-          const __m128i w8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wide_.data() + a + h));
-          const __m256 w = _mm256_castsi256_ps(
-              _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(w8), _mm256_setzero_si256()));
-          _mm256_storeu_ps(out + (a + h - p0), _mm256_blendv_ps(m, inf, w));
-        }
+        kernels::max_bound_rows(tb, nqc, wide_.data() + a, out + (a - p0));
         continue;
       }
-#endif
       for (int64_t p = a; p < b; ++p) {
         const int64_t j = p - t * T;
         const bool w = wide_[static_cast<size_t>(p)] != 0;

@@ -56,6 +56,21 @@ void dot_rows_f16(const float* q, const uint16_t* k, int64_t nk, int64_t d, floa
 void accumulate_rows_f32(float* o, const float* p, const float* v, int64_t nk, int64_t dv);
 void accumulate_rows_f16(float* o, const float* p, const uint16_t* v, int64_t nk, int64_t dv);
 inline constexpr int64_t kMaxRowWidth = 512;
+// Quest's page bounds over a tile of kBoundTile pages stored as 8-bit codes, channel-major
+// (attention/page_bounds.h): channel c of page j has bounds m = scale[c] * mn[c * kBoundTile + j]
+// and M = scale[c] * mx[c * kBoundTile + j]. For query s, out[s * kBoundTile + j] is
+//   point queries (pos = max(q, 0), neg = min(q, 0)):  sum_c fma(neg m, fma(pos M, acc))
+//   box queries [lo, hi]:  sum_c max(max(lo m, lo M), max(hi m, hi M))
+// with max as the vector instruction takes it (the second operand when either is NaN). Four
+// queries at a time share each widened channel.
+inline constexpr int64_t kBoundTile = 16;
+void bound_tile_points(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
+                       const float* const* neg, int64_t nq, float* out);
+void bound_tile_boxes(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* lo,
+                      const float* const* hi, int64_t nq, float* out);
+// out[j] = wide[j] ? +inf : the largest of rows[s * kBoundTile + j] over s < nq, a NaN taken
+// over any number (selection treats it as +inf); j < kBoundTile, nq >= 1.
+void max_bound_rows(const float* rows, int64_t nq, const uint8_t* wide, float* out);
 void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 void add_inplace(float* y, const float* x, int64_t n);    // y += x
 void scale_inplace(float* y, float a, int64_t n);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/fp16.h"
 #include "kernels/kernels.h"
@@ -56,6 +57,63 @@ TEST(Ops, AttentionRowKernels) {
         ASSERT_NEAR(o32[c], oref[c], 2e-6 * mag + 1e-30) << "d " << d << " nk " << nk << " c " << c;
       }
     }
+  }
+}
+
+// Quest's tile bounds: the vector forms against the scalar references, bit for bit (the same
+// operations in the same order), for every query count around the groups of four, odd channel
+// counts, NaN query channels, and the max over queries with wide pages.
+TEST(Ops, PageBoundTiles) {
+  std::mt19937 rng(12);
+  constexpr int64_t T = kBoundTile;
+  for (int64_t d : {1, 3, 8, 17, 64}) {
+    std::vector<int8_t> mn(static_cast<size_t>(d * T)), mx(mn.size());
+    std::uniform_int_distribution<int> code(-127, 127);
+    for (size_t i = 0; i < mn.size(); ++i) {
+      const int a = code(rng), b = code(rng);
+      mn[i] = static_cast<int8_t>(std::min(a, b)), mx[i] = static_cast<int8_t>(std::max(a, b));
+    }
+    auto scale = random_floats(rng, d, 0.001f, 0.1f);
+    for (int64_t nq : {1, 2, 3, 4, 5, 8, 9}) {
+      std::vector<std::vector<float>> a(static_cast<size_t>(nq)), b(a.size());
+      std::vector<const float*> pa, pb;
+      for (int64_t s = 0; s < nq; ++s) {
+        a[s] = random_floats(rng, d, -2, 2);
+        b[s] = random_floats(rng, d, -2, 2);
+        if (s == 2 && d > 2) a[s][1] = NAN;
+        pa.push_back(a[s].data());
+        pb.push_back(b[s].data());
+      }
+      std::vector<float> fast(static_cast<size_t>(nq * T)), slow(fast.size());
+      bound_tile_points(scale.data(), mn.data(), mx.data(), d, pa.data(), pb.data(), nq, fast.data());
+      ref::bound_tile_points(scale.data(), mn.data(), mx.data(), d, pa.data(), pb.data(), nq, slow.data());
+      EXPECT_EQ(0, std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float))) << "points d " << d << " nq " << nq;
+      bound_tile_boxes(scale.data(), mn.data(), mx.data(), d, pa.data(), pb.data(), nq, fast.data());
+      ref::bound_tile_boxes(scale.data(), mn.data(), mx.data(), d, pa.data(), pb.data(), nq, slow.data());
+      EXPECT_EQ(0, std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float))) << "boxes d " << d << " nq " << nq;
+      std::vector<uint8_t> wide(T, 0);
+      wide[3] = wide[11] = 1;
+      std::vector<float> mf(T), ms(T);
+      max_bound_rows(fast.data(), nq, wide.data(), mf.data());
+      ref::max_bound_rows(fast.data(), nq, wide.data(), ms.data());
+      EXPECT_EQ(0, std::memcmp(mf.data(), ms.data(), mf.size() * sizeof(float))) << "max d " << d << " nq " << nq;
+      EXPECT_EQ(mf[3], INFINITY);
+    }
+  }
+  // The point form is the bound it claims: for a key inside the tile's boxes, q.k <= bound.
+  const int64_t d = 8;
+  std::vector<int8_t> mn(d * T, -10), mx(d * T, 20);
+  std::vector<float> scale(d, 0.05f), q = random_floats(rng, d, -1, 1), pos(d), neg(d);
+  for (int64_t c = 0; c < d; ++c) pos[c] = std::max(q[c], 0.0f), neg[c] = std::min(q[c], 0.0f);
+  const float* pp = pos.data();
+  const float* pn = neg.data();
+  std::vector<float> out(T);
+  bound_tile_points(scale.data(), mn.data(), mx.data(), d, &pp, &pn, 1, out.data());
+  for (int trial = 0; trial < 100; ++trial) {
+    auto k = random_floats(rng, d, -0.5f, 1.0f);  // inside [-10, 20] * 0.05
+    double qk = 0;
+    for (int64_t c = 0; c < d; ++c) qk += static_cast<double>(q[c]) * k[c];
+    EXPECT_LE(qk, out[0] + 1e-6);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/ref/ref.h"
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "core/fp16.h"
@@ -288,6 +289,51 @@ void accumulate_rows(float* o, const float* p, const float* v, int64_t nk, int64
     double a = o[c];
     for (int64_t j = 0; j < nk; ++j) a += static_cast<double>(p[j]) * v[j * dv + c];
     o[c] = static_cast<float>(a);
+  }
+}
+
+namespace {
+constexpr int64_t kTile = 16;
+float vmax(float x, float y) { return x > y ? x : y; }  // _mm256_max_ps: y when either is NaN
+}  // namespace
+
+void bound_tile_points(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
+                       const float* const* neg, int64_t nq, float* out) {
+  for (int64_t s = 0; s < nq; ++s)
+    for (int64_t j = 0; j < kTile; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < d; ++c) {
+        const float m = scale[c] * static_cast<float>(mn[c * kTile + j]);
+        const float M = scale[c] * static_cast<float>(mx[c * kTile + j]);
+        acc = std::fma(neg[s][c], m, std::fma(pos[s][c], M, acc));
+      }
+      out[s * kTile + j] = acc;
+    }
+}
+
+void bound_tile_boxes(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* lo,
+                      const float* const* hi, int64_t nq, float* out) {
+  for (int64_t s = 0; s < nq; ++s)
+    for (int64_t j = 0; j < kTile; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < d; ++c) {
+        const float m = scale[c] * static_cast<float>(mn[c * kTile + j]);
+        const float M = scale[c] * static_cast<float>(mx[c * kTile + j]);
+        const float l = lo[s][c], h = hi[s][c];
+        acc += vmax(vmax(l * m, l * M), vmax(h * m, h * M));
+      }
+      out[s * kTile + j] = acc;
+    }
+}
+
+void max_bound_rows(const float* rows, int64_t nq, const uint8_t* wide, float* out) {
+  for (int64_t j = 0; j < kTile; ++j) {
+    float m = rows[j];
+    for (int64_t s = 1; s < nq; ++s) {
+      const float v = rows[s * kTile + j];
+      m = v > m || v != v ? v : m;
+    }
+    out[j] = wide[j] ? std::numeric_limits<float>::infinity() : m;
   }
 }
 

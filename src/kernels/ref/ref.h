@@ -47,6 +47,13 @@ void softmax_inplace(float* x, int64_t n);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 double dot_f32(const float* a, const float* b, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
+// kernels::bound_tile_points / bound_tile_boxes / max_bound_rows one page and channel at a time,
+// in the order of operations the vector forms take (so the results are the same bits).
+void bound_tile_points(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* pos,
+                       const float* const* neg, int64_t nq, float* out);
+void bound_tile_boxes(const float* scale, const int8_t* mn, const int8_t* mx, int64_t d, const float* const* lo,
+                      const float* const* hi, int64_t nq, float* out);
+void max_bound_rows(const float* rows, int64_t nq, const uint8_t* wide, float* out);
 // o[c] += sum_j p[j] * v[j, c], summed in double. v: [nk, dv].
 void accumulate_rows(float* o, const float* p, const float* v, int64_t nk, int64_t dv);
 void add_inplace(float* y, const float* x, int64_t n);
