@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/qttt.h"
+#include "runtime/qttt.h"
 #include "runtime/session.h"
 
 namespace lc::bench {
@@ -22,7 +22,7 @@ struct MethodSetting {
   std::string rope = "gguf";   // "" or "gguf": the scaling the GGUF file asks for
   std::string attn;  // empty: the model's default (dense, or fixed)
   std::string press = "none";
-  std::string qttt = "none";   // "steps=N,lr=X,span=S": query-only test-time training (model/qttt.h)
+  std::string qttt = "none";   // "steps=N,lr=X,span=S": query-only test-time training (runtime/qttt.h)
   std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"
 };
 

@@ -120,7 +120,7 @@ class Context {
   const KvPress* press() const { return press_.get(); }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
-  // qTTT (model/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,
+  // qTTT (runtime/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,
   // by the f32 rows of wq: [n_layer, n_head * head_dim, n_embd]. The model's weights are never
   // written; clear_query_weights() goes back to them.
   void set_query_weights(Buffer<float> wq);

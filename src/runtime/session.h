@@ -6,7 +6,7 @@
 // Session owns, in order:
 //   1. prefill: the document, compressed by a query-agnostic press before the question is read
 //      (METHODS.md §2), or the whole prompt with a query-aware press compressing after it;
-//   2. qTTT (model/qttt.h): after the document's prefill, a few steps on W_q; the question and
+//   2. qTTT (runtime/qttt.h): after the document's prefill, a few steps on W_q; the question and
 //      the answer use the trained W_q, and the model's own weights come back when the request
 //      ends, whether it succeeds or fails;
 //   3. generation, streamed through a callback, with end-of-generation, stop strings, a token
@@ -27,7 +27,7 @@
 #include "core/status.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/qttt.h"
+#include "runtime/qttt.h"
 #include "runtime/sampler.h"
 
 namespace lc {

@@ -10,10 +10,10 @@
 #include <cstdint>
 
 #include "core/thread_pool.h"
+#include "grad/ops.h"
 #include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
 #include "train/config.h"
-#include "train/ops.h"
 
 namespace lc::train {
 
@@ -58,22 +58,22 @@ template <class T, class Attend>
 void block_forward(const ModelConfig& c, const T* W, const BlockOffsets& L, const BlockActs<T>& a, int64_t n,
                    const int32_t* pos, const RopeTable& rope, T* tmp, ThreadPool& pool, Attend&& attend) {
   const int64_t E = c.n_embd, F = c.n_ff, qd = c.q_dim(), kd = c.kv_dim();
-  rmsnorm_forward<T>(a.xin, W + L.attn_norm, a.ln1, a.rstd1, n, E, c.rms_eps, pool);
-  linear_forward<T>(a.ln1, W + L.wq, a.q, n, E, qd, pool);
-  linear_forward<T>(a.ln1, W + L.wk, a.k, n, E, kd, pool);
-  linear_forward<T>(a.ln1, W + L.wv, a.v, n, E, kd, pool);
-  rope_rotate<T>(a.q, n, c.n_head, c.head_dim(), pos, rope, pool);
-  rope_rotate<T>(a.k, n, c.n_head_kv, c.head_dim(), pos, rope, pool);
+  grad::rmsnorm_forward<T>(a.xin, W + L.attn_norm, a.ln1, a.rstd1, n, E, c.rms_eps, pool);
+  grad::linear_forward<T>(a.ln1, W + L.wq, a.q, n, E, qd, pool);
+  grad::linear_forward<T>(a.ln1, W + L.wk, a.k, n, E, kd, pool);
+  grad::linear_forward<T>(a.ln1, W + L.wv, a.v, n, E, kd, pool);
+  grad::rope_rotate<T>(a.q, n, c.n_head, c.head_dim(), pos, rope, pool);
+  grad::rope_rotate<T>(a.k, n, c.n_head_kv, c.head_dim(), pos, rope, pool);
   scale_q_logn<T>(c, a.q, n, pos);
   attend();
-  linear_forward<T>(a.att, W + L.wo, tmp, n, qd, E, pool);
+  grad::linear_forward<T>(a.att, W + L.wo, tmp, n, qd, E, pool);
   for (int64_t i = 0; i < n * E; ++i) a.mid[i] = a.xin[i] + tmp[i];
 
-  rmsnorm_forward<T>(a.mid, W + L.ffn_norm, a.ln2, a.rstd2, n, E, c.rms_eps, pool);
-  linear_forward<T>(a.ln2, W + L.w_gate, a.gate, n, E, F, pool);
-  linear_forward<T>(a.ln2, W + L.w_up, a.up, n, E, F, pool);
-  swiglu_forward<T>(a.gate, a.up, a.h, n * F, pool);
-  linear_forward<T>(a.h, W + L.w_down, tmp, n, F, E, pool);
+  grad::rmsnorm_forward<T>(a.mid, W + L.ffn_norm, a.ln2, a.rstd2, n, E, c.rms_eps, pool);
+  grad::linear_forward<T>(a.ln2, W + L.w_gate, a.gate, n, E, F, pool);
+  grad::linear_forward<T>(a.ln2, W + L.w_up, a.up, n, E, F, pool);
+  grad::swiglu_forward<T>(a.gate, a.up, a.h, n * F, pool);
+  grad::linear_forward<T>(a.h, W + L.w_down, tmp, n, F, E, pool);
   for (int64_t i = 0; i < n * E; ++i) a.xout[i] = a.mid[i] + tmp[i];
 }
 
@@ -91,16 +91,16 @@ template <class T>
 void block_backward_to_att(const ModelConfig& c, const T* W, T* G, const BlockOffsets& L, const BlockActs<T>& a,
                            int64_t n, T* dresid, const BlockGradScratch<T>& s, ThreadPool& pool) {
   const int64_t E = c.n_embd, F = c.n_ff, qd = c.q_dim();
-  linear_backward<T>(dresid, a.h, W + L.w_down, s.dh, G + L.w_down, n, F, E, false, pool);
-  swiglu_backward<T>(s.dh, a.gate, a.up, s.dgate, s.dup, n * F, pool);
-  linear_backward<T>(s.dgate, a.ln2, W + L.w_gate, s.dln, G + L.w_gate, n, E, F, false, pool);
-  linear_backward<T>(s.dup, a.ln2, W + L.w_up, s.dln, G + L.w_up, n, E, F, true, pool);
-  rmsnorm_backward<T>(s.dln, a.mid, W + L.ffn_norm, a.rstd2, dresid, G + L.ffn_norm, n, E, pool);
-  linear_backward<T>(dresid, a.att, W + L.wo, s.datt, G + L.wo, n, qd, E, false, pool);
+  grad::linear_backward<T>(dresid, a.h, W + L.w_down, s.dh, G + L.w_down, n, F, E, false, pool);
+  grad::swiglu_backward<T>(s.dh, a.gate, a.up, s.dgate, s.dup, n * F, pool);
+  grad::linear_backward<T>(s.dgate, a.ln2, W + L.w_gate, s.dln, G + L.w_gate, n, E, F, false, pool);
+  grad::linear_backward<T>(s.dup, a.ln2, W + L.w_up, s.dln, G + L.w_up, n, E, F, true, pool);
+  grad::rmsnorm_backward<T>(s.dln, a.mid, W + L.ffn_norm, a.rstd2, dresid, G + L.ffn_norm, n, E, pool);
+  grad::linear_backward<T>(dresid, a.att, W + L.wo, s.datt, G + L.wo, n, qd, E, false, pool);
 }
 
 // Backward from the rotated q, k and from v to xin, after the attention's own backward: dq
-// and dk are d(rotated q, k) and are rotated back in place (rope_inv: inverse_rope(rope));
+// and dk are d(rotated q, k) and are rotated back in place (rope_inv: grad::inverse_rope(rope));
 // dresid holds d(mid) on entry and d(xin) on return.
 template <class T>
 void block_backward_from_qkv(const ModelConfig& c, const T* W, T* G, const BlockOffsets& L, const BlockActs<T>& a,
@@ -108,12 +108,12 @@ void block_backward_from_qkv(const ModelConfig& c, const T* W, T* G, const Block
                              T* dresid, const BlockGradScratch<T>& s, ThreadPool& pool) {
   const int64_t E = c.n_embd, qd = c.q_dim(), kd = c.kv_dim();
   scale_q_logn<T>(c, dq, n, pos);
-  rope_rotate<T>(dq, n, c.n_head, c.head_dim(), pos, rope_inv, pool);
-  rope_rotate<T>(dk, n, c.n_head_kv, c.head_dim(), pos, rope_inv, pool);
-  linear_backward<T>(dq, a.ln1, W + L.wq, s.dln, G + L.wq, n, E, qd, false, pool);
-  linear_backward<T>(dk, a.ln1, W + L.wk, s.dln, G + L.wk, n, E, kd, true, pool);
-  linear_backward<T>(dv, a.ln1, W + L.wv, s.dln, G + L.wv, n, E, kd, true, pool);
-  rmsnorm_backward<T>(s.dln, a.xin, W + L.attn_norm, a.rstd1, dresid, G + L.attn_norm, n, E, pool);
+  grad::rope_rotate<T>(dq, n, c.n_head, c.head_dim(), pos, rope_inv, pool);
+  grad::rope_rotate<T>(dk, n, c.n_head_kv, c.head_dim(), pos, rope_inv, pool);
+  grad::linear_backward<T>(dq, a.ln1, W + L.wq, s.dln, G + L.wq, n, E, qd, false, pool);
+  grad::linear_backward<T>(dk, a.ln1, W + L.wk, s.dln, G + L.wk, n, E, kd, true, pool);
+  grad::linear_backward<T>(dv, a.ln1, W + L.wv, s.dln, G + L.wv, n, E, kd, true, pool);
+  grad::rmsnorm_backward<T>(s.dln, a.xin, W + L.attn_norm, a.rstd1, dresid, G + L.attn_norm, n, E, pool);
 }
 
 }  // namespace lc::train

@@ -6,8 +6,8 @@
 #include <new>
 #include <type_traits>
 
+#include "grad/ops.h"
 #include "kernels/kernels.h"
-#include "train/ops.h"
 
 namespace lc::train {
 namespace {
@@ -136,7 +136,7 @@ Expected<std::unique_ptr<ChunkRecurrent<T>>> ChunkRecurrent<T>::create(Transform
   r->output_norm_ = off("output_norm.weight");
   r->output_ = c.tied ? r->tok_embd_ : off("output.weight");
   r->rope_ = make_train_rope(c);
-  r->rope_inv_ = inverse_rope(r->rope_);
+  r->rope_inv_ = grad::inverse_rope(r->rope_);
   const size_t C = static_cast<size_t>(chunk), L = static_cast<size_t>(c.n_layer);
   const size_t E = static_cast<size_t>(c.n_embd), F = static_cast<size_t>(c.n_ff),
                qd = static_cast<size_t>(c.q_dim()), kd = static_cast<size_t>(c.kv_dim()),
@@ -240,7 +240,7 @@ void ChunkRecurrent<T>::attention_forward(int64_t il, int64_t s, int64_t cn, con
     const int64_t end = s + t1;  // keys [0, end) are visible to some row of the block
     for (int64_t p = 0, j0 = 0; j0 < end; ++p, j0 += P) {
       const int64_t bk = std::min(P, end - j0);
-      gemm<T>(false, true, bq, bk, hd, scale, q + t0 * qs + h * hd, qs, kv_.keys(il, p) + kh * hd, kd, T(0), S, P);
+      grad::gemm<T>(false, true, bq, bk, hd, scale, q + t0 * qs + h * hd, qs, kv_.keys(il, p) + kh * hd, kd, T(0), S, P);
       for (int64_t r = 0; r < bq; ++r) {
         T* row = S + r * P;
         const int64_t nv = std::clamp<int64_t>(s + t0 + r - j0 + 1, 0, bk);  // keys j <= position
@@ -259,7 +259,7 @@ void ChunkRecurrent<T>::attention_forward(int64_t il, int64_t s, int64_t cn, con
           for (int64_t d = 0; d < hd; ++d) O[r * hd + d] *= corr;
         mx[r] = m_new;
       }
-      gemm<T>(false, false, bq, hd, bk, T(1), S, P, kv_.values(il, p) + kh * hd, kd, T(1), O, hd);
+      grad::gemm<T>(false, false, bq, hd, bk, T(1), S, P, kv_.values(il, p) + kh * hd, kd, T(1), O, hd);
     }
     for (int64_t r = 0; r < bq; ++r) {
       const T inv = T(1) / sum[r];
@@ -285,7 +285,7 @@ void ChunkRecurrent<T>::attention_backward(int64_t il, int64_t s, int64_t cn, co
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   const int nth = pool.size();
   T* D = dsum_.data();
-  parallel_rows(pool, cn, [&](int64_t t0, int64_t t1) {
+  grad::parallel_rows(pool, cn, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < H; ++h) {
         const T* o = out + t * qs + h * hd;
@@ -311,8 +311,8 @@ void ChunkRecurrent<T>::attention_backward(int64_t il, int64_t s, int64_t cn, co
       for (int64_t t0 = first; t0 < cn; t0 += kQBlock) {
         const int64_t bq = std::min(kQBlock, cn - t0);
         // P and dS of rows [t0, t0 + bq) against the page's keys j0 + [0, bk), zero where masked.
-        gemm<T>(false, true, bq, bk, hd, scale, q + t0 * qs + h * hd, qs, K, kd, T(0), Pt, P);
-        gemm<T>(false, true, bq, bk, hd, T(1), dout + t0 * qs + h * hd, qs, Vp, kd, T(0), dSt, P);
+        grad::gemm<T>(false, true, bq, bk, hd, scale, q + t0 * qs + h * hd, qs, K, kd, T(0), Pt, P);
+        grad::gemm<T>(false, true, bq, bk, hd, T(1), dout + t0 * qs + h * hd, qs, Vp, kd, T(0), dSt, P);
         for (int64_t r = 0; r < bq; ++r) {
           T* pr = Pt + r * P;
           T* dr = dSt + r * P;
@@ -323,12 +323,12 @@ void ChunkRecurrent<T>::attention_backward(int64_t il, int64_t s, int64_t cn, co
           std::fill(pr + nv, pr + bk, T(0));
           std::fill(dr + nv, dr + bk, T(0));
         }
-        gemm<T>(true, false, bk, hd, bq, scale, dSt, P, q + t0 * qs + h * hd, qs, T(1), dK, kd);
-        gemm<T>(true, false, bk, hd, bq, T(1), Pt, P, dout + t0 * qs + h * hd, qs, T(1), dV, kd);
-        gemm<T>(false, false, bq, hd, bk, scale, dSt, P, K, kd, T(1), dQ + t0 * qs + h * hd, qs);
+        grad::gemm<T>(true, false, bk, hd, bq, scale, dSt, P, q + t0 * qs + h * hd, qs, T(1), dK, kd);
+        grad::gemm<T>(true, false, bk, hd, bq, T(1), Pt, P, dout + t0 * qs + h * hd, qs, T(1), dV, kd);
+        grad::gemm<T>(false, false, bq, hd, bk, scale, dSt, P, K, kd, T(1), dQ + t0 * qs + h * hd, qs);
       }
   });
-  parallel_rows(pool, cn * qs, [&](int64_t i0, int64_t i1) {
+  grad::parallel_rows(pool, cn * qs, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       T acc = tile_dq_[static_cast<size_t>(i)];
       for (int th = 1; th < nth; ++th) acc += tile_dq_[static_cast<size_t>(th) * static_cast<size_t>(C * qs) + i];
@@ -370,10 +370,10 @@ double ChunkRecurrent<T>::chunk_forward(int64_t s, int64_t cn, ThreadPool& pool)
     });
   }
   const T* xf = resid_.data() + c_.n_layer * C * E;
-  rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), cn, E, c_.rms_eps, pool);
-  linear_forward<T>(lnf_.data(), W + output_, logits_.data(), cn, E, V, pool);
+  grad::rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), cn, E, c_.rms_eps, pool);
+  grad::linear_forward<T>(lnf_.data(), W + output_, logits_.data(), cn, E, V, pool);
   if (!have_targets_) return 0.0;
-  return cross_entropy_forward<T>(logits_.data(), targets_.data() + s, lse_.data(), losses_.data(), cn, V, pool);
+  return grad::cross_entropy_forward<T>(logits_.data(), targets_.data() + s, lse_.data(), losses_.data(), cn, V, pool);
 }
 
 template <class T>
@@ -412,10 +412,10 @@ void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, Thre
   T* dresid = dresid_.data();
   T* dln = dln_.data();
 
-  cross_entropy_backward<T>(logits_.data(), targets_.data() + s, lse_.data(), cn, V, loss_scale, pool);
-  linear_backward<T>(logits_.data(), lnf_.data(), W + output_, dln, G + output_, cn, E, V, false, pool);
+  grad::cross_entropy_backward<T>(logits_.data(), targets_.data() + s, lse_.data(), cn, V, loss_scale, pool);
+  grad::linear_backward<T>(logits_.data(), lnf_.data(), W + output_, dln, G + output_, cn, E, V, false, pool);
   std::memset(dresid, 0, static_cast<size_t>(cn * E) * sizeof(T));
-  rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * C * E, W + output_norm_, rstdf_.data(), dresid,
+  grad::rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * C * E, W + output_norm_, rstdf_.data(), dresid,
                       G + output_norm_, cn, E, pool);
 
   const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
@@ -434,7 +434,7 @@ void ChunkRecurrent<T>::chunk_backward(int64_t s, int64_t cn, T loss_scale, Thre
     block_backward_from_qkv<T>(c_, W, G, L, a, cn, dq_.data(), dk, dv, pos_.data(), rope_inv_, dresid, sc, pool);
   }
   // Embedding rows: a token may repeat, so split over features, not tokens.
-  parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {
+  grad::parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {
     for (int64_t t = 0; t < cn; ++t) {
       T* g = G + tok_embd_ + static_cast<size_t>(tokens_[static_cast<size_t>(s + t)]) * E;
       for (int64_t j = j0; j < j1; ++j) g[j] += dresid[t * E + j];

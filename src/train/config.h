@@ -21,7 +21,7 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied = true;        // output matrix = token embedding
-  int64_t fixed_distance = 0;  // > 0: keys further than this attended as if this far (AttnDims)
+  int64_t fixed_distance = 0;  // > 0: keys further than this attended as if this far (grad::AttnDims)
   int64_t logn_orig = 0;       // > 0: q at position n scaled by max(1, ln n / ln logn_orig) (rope `logn`)
 
   int64_t head_dim() const { return n_embd / n_head; }

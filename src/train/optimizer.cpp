@@ -3,7 +3,7 @@
 #include <array>
 #include <cmath>
 
-#include "train/ops.h"
+#include "grad/adam.h"
 
 namespace lc::train {
 
@@ -49,23 +49,10 @@ double global_norm(const float* g, size_t n, ThreadPool& pool) {
 void AdamW::update(const OptimConfig& o, float lr, float* params, const float* grads,
                    const std::vector<ParamTensor>& tensors, ThreadPool& pool) {
   ++t_;
-  const float b1 = o.beta1, b2 = o.beta2;
-  const float c1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t_)));
-  const float c2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t_)));
   for (const ParamTensor& pt : tensors) {
-    const float wd = pt.decay ? o.weight_decay : 0.0f;
-    float* p = params + pt.offset;
-    const float* g = grads + pt.offset;
-    float* m = m_.data() + pt.offset;
-    float* v = v_.data() + pt.offset;
-    pool.parallel_for(static_cast<int64_t>(pt.size), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) {
-        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        const float mh = m[i] / c1, vh = v[i] / c2;
-        p[i] -= lr * (mh / (std::sqrt(vh) + o.eps) + wd * p[i]);
-      }
-    }, 256);
+    const grad::AdamParams a{o.beta1, o.beta2, o.eps, pt.decay ? o.weight_decay : 0.0f};
+    grad::adam_update(a, t_, lr, params + pt.offset, grads + pt.offset, m_.data() + pt.offset, v_.data() + pt.offset,
+                      static_cast<int64_t>(pt.size), pool);
   }
 }
 

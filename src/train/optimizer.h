@@ -1,4 +1,5 @@
-// AdamW with linear warm-up then cosine decay, and clipping by the global gradient norm.
+// AdamW (the update itself is grad::adam_update) with linear warm-up then cosine decay, and
+// clipping by the global gradient norm.
 #pragma once
 
 #include <cstdint>

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "grad/ops.h"
 #include "train/block.h"
-#include "train/ops.h"
 #include "train/rng.h"
 
 namespace lc::train {
@@ -37,7 +37,7 @@ Expected<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
                                 describe(c).c_str(), (long long)max_tokens));
   }
   m->rope_ = make_train_rope(c);
-  m->rope_inv_ = inverse_rope(m->rope_);
+  m->rope_inv_ = grad::inverse_rope(m->rope_);
   for (int64_t t = 0; t < max_tokens; ++t) m->pos_[static_cast<size_t>(t)] = static_cast<int32_t>(t);
   return m;
 }
@@ -167,8 +167,8 @@ BlockActs<T> Transformer<T>::acts(int64_t il) {
 }
 
 template <class T>
-AttnDims Transformer<T>::attn_dims(int64_t n) const {
-  AttnDims d{n, c_.n_head, c_.n_head_kv, c_.head_dim()};
+grad::AttnDims Transformer<T>::attn_dims(int64_t n) const {
+  grad::AttnDims d{n, c_.n_head, c_.n_head_kv, c_.head_dim()};
   d.fixed_distance = c_.fixed_distance;
   d.pos = pos_.data();
   d.rope = &rope_;
@@ -197,17 +197,17 @@ double Transformer<T>::forward(const int32_t* tokens, const int32_t* targets, in
   for (int64_t t = 0; t < n; ++t)
     std::memcpy(x0 + t * E, W + tok_embd_ + static_cast<size_t>(tokens[t]) * E, static_cast<size_t>(E) * sizeof(T));
 
-  const AttnDims ad = attn_dims(n);
+  const grad::AttnDims ad = attn_dims(n);
   for (int64_t il = 0; il < c_.n_layer; ++il) {
     const BlockActs<T> a = acts(il);
     block_forward<T>(c_, W, layers_[static_cast<size_t>(il)], a, n, pos_.data(), rope_, tmp_.data(), pool,
-                     [&] { attention_forward<T>(ad, a.q, a.k, a.v, a.att, probs_.data() + il * H * Tn * Tn, pool); });
+                     [&] { grad::attention_forward<T>(ad, a.q, a.k, a.v, a.att, probs_.data() + il * H * Tn * Tn, pool); });
   }
   const T* xf = resid_.data() + c_.n_layer * Tn * E;
-  rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), n, E, c_.rms_eps, pool);
-  linear_forward<T>(lnf_.data(), W + output_, logits_.data(), n, E, V, pool);
+  grad::rmsnorm_forward<T>(xf, W + output_norm_, lnf_.data(), rstdf_.data(), n, E, c_.rms_eps, pool);
+  grad::linear_forward<T>(lnf_.data(), W + output_, logits_.data(), n, E, V, pool);
   if (!targets) return 0.0;
-  const double sum = cross_entropy_forward<T>(logits_.data(), targets_.data(), lse_.data(), losses_.data(), n, V, pool);
+  const double sum = grad::cross_entropy_forward<T>(logits_.data(), targets_.data(), lse_.data(), losses_.data(), n, V, pool);
   return n_targets_ > 0 ? sum / static_cast<double>(n_targets_) : 0.0;
 }
 
@@ -221,25 +221,25 @@ void Transformer<T>::backward(T loss_scale, ThreadPool& pool) {
   T* dresid = dresid_.data();
   T* dln = dln_.data();
 
-  cross_entropy_backward<T>(logits_.data(), targets_.data(), lse_.data(), n, V, loss_scale, pool);
-  linear_backward<T>(logits_.data(), lnf_.data(), W + output_, dln, G + output_, n, E, V, false, pool);
+  grad::cross_entropy_backward<T>(logits_.data(), targets_.data(), lse_.data(), n, V, loss_scale, pool);
+  grad::linear_backward<T>(logits_.data(), lnf_.data(), W + output_, dln, G + output_, n, E, V, false, pool);
   std::memset(dresid, 0, static_cast<size_t>(n * E) * sizeof(T));
-  rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * Tn * E, W + output_norm_, rstdf_.data(), dresid,
+  grad::rmsnorm_backward<T>(dln, resid_.data() + c_.n_layer * Tn * E, W + output_norm_, rstdf_.data(), dresid,
                       G + output_norm_, n, E, pool);
 
-  const AttnDims ad = attn_dims(n);
+  const grad::AttnDims ad = attn_dims(n);
   const BlockGradScratch<T> sc{dln, datt_.data(), dh_.data(), dgate_.data(), dup_.data()};
   for (int64_t il = c_.n_layer - 1; il >= 0; --il) {
     const BlockOffsets& L = layers_[static_cast<size_t>(il)];
     const BlockActs<T> a = acts(il);
     block_backward_to_att<T>(c_, W, G, L, a, n, dresid, sc, pool);
-    attention_backward<T>(ad, a.q, a.k, a.v, probs_.data() + il * H * Tn * Tn, datt_.data(), dq_.data(),
+    grad::attention_backward<T>(ad, a.q, a.k, a.v, probs_.data() + il * H * Tn * Tn, datt_.data(), dq_.data(),
                           dk_.data(), dv_.data(), dscores_.data(), pool);
     block_backward_from_qkv<T>(c_, W, G, L, a, n, dq_.data(), dk_.data(), dv_.data(), pos_.data(), rope_inv_,
                                dresid, sc, pool);
   }
   // Embedding rows: a token may repeat, so split over features, not tokens.
-  parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {
+  grad::parallel_rows(pool, E, [&](int64_t j0, int64_t j1) {
     for (int64_t t = 0; t < n; ++t) {
       T* g = G + tok_embd_ + static_cast<size_t>(tokens_[static_cast<size_t>(t)]) * E;
       for (int64_t j = j0; j < j1; ++j) g[j] += dresid[t * E + j];

@@ -66,7 +66,7 @@ class Transformer {
 
  private:
   BlockActs<T> acts(int64_t il);  // layer il's slots of the saved activations
-  AttnDims attn_dims(int64_t n) const;  // the attention of an n-token window
+  grad::AttnDims attn_dims(int64_t n) const;  // the attention of an n-token window
   Transformer() = default;
   void layout();
   void allocate();

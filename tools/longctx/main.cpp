@@ -27,7 +27,7 @@
 #include "kv/block_pool.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/qttt.h"
+#include "runtime/qttt.h"
 #include "model/random_model.h"
 #include "runtime/measure.h"
 #include "runtime/sampler.h"

@@ -1,4 +1,4 @@
-#include "train/ops.h"
+#include "grad/ops.h"
 
 #include <cblas.h>
 
@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kernels/kernels.h"
 
-namespace lc::train {
+namespace lc::grad {
 namespace {
 
 // Rows r = ith, ith + nth, ...: balances loops whose cost grows with the row index (causal
@@ -30,6 +30,13 @@ void blas_single_thread() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
+// C = beta * C: the product of an empty inner dimension (BLAS leaves K = 0 to the caller).
+template <class T>
+void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+}
+
 }  // namespace
 
 void parallel_rows(ThreadPool& pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
@@ -39,24 +46,21 @@ void parallel_rows(ThreadPool& pool, int64_t n, const std::function<void(int64_t
   });
 }
 
-template <>
-void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+  if (K <= 0) return scale_c(M, N, beta, C, ldc);
   blas_single_thread();
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
-}
-
-template <>
-void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
-                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  blas_single_thread();
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
+                static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, m, n, k, alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
+                static_cast<int>(ldc));
+  }
 }
 
 template <class T>
@@ -68,17 +72,29 @@ void linear_forward(const T* x, const T* w, T* y, int64_t n, int64_t in, int64_t
 }
 
 template <class T>
-void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t n, int64_t in,
-                     int64_t out, bool accumulate_dx, ThreadPool& pool) {
+void linear_backward_dx(const T* dy, const T* w, T* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
+                        ThreadPool& pool) {
   // dx[n, in] = dy[n, out] w[out, in], split over tokens.
   parallel_rows(pool, n, [&](int64_t t0, int64_t t1) {
-    gemm<T>(false, false, t1 - t0, in, out, T(1), dy + t0 * out, out, w, in,
-            accumulate_dx ? T(1) : T(0), dx + t0 * in, in);
+    gemm<T>(false, false, t1 - t0, in, out, T(1), dy + t0 * out, out, w, in, accumulate ? T(1) : T(0),
+            dx + t0 * in, in);
   });
-  // dw[out, in] += dy^T[out, n] x[n, in], split over output features.
+}
+
+template <class T>
+void linear_backward_dw(const T* dy, const T* x, T* dw, int64_t n, int64_t in, int64_t out, bool accumulate,
+                        ThreadPool& pool) {
+  // dw[out, in] = dy^T[out, n] x[n, in], split over output features.
   parallel_rows(pool, out, [&](int64_t o0, int64_t o1) {
-    gemm<T>(true, false, o1 - o0, in, n, T(1), dy + o0, out, x, in, T(1), dw + o0 * in, in);
+    gemm<T>(true, false, o1 - o0, in, n, T(1), dy + o0, out, x, in, accumulate ? T(1) : T(0), dw + o0 * in, in);
   });
+}
+
+template <class T>
+void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t n, int64_t in,
+                     int64_t out, bool accumulate_dx, ThreadPool& pool) {
+  linear_backward_dx<T>(dy, w, dx, n, in, out, accumulate_dx, pool);
+  linear_backward_dw<T>(dy, x, dw, n, in, out, true, pool);
 }
 
 template <class T>
@@ -107,7 +123,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t d
 
 template <class T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t n,
-                      int64_t dim, ThreadPool& pool) {
+                      int64_t dim, ThreadPool& pool, bool accumulate_dx) {
   // dx_j = r * (g_j - x_j * r^2 * mean(g * x)) with g = dy * w.
   parallel_rows(pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -118,9 +134,15 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
       double c = 0;
       for (int64_t i = 0; i < dim; ++i) c += static_cast<double>(dyr[i] * w[i] * xr[i]);
       const T k = static_cast<T>(c / static_cast<double>(dim)) * r * r;
-      for (int64_t i = 0; i < dim; ++i) dxr[i] += r * (dyr[i] * w[i] - xr[i] * k);
+      // Element i reads dy[i] before dx[i] is written: dx may be dy when overwriting.
+      if (accumulate_dx) {
+        for (int64_t i = 0; i < dim; ++i) dxr[i] += r * (dyr[i] * w[i] - xr[i] * k);
+      } else {
+        for (int64_t i = 0; i < dim; ++i) dxr[i] = r * (dyr[i] * w[i] - xr[i] * k);
+      }
     }
   });
+  if (!dw) return;
   // dw_j += sum_t dy[t, j] * x[t, j] * r_t, split over features so no two threads share a sum.
   parallel_rows(pool, dim, [&](int64_t j0, int64_t j1) {
     for (int64_t t = 0; t < n; ++t) {
@@ -180,11 +202,11 @@ template <class T>
 void swiglu_backward(const T* dh, const T* gate, const T* up, T* dgate, T* dup, int64_t n, ThreadPool& pool) {
   parallel_rows(pool, n, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const T g = gate[i];
+      const T g = gate[i], d = dh[i];  // read first: dgate may be dh
       const T sg = T(1) / (T(1) + std::exp(-g));  // sigmoid
       const T silu = g * sg;
-      dgate[i] = dh[i] * up[i] * sg * (T(1) + g * (T(1) - sg));
-      dup[i] = dh[i] * silu;
+      dgate[i] = d * up[i] * sg * (T(1) + g * (T(1) - sg));
+      dup[i] = d * silu;
     }
   });
 }
@@ -401,13 +423,19 @@ void attention_backward(const AttnDims& d, const T* q, const T* k, const T* v, c
   for (int64_t i = 0; i < T_ * ks; ++i) dk[i] += dkf[static_cast<size_t>(i)];
 }
 
-#define LC_TRAIN_INSTANTIATE(T)                                                                     \
+#define LC_GRAD_INSTANTIATE(T)                                                                      \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*,  \
+                        int64_t);                                                                   \
   template void linear_forward<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, ThreadPool&);   \
   template void linear_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,  \
                                    bool, ThreadPool&);                                              \
+  template void linear_backward_dx<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, bool,       \
+                                      ThreadPool&);                                                 \
+  template void linear_backward_dw<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, bool,       \
+                                      ThreadPool&);                                                 \
   template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, float, ThreadPool&); \
   template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t, \
-                                    ThreadPool&);                                                   \
+                                    ThreadPool&, bool);                                             \
   template void rope_rotate<T>(T*, int64_t, int64_t, int64_t, const int32_t*, const RopeTable&,      \
                                ThreadPool&);                                                        \
   template void swiglu_forward<T>(const T*, const T*, T*, int64_t, ThreadPool&);                    \
@@ -421,7 +449,7 @@ void attention_backward(const AttnDims& d, const T* q, const T* k, const T* v, c
   template void attention_backward<T>(const AttnDims&, const T*, const T*, const T*, const T*,       \
                                       const T*, T*, T*, T*, T*, ThreadPool&);
 
-LC_TRAIN_INSTANTIATE(float)
-LC_TRAIN_INSTANTIATE(double)
+LC_GRAD_INSTANTIATE(float)
+LC_GRAD_INSTANTIATE(double)
 
-}  // namespace lc::train
+}  // namespace lc::grad

@@ -1,8 +1,10 @@
-// Forward and backward passes of the operations of a Llama block, written out by hand. Every op
-// is a template over the scalar type: the trainer runs in float (sharing the inference kernels
-// where the math is the same, so that an exported model reproduces the trainer's logits), and
-// the tests instantiate double to check each backward against finite differences at tight
-// tolerances. Backward functions say whether they overwrite or accumulate (+=) their outputs.
+// Forward and backward passes of the operations of a Llama block, written out by hand, shared by
+// the trainer (src/train) and query-only test-time training (src/runtime/qttt.cpp). Every op
+// is a template over the scalar type: the trainer and qTTT run in float (sharing the inference
+// kernels where the math is the same, so that an exported model reproduces the trainer's
+// logits and qTTT's forward is the engine's), and the tests instantiate double to check each
+// backward against finite differences at tight tolerances. Backward functions say whether they
+// overwrite or accumulate (+=) their outputs.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +13,10 @@
 #include "core/thread_pool.h"
 #include "rope/rope_table.h"
 
-namespace lc::train {
+namespace lc::grad {
 
 // Row-major GEMM: C[M, N] = alpha * op(A) op(B) + beta * C (cblas_sgemm / cblas_dgemm, one
-// OpenBLAS thread: callers split the work over the ThreadPool).
+// OpenBLAS thread: callers split the work over the ThreadPool). K <= 0 gives C = beta * C.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
@@ -27,15 +29,26 @@ void linear_forward(const T* x, const T* w, T* y, int64_t n, int64_t in, int64_t
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t n, int64_t in,
                      int64_t out, bool accumulate_dx, ThreadPool& pool);
+// The two halves of linear_backward, for a caller that needs one of them (a frozen weight has
+// no dw; the input of a first layer needs no dx). dx: [n, in] = dy w (split over tokens);
+// dw: [out, in] = dy^T x (split over output features); accumulate: += instead.
+template <class T>
+void linear_backward_dx(const T* dy, const T* w, T* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
+                        ThreadPool& pool);
+template <class T>
+void linear_backward_dw(const T* dy, const T* x, T* dw, int64_t n, int64_t in, int64_t out, bool accumulate,
+                        ThreadPool& pool);
 
 // y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps), row by row.
 // x, y: [n, dim]; w: [dim]; rstd: [n] (saved for the backward pass).
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t dim, float eps, ThreadPool& pool);
-// dy, x: [n, dim]; w: [dim]; rstd: [n]. dx: [n, dim] +=; dw: [dim] +=.
+// dy, x: [n, dim]; w: [dim]; rstd: [n]. dx: [n, dim] += (accumulate_dx, the default) or
+// overwritten; dw: [dim] +=, or not computed when null (a frozen norm weight). With
+// accumulate_dx false and no dw, dx may be dy (the gradient replaced in place).
 template <class T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t n,
-                      int64_t dim, ThreadPool& pool);
+                      int64_t dim, ThreadPool& pool, bool accumulate_dx = true);
 
 // Rotates x: [n, n_head, head_dim] in place, token t at position pos[t], with the inference
 // engine's table (the float path calls the inference kernel). The backward pass of a rotation
@@ -49,7 +62,7 @@ RopeTable inverse_rope(const RopeTable& t);
 // h = silu(gate) * up.  gate, up, h: [n] (n = tokens * n_ff).
 template <class T>
 void swiglu_forward(const T* gate, const T* up, T* h, int64_t n, ThreadPool& pool);
-// dh, gate, up: [n]; dgate, dup: [n] overwritten.
+// dh, gate, up: [n]; dgate, dup: [n] overwritten (dgate may be dh).
 template <class T>
 void swiglu_backward(const T* dh, const T* gate, const T* up, T* dgate, T* dup, int64_t n, ThreadPool& pool);
 
@@ -91,4 +104,4 @@ void attention_backward(const AttnDims& d, const T* q, const T* k, const T* v, c
 // Splits [0, n) into one contiguous range per thread (deterministic for a given thread count).
 void parallel_rows(ThreadPool& pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
-}  // namespace lc::train
+}  // namespace lc::grad

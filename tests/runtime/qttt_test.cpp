@@ -1,4 +1,4 @@
-// Query-only test-time training (model/qttt.h) on the small golden models. Oracles: a naive
+// Query-only test-time training (runtime/qttt.h) on the small golden models. Oracles: a naive
 // double-precision forward of each span token over the frozen cache, written here from the
 // model's tensors (its central finite differences check the W_q gradient), the engine's own
 // logits (the training forward at the model's W_q), and byte snapshots of the KV cache.
@@ -16,7 +16,7 @@
 #include "kernels/kernels.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/qttt.h"
+#include "runtime/qttt.h"
 
 namespace lc {
 namespace {

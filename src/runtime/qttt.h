@@ -19,8 +19,8 @@
 // positions back is scored as rope(q, W) . rope(k, 0), so such a query has two rotations and
 // its gradient flows back through both.
 //
-// The update is Adam (beta1 0.9, beta2 0.999, eps 1e-8, no weight decay) on an f32 copy of each
-// layer's attn_q.weight. The copy is installed in the Context (set_query_weights) for the
+// The update is Adam (beta1 0.9, beta2 0.999, eps 1e-8, no weight decay; grad::adam_update, the
+// trainer's) on an f32 copy of each layer's attn_q.weight. The copy is installed in the Context (set_query_weights) for the
 // tokens decoded next (the question and the answer); clear_query_weights() restores the
 // model's own weights, which are never written.
 #pragma once

@@ -1,6 +1,6 @@
-// Every op's backward pass against central finite differences in double, the float ops (which
-// call the inference kernels) against the double ones, and the whole model's gradient with
-// respect to every parameter of a tiny model.
+// Every op's backward pass against central finite differences in double, and the float ops
+// (which call the inference kernels) against the double ones. The whole trainable model's
+// gradient is checked in tests/train/model_grad_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,17 +9,30 @@
 #include <tuple>
 #include <vector>
 
-#include "train/ops.h"
-#include "train/rng.h"
-#include "train/transformer.h"
+#include "grad/adam.h"
+#include "grad/ops.h"
+#include "rope/rope_table.h"
 
-namespace lc::train {
+namespace lc::grad {
 namespace {
 
+// n normal draws times sd: xorshift64* and Box-Muller in float, as the trainer's Rng draws them
+// (train/rng.h), so these are the inputs the tests had when they lived in tests/train.
 std::vector<double> randn(size_t n, uint64_t seed, double sd = 1.0) {
-  Rng r(seed);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  auto uniform = [&] {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return (static_cast<double>((s * 0x2545F4914F6CDD1Dull) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  };
   std::vector<double> v(n);
-  for (auto& x : v) x = r.normal() * sd;
+  for (size_t i = 0; i < n; i += 2) {
+    const double u = uniform(), w = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u));
+    v[i] = static_cast<float>(r * std::cos(2 * M_PI * w)) * sd;
+    if (i + 1 < n) v[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * w)) * sd;
+  }
   return v;
 }
 
@@ -294,98 +307,89 @@ TEST_F(OpsGrad, FloatMatchesDouble) {
   for (size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(hf[i], h[i], 1e-5 * (1 + std::fabs(h[i])));
 }
 
-// The whole model: d(mean loss)/d(every parameter) against central differences, in double.
-void check_model(bool tied, int64_t n_head_kv, int64_t fixed_distance = 0, int64_t logn_orig = 0, double eps = 1e-6) {
-  ThreadPool pool(1);  // ~1600 forward passes of a toy model: threads would only add overhead
-  ModelConfig c;
-  c.n_layer = 2;
-  c.n_embd = 8;
-  c.n_head = 2;
-  c.n_head_kv = n_head_kv;
-  c.n_ff = 12;
-  c.n_vocab = 11;
-  c.n_ctx = 6;
-  c.rope_base = 100.0f;
-  c.tied = tied;
-  c.fixed_distance = fixed_distance;
-  c.logn_orig = logn_orig;
-  auto m = Transformer<double>::create(c, 6);
-  ASSERT_TRUE(m) << m.error().message;
-  Transformer<double>& M = **m;
-  M.init(3);
-  // Larger than GPT-2 init so that every path carries signal, and norms away from 1.
-  Rng r(4);
-  for (size_t i = 0; i < M.n_params(); ++i) M.params()[i] = M.params()[i] * 15 + (M.params()[i] == 1.0 ? 0.3 * r.normal() : 0.0);
-  const std::vector<int32_t> tok = {1, 4, 4, 9, 0, 10}, tgt = {4, 4, 9, 0, 10, 2};
-  auto loss = [&] { return M.forward(tok.data(), tgt.data(), 6, pool); };
-  M.zero_grads();
-  loss();
-  M.backward(1.0 / 6, pool);
-  std::vector<double> analytic(M.grads(), M.grads() + M.n_params());
-  std::vector<double> p(M.params(), M.params() + M.n_params());
-  // expect_grad perturbs a copy; mirror it into the model.
-  double max_abs = 0;
-  for (double a : analytic) max_abs = std::max(max_abs, std::fabs(a));
-  ASSERT_GT(max_abs, 1e-3);
-  int bad = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    double* x = M.params() + i;
-    const double x0 = *x;
-    *x = x0 + eps;
-    const double lp = loss();
-    *x = x0 - eps;
-    const double lm = loss();
-    *x = x0;
-    const double num = (lp - lm) / (2 * eps);
-    if (std::fabs(num - analytic[i]) > 1e-6 * max_abs + 1e-9) {
-      if (++bad < 10) ADD_FAILURE() << "parameter " << i << ": analytic " << analytic[i] << " numeric " << num;
-    }
-  }
-  EXPECT_EQ(bad, 0);
-
-  // The float model (inference kernels, sgemm) gives the same loss and gradients.
-  ThreadPool pool2(2);
-  auto mf = Transformer<float>::create(c, 6);
-  ASSERT_TRUE(mf);
-  for (size_t i = 0; i < M.n_params(); ++i) (*mf)->params()[i] = static_cast<float>(M.params()[i]);
-  (*mf)->zero_grads();
-  const double lf = (*mf)->forward(tok.data(), tgt.data(), 6, pool2);
-  const double ld = loss();
-  EXPECT_NEAR(lf, ld, 1e-4 * std::fabs(ld));
-  (*mf)->backward(1.0f / 6, pool2);
-  for (size_t i = 0; i < M.n_params(); ++i)
-    EXPECT_NEAR((*mf)->grads()[i], analytic[i], 1e-3 * max_abs) << "float gradient " << i;
+// The halves of linear_backward (qTTT's frozen weights need dx alone, its W_q dw alone) give
+// linear_backward's results, and overwrite or accumulate as asked.
+TEST_F(OpsGrad, LinearHalves) {
+  const int64_t n = 4, in = 6, out = 5;
+  auto x = randn(n * in, 40), w = randn(out * in, 41), dy = randn(n * out, 42);
+  std::vector<double> dx(n * in, 0.0), dw(out * in, 0.0);
+  linear_backward<double>(dy.data(), x.data(), w.data(), dx.data(), dw.data(), n, in, out, false, pool);
+  std::vector<double> dx1(n * in, 7.0), dw1(out * in, 7.0);
+  linear_backward_dx<double>(dy.data(), w.data(), dx1.data(), n, in, out, false, pool);
+  linear_backward_dw<double>(dy.data(), x.data(), dw1.data(), n, in, out, false, pool);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx1[i], dx[i], 1e-12);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw1[i], dw[i], 1e-12);
+  linear_backward_dx<double>(dy.data(), w.data(), dx1.data(), n, in, out, true, pool);
+  linear_backward_dw<double>(dy.data(), x.data(), dw1.data(), n, in, out, true, pool);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx1[i], 2 * dx[i], 1e-12);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw1[i], 2 * dw[i], 1e-12);
 }
 
-TEST(ModelGrad, TiedGqa) { check_model(true, 1); }
-TEST(ModelGrad, SeparateOutputMha) { check_model(false, 2); }
-// Keys beyond 2 positions at the fixed distance, and q scaled by ln n / ln 2 from position 2 on.
-// The far-key path makes this toy (weights x15) curved enough that central differences at
-// eps 1e-6 carry truncation error above the tolerance: the count of mismatching parameters
-// falls as eps^2 (48, 21, 9, 1, 0 for eps 1e-5, 3e-6, 1e-6, 3e-7, 1e-7), so the step is 1e-7.
-TEST(ModelGrad, FixedDistanceAndLognScaling) { check_model(true, 1, 2, 2, 1e-7); }
-TEST(ModelGrad, LognScaling) { check_model(false, 2, 0, 2); }
+// An empty inner dimension scales C by beta (zero for beta 0), as BLAS defines it.
+TEST_F(OpsGrad, GemmEmptyInnerDimension) {
+  std::vector<double> c = {1, 2, 3, 4, 5, 6};
+  gemm<double>(false, true, 2, 3, 0, 1.0, nullptr, 1, nullptr, 1, 0.5, c.data(), 3);
+  EXPECT_EQ(c, (std::vector<double>{0.5, 1, 1.5, 2, 2.5, 3}));
+  std::vector<float> cf = {1, 2, 3, 4};
+  gemm<float>(true, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 1, 0.0f, cf.data(), 2);
+  EXPECT_EQ(cf, (std::vector<float>{0, 0, 0, 0}));
+}
 
-TEST(ModelGrad, ParameterLayoutMatchesGguf) {
-  ModelConfig c;
-  c.n_layer = 1;
-  c.n_embd = 16;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.n_vocab = 20;
-  c.n_ctx = 8;
-  c.tied = false;
-  auto m = Transformer<float>::create(c, 8);
-  ASSERT_TRUE(m);
-  EXPECT_EQ((*m)->config().n_ff, 64);  // 8/3 * 16 rounded up to 32
-  const ParamTensor* k = (*m)->find("blk.0.attn_k.weight");
-  ASSERT_NE(k, nullptr);
-  EXPECT_EQ(k->ne, (std::vector<int64_t>{16, 8}));
-  ASSERT_NE((*m)->find("output.weight"), nullptr);
-  size_t total = 0;
-  for (const auto& t : (*m)->tensors()) total += t.size;
-  EXPECT_EQ(total, (*m)->n_params());
+// rmsnorm_backward overwriting dx, in place (dx = dy) and without dw equals the accumulating
+// form; so does swiglu_backward with dgate = dh.
+TEST_F(OpsGrad, BackwardInPlace) {
+  const int64_t n = 3, dim = 9;
+  auto x = randn(n * dim, 43), w = randn(dim, 44), dy = randn(n * dim, 45);
+  std::vector<double> y(n * dim), rstd(n);
+  rmsnorm_forward<double>(x.data(), w.data(), y.data(), rstd.data(), n, dim, 1e-5f, pool);
+  std::vector<double> dx(n * dim, 0.0), dw(dim, 0.0);
+  rmsnorm_backward<double>(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), n, dim, pool);
+  std::vector<double> inplace = dy;
+  rmsnorm_backward<double>(inplace.data(), x.data(), w.data(), rstd.data(), inplace.data(), nullptr, n, dim, pool,
+                           false);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(inplace[i], dx[i], 1e-12);
+  std::vector<double> over(n * dim, 9.0);
+  rmsnorm_backward<double>(dy.data(), x.data(), w.data(), rstd.data(), over.data(), nullptr, n, dim, pool, false);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(over[i], dx[i], 1e-12);
+
+  const int64_t m = 11;
+  auto g = randn(m, 46, 2.0), u = randn(m, 47), dh = randn(m, 48);
+  std::vector<double> dg(m), du(m);
+  swiglu_backward<double>(dh.data(), g.data(), u.data(), dg.data(), du.data(), m, pool);
+  std::vector<double> dg2 = dh, du2(m);
+  swiglu_backward<double>(dg2.data(), g.data(), u.data(), dg2.data(), du2.data(), m, pool);
+  EXPECT_EQ(dg2, dg);
+  EXPECT_EQ(du2, du);
+}
+
+// Adam against the update written out in double, over three steps, with and without decoupled
+// weight decay; the result does not depend on the number of threads.
+TEST(Adam, MatchesTheFormula) {
+  const int64_t n = 1000;
+  for (float wd : {0.0f, 0.1f}) {
+    const AdamParams a{0.9f, 0.95f, 1e-8f, wd};
+    auto p0 = randn(n, 50);
+    std::vector<float> p(p0.begin(), p0.end()), m(n, 0.0f), v(n, 0.0f), p1(p), m1(m), v1(v);
+    std::vector<double> pd(p0), md(n, 0.0), vd(n, 0.0);
+    ThreadPool pool1(1), pool3(3);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const auto gd = randn(n, 50 + t);
+      const std::vector<float> g(gd.begin(), gd.end());
+      const float lr = 1e-2f * static_cast<float>(t);
+      adam_update(a, t, lr, p.data(), g.data(), m.data(), v.data(), n, pool3);
+      adam_update(a, t, lr, p1.data(), g.data(), m1.data(), v1.data(), n, pool1);
+      const double c1 = 1 - std::pow(0.9, double(t)), c2 = 1 - std::pow(0.95, double(t));
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = g[i];
+        md[i] = 0.9 * md[i] + 0.1 * gi;
+        vd[i] = 0.95 * vd[i] + 0.05 * gi * gi;
+        pd[i] -= lr * (md[i] / c1 / (std::sqrt(vd[i] / c2) + 1e-8) + wd * pd[i]);
+      }
+    }
+    EXPECT_EQ(p, p1);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], pd[i], 1e-5 * (1 + std::fabs(pd[i]))) << "wd " << wd << " i " << i;
+  }
 }
 
 }  // namespace
-}  // namespace lc::train
+}  // namespace lc::grad
