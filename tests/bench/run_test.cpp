@@ -3,6 +3,8 @@
 // asserts an accuracy figure or a timing.
 #include <gtest/gtest.h>
 
+#include "plot_check.h"
+
 #include <map>
 
 #include <unistd.h>
@@ -43,21 +45,8 @@ std::vector<std::string> lines(const std::string& path) {
   return out;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void expect_plot(const std::string& stem) {
-  const std::string svg = slurp(stem + ".svg");
-  const std::string png = slurp(stem + ".png");
-  EXPECT_GT(svg.size(), 1000u) << stem;
-  EXPECT_NE(svg.find("<svg"), std::string::npos) << stem;
-  ASSERT_GT(png.size(), 1000u) << stem;
-  EXPECT_EQ(png.substr(1, 3), "PNG") << stem;
-}
+using test::expect_plot;
+using test::slurp;
 
 RunConfig small(const std::string& out) {
   RunConfig c;

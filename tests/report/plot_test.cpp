@@ -2,6 +2,8 @@
 // labels. (Moved from tests/bench/run_test.cpp with the plots, src/bench -> src/report.)
 #include <gtest/gtest.h>
 
+#include "plot_check.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -23,21 +25,8 @@ std::string fresh_dir(const std::string& name) {
   return d.string();
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void expect_plot(const std::string& stem) {
-  const std::string svg = slurp(stem + ".svg");
-  const std::string png = slurp(stem + ".png");
-  EXPECT_GT(svg.size(), 1000u) << stem;
-  EXPECT_NE(svg.find("<svg"), std::string::npos) << stem;
-  ASSERT_GT(png.size(), 1000u) << stem;
-  EXPECT_EQ(png.substr(1, 3), "PNG") << stem;
-}
+using test::expect_plot;
+using test::slurp;
 
 TEST(BenchPlot, EmptyAndOddCharts) {
   const std::string out = fresh_dir("plot");
