@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/method_info.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kv/attention_caps.h"
@@ -115,5 +116,8 @@ Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_v
                                                                    const AttnShape& shape);
 // Names the registry accepts, with one line of help each (for --help).
 std::vector<std::pair<std::string, std::string>> attention_methods();
+// Each method with its keys, types, defaults and ranges, read off its factory (the `fixed`
+// distance's default shown is that of a model trained with a ceiling of 64).
+std::vector<MethodInfo> attention_method_info();
 
 }  // namespace lc

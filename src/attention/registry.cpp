@@ -50,6 +50,21 @@ Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_v
   return make_error(strprintf("unknown attention method '%s' (accepted: %s)", spec.name().c_str(), list.c_str()));
 }
 
+std::vector<MethodInfo> attention_method_info() {
+  std::vector<MethodInfo> out;
+  const AttnShape shape{2, 4, 2, 64, 64, 0.0f, 64};
+  for (const auto& e : kMethods) {
+    MethodInfo m{e.name, e.help, "", {}};
+    auto spec = MethodSpec::parse(e.name);
+    if (spec) {
+      (void)e.make(*spec, shape);  // reads every key with its default
+      m.keys = spec->keys();
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> attention_methods() {
   std::vector<std::pair<std::string, std::string>> v;
   for (const auto& e : kMethods) v.emplace_back(e.name, e.help);

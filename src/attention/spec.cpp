@@ -34,6 +34,9 @@ Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
 
 Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t max) {
   accepted_.emplace_back(key);
+  add_method_key(keys_, {key, "int", method_number(static_cast<double>(*out)),
+                         "[" + method_number(static_cast<double>(min)) + ", " + method_number(static_cast<double>(max)) + "]",
+                         ""});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   errno = 0;
@@ -48,6 +51,7 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
 
 Status MethodSpec::get_float(const char* key, double* out, double min, double max) {
   accepted_.emplace_back(key);
+  add_method_key(keys_, {key, "real", method_number(*out), "[" + method_number(min) + ", " + method_number(max) + "]", ""});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   char* end = nullptr;
@@ -61,6 +65,7 @@ Status MethodSpec::get_float(const char* key, double* out, double min, double ma
 
 Status MethodSpec::get_bool(const char* key, bool* out) {
   accepted_.emplace_back(key);
+  add_method_key(keys_, {key, "bool", *out ? "1" : "0", "", ""});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   const std::string& v = it->second;
@@ -74,6 +79,7 @@ Status MethodSpec::get_bool(const char* key, bool* out) {
 
 Status MethodSpec::get_string(const char* key, std::string* out) {
   accepted_.emplace_back(key);
+  add_method_key(keys_, {key, "text", *out, "", ""});
   auto it = kv_.find(key);
   if (it != kv_.end()) *out = it->second;
   return Status::ok();

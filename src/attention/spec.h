@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/method_info.h"
 #include "core/status.h"
 
 namespace lc {
@@ -25,11 +26,14 @@ class MethodSpec {
   Status get_string(const char* key, std::string* out);
   // Errors on keys that no get_*() asked for.
   Status finish() const;
+  // Every key a get_*() asked for, with its type, default (the value *out held) and range.
+  const std::vector<MethodKey>& keys() const { return keys_; }
 
  private:
   std::string name_;
   std::map<std::string, std::string> kv_;
   std::vector<std::string> accepted_;
+  std::vector<MethodKey> keys_;
 };
 
 }  // namespace lc

@@ -82,6 +82,8 @@ const std::string* Args::find(std::string_view key) {
 }
 
 Expected<double> Args::number(std::string_view key, double def, double lo, double hi) {
+  add_method_key(key_info_, {std::string(key), "real", def < 0 && lo >= 0 ? "" : method_number(def),
+                             "[" + method_number(lo) + ", " + method_number(hi) + "]", ""});
   const std::string* v = find(key);
   if (!v) return def;
   char* end = nullptr;
@@ -94,6 +96,9 @@ Expected<double> Args::number(std::string_view key, double def, double lo, doubl
 }
 
 Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, int64_t hi) {
+  add_method_key(key_info_, {std::string(key), "int", def < lo ? "" : method_number(static_cast<double>(def)),
+                             "[" + method_number(static_cast<double>(lo)) + ", " + method_number(static_cast<double>(hi)) + "]",
+                             ""});
   const std::string* v = find(key);
   if (!v) return def;
   int64_t x = 0;
@@ -107,6 +112,9 @@ Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, i
 
 Expected<std::string> Args::choice(std::string_view key, std::string_view def,
                                    const std::vector<std::string>& options) {
+  std::string type;
+  for (const auto& o : options) type += (type.empty() ? "" : "|") + o;
+  add_method_key(key_info_, {std::string(key), type, std::string(def), "", ""});
   const std::string* v = find(key);
   if (!v) return std::string(def);
   if (std::find(options.begin(), options.end(), *v) == options.end())
@@ -116,6 +124,7 @@ Expected<std::string> Args::choice(std::string_view key, std::string_view def,
 }
 
 Expected<std::string> Args::text(std::string_view key, std::string_view def) {
+  add_method_key(key_info_, {std::string(key), "text", std::string(def), "", ""});
   const std::string* v = find(key);
   return v ? *v : std::string(def);
 }
@@ -561,7 +570,8 @@ const std::vector<RegistryEntry>& registry() {
 
 // keys: when non-null, receives every key the spec's parser read (kv_press_method_info).
 Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape,
-                                            std::vector<std::string>* keys = nullptr) {
+                                            std::vector<std::string>* keys = nullptr,
+                                            std::vector<MethodKey>* key_info = nullptr) {
   const size_t colon = spec.find(':');
   const std::string_view name = spec.substr(0, colon);
   const std::string_view params = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
@@ -571,6 +581,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
     LC_ASSIGN_OR_RETURN(PromptCompression pc, parse_specpc(a));
     LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
     if (keys) *keys = a.accepted();
+    if (key_info) *key_info = a.key_info();
     LC_TRY(a.finish());
     return std::unique_ptr<KvPress>(std::make_unique<SpecPcPress>(pc, q == "aware"));
   }
@@ -629,6 +640,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
     LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1));
   }
   if (keys) *keys = a.accepted();
+  if (key_info) *key_info = a.key_info();
   LC_TRY(a.finish());
   // A press given no budget compresses by half after prefill, unless it only compresses
   // while decoding.
@@ -674,8 +686,8 @@ std::vector<PressMethodInfo> kv_press_method_info() {
   const PressShape shape{1, 1, 1, 8, 8, 0.0f};
   std::vector<PressMethodInfo> out;
   for (const press::RegistryEntry& e : press::registry()) {
-    PressMethodInfo m{e.name, e.help, e.paper, e.scorer, {}};
-    auto p = press::make_one(e.name, shape, &m.keys);
+    PressMethodInfo m{e.name, e.help, e.paper, e.scorer, {}, {}};
+    auto p = press::make_one(e.name, shape, &m.keys, &m.key_info);
     LC_CHECK(p.has_value());  // a registry entry that does not parse with its defaults is a bug
     out.push_back(std::move(m));
   }

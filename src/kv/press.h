@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/method_info.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kv/attention_caps.h"
@@ -199,6 +200,7 @@ struct PressMethodInfo {
   // order the parser reads them; read off the parser itself, so it cannot drift. adakv's are
   // those with its default inner scorer.
   std::vector<std::string> keys;
+  std::vector<MethodKey> key_info;  // the same keys with type, default and range
 };
 std::vector<PressMethodInfo> kv_press_method_info();
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/method_info.h"
 #include "kv/press.h"
 
 namespace lc::press {
@@ -32,6 +33,8 @@ class Args {
   Status finish() const;
   // Every key looked up or accepted so far, in that order (the press's keys, for --help).
   const std::vector<std::string>& accepted() const { return accepted_; }
+  // The keys read so far with their type, default and range (kv_press_method_info).
+  const std::vector<MethodKey>& key_info() const { return key_info_; }
 
  private:
   const std::string* find(std::string_view key);
@@ -39,6 +42,7 @@ class Args {
   std::vector<std::pair<std::string, std::string>> kv_;
   std::vector<bool> used_;
   std::vector<std::string> accepted_;
+  std::vector<MethodKey> key_info_;
 };
 
 using ScorerFactory = std::function<Expected<std::unique_ptr<PressScorer>>(Args&, const PressShape&)>;

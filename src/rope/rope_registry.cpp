@@ -267,6 +267,33 @@ std::vector<std::string> rope_method_names() {
   return names;
 }
 
+std::vector<MethodInfo> rope_method_info() {
+  std::vector<const RopeMethodDef*> all = registry();
+  all.push_back(&rope_detail::method_logn());
+  std::vector<MethodInfo> out;
+  for (const RopeMethodDef* d : all) {
+    MethodInfo m{d->name, d->summary, "", {}};
+    for (const KeyDef& k : d->keys) {
+      MethodKey mk;
+      mk.name = k.name;
+      mk.help = k.help;
+      switch (k.kind) {
+        case KeyKind::kFactor: mk.type = "real", mk.range = ">= 1"; break;
+        case KeyKind::kPositive: mk.type = "real", mk.range = "> 0"; break;
+        case KeyKind::kPositiveInt: mk.type = "int", mk.range = ">= 1"; break;
+        case KeyKind::kChoice: mk.type = k.choices ? k.choices : "text"; break;
+      }
+      mk.def = k.default_value == nullptr                                          ? "required"
+               : std::strcmp(k.default_value, rope_detail::kDefaultCtxTrain) == 0 ? "the model's training context"
+               : std::strcmp(k.default_value, rope_detail::kDefaultBase) == 0     ? "the model's rope base"
+                                                                                  : k.default_value;
+      m.keys.push_back(std::move(mk));
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 std::string rope_spec_help() {
   std::string s =
       "--rope SPEC: SPEC = COMPONENT['+'COMPONENT], COMPONENT = NAME[:key=value,...];\n"

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/method_info.h"
 #include "core/status.h"
 #include "rope/rope_table.h"
 
@@ -77,6 +78,8 @@ Expected<RopePlan> make_rope_plan(std::string_view spec, const RopeModelInfo& in
 
 // Method names in registry order, and a multi-line help text (names, keys, defaults).
 std::vector<std::string> rope_method_names();
+// Each method (logn included) with its keys, types, defaults and help, from its declaration.
+std::vector<MethodInfo> rope_method_info();
 std::string rope_spec_help();
 
 }  // namespace lc

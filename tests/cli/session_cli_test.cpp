@@ -105,3 +105,26 @@ TEST(CliSession, TruncatedHaystackIsAnErrorNotASkip) {
 }
 
 }  // namespace
+
+namespace {
+
+// docs/methods.md is the output of `longctx methods --markdown`: the method tables come from
+// the registries' own declarations and parsers, and a change to a method that is not
+// regenerated into the docs fails here.
+TEST(CliMethods, DocsTablesComeFromTheRegistries) {
+  Result r = run("methods --markdown");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(std::string(LONGCTX_TEST_DATA) + "/../../docs/methods.md", std::ios::binary);
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(r.out, doc) << "regenerate with: ./build/longctx methods --markdown > docs/methods.md";
+  // Every method of the three registries, with keys where it has any.
+  for (const char* m : {"`yarn`", "`logn`", "`dense`", "`quest`", "`fixed`", "`lychee`", "`snapkv`", "`keydiff`",
+                        "`specpc`", "`adakv`"})
+    EXPECT_NE(r.out.find(std::string("| ") + m + " |"), std::string::npos) << m;
+  EXPECT_NE(r.out.find("`budget` (int, default 2048, [1, 1073741824])"), std::string::npos);
+  Result plain = run("methods");
+  ASSERT_EQ(plain.code, 0);
+  EXPECT_NE(plain.out.find("Attention backends (--attn"), std::string::npos) << plain.out;
+}
+
+}  // namespace

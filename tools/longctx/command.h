@@ -17,5 +17,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench);
 // Training commands (`longctx train`, ...): cmd_train.cpp.
 std::vector<RegisteredCommand> add_train_commands(CLI::App* app);
 
+// `longctx methods` (the registries' methods and their keys): cmd_methods.cpp.
+std::vector<RegisteredCommand> add_methods_commands(CLI::App* app);
+
 // `longctx make-vocab` (a byte-level BPE vocabulary for train --vocab): cmd_vocab.cpp.
 std::vector<RegisteredCommand> add_vocab_commands(CLI::App* app);
