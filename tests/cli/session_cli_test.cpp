@@ -128,3 +128,23 @@ TEST(CliMethods, DocsTablesComeFromTheRegistries) {
 }
 
 }  // namespace
+
+namespace {
+
+// bench speed's lists are CLI11 lists with a range check: a bad item names the flag.
+TEST(CliOptions, BenchSpeedListsAreValidated) {
+  for (const char* bad : {"-p x", "-p 16,-3", "-n 1e40", "-d 5,,6x"}) {
+    Result r = run("bench speed -m " + kStories + " -r 1 " + bad);
+    EXPECT_NE(r.code, 0) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("--n-"), std::string::npos) << bad << ": " << r.out;
+  }
+  Result ok = run("bench speed -m " + kStories + " -p 8,16 -n 2 -r 1 --no-warmup --format json");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  const auto j = nlohmann::json::parse(ok.out.substr(ok.out.find('[')));
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["n_prompt"], 8);
+  EXPECT_EQ(j[1]["n_prompt"], 16);
+  EXPECT_EQ(j[2]["n_gen"], 2);
+}
+
+}  // namespace

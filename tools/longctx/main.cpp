@@ -363,24 +363,6 @@ int cmd_perplexity(const CommonOpts& co, const std::string& file, int64_t chunk)
   return 0;
 }
 
-std::vector<int64_t> parse_list(const std::string& s, const char* flag, std::string& err) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t pos = 0;
-      long long v = std::stoll(item, &pos);
-      if (pos != item.size() || v < 0) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (...) {
-      err = lc::strprintf("%s: '%s' is not a non-negative integer", flag, item.c_str());
-      return {};
-    }
-  }
-  return out;
-}
-
 // One row of `bench speed`: a test at a depth with one attention backend.
 struct SpeedRow {
   std::string attn;
@@ -389,14 +371,9 @@ struct SpeedRow {
   int64_t peak_rss = 0;  // the process's peak so far
 };
 
-int cmd_bench_speed(const CommonOpts& co, const std::string& p_list, const std::string& n_list,
-                    const std::string& d_list, int reps, const std::string& output,
+int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const std::vector<int64_t>& ns,
+                    const std::vector<int64_t>& ds, int reps, const std::string& output,
                     std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave) {
-  std::string err;
-  auto ps = parse_list(p_list, "-p", err);
-  auto ns = parse_list(n_list, "-n", err);
-  auto ds = parse_list(d_list, "-d", err);
-  if (!err.empty()) return fail(err);
   if (reps < 1) return fail("-r must be >= 1");
   if (output != "md" && output != "json") return fail("--format must be md or json");
   if (attns.empty()) attns.push_back(co.attn);
@@ -709,13 +686,17 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   CommonOpts bs_co;
-  std::string bs_p = "512", bs_n = "128", bs_d = "0", bs_o = "md";
+  std::vector<int64_t> bs_p{512}, bs_n{128}, bs_d{0};
+  std::string bs_o = "md";
   int bs_r = 5;
   auto* bspeed = bench->add_subcommand("speed", "prompt and generation tokens/s, like llama-bench");
   bs_co.add(bspeed);
-  bspeed->add_option("-p,--n-prompt", bs_p, "prompt lengths, comma-separated")->capture_default_str();
-  bspeed->add_option("-n,--n-gen", bs_n, "generation lengths, comma-separated")->capture_default_str();
-  bspeed->add_option("-d,--n-depth", bs_d, "context depths, comma-separated")->capture_default_str();
+  bspeed->add_option("-p,--n-prompt", bs_p, "prompt lengths, comma-separated")
+      ->delimiter(',')->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
+  bspeed->add_option("-n,--n-gen", bs_n, "generation lengths, comma-separated")
+      ->delimiter(',')->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
+  bspeed->add_option("-d,--n-depth", bs_d, "context depths, comma-separated")
+      ->delimiter(',')->check(CLI::Range(int64_t{0}, int64_t{1} << 30))->capture_default_str();
   bspeed->add_option("-r,--repetitions", bs_r, "repetitions")->capture_default_str();
   bspeed->add_option("--format", bs_o, "md or json")->capture_default_str();
   bspeed->add_option("-o,--output", bs_o, "same as --format")->group("");  // the older name
