@@ -7,7 +7,17 @@
 #include <sstream>
 #include <string>
 
+#include "report/plot.h"
+
 namespace lc::test {
+
+// cairo keeps fonts from fontconfig in static caches; released before the leak check runs (one
+// registration per test program, however many files include this header).
+class CairoReset : public ::testing::Environment {
+ public:
+  void TearDown() override { report::release_plot_caches(); }
+};
+inline const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -190,6 +190,8 @@ Status Session::generate(Sampler& sampler, const GenerateOptions& g, const Token
     for (const auto& s : g.stop) at = std::min(at, st.text.find(s, from));
     return at;
   };
+  size_t longest = 0;  // a new stop string can start at most this far back
+  for (const auto& s : g.stop) longest = std::max(longest, s.size());
   const double t0 = now_seconds();
   auto finish = [&]() {
     st.t_gen += now_seconds() - t0;
@@ -211,8 +213,6 @@ Status Session::generate(Sampler& sampler, const GenerateOptions& g, const Token
       if (on_token && emitted < st.text.size()) emit(id, true);
       return finish();
     }
-    size_t longest = 0;
-    for (const auto& s : g.stop) longest = std::max(longest, s.size());
     const size_t search_from = st.text.size() >= longest ? st.text.size() - longest + 1 : 0;
     st.text += dec.push(id);
     if (!g.stop.empty()) {

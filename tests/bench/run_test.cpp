@@ -362,15 +362,6 @@ TEST(BenchPpl, ByPositionMatchesOneShotEvaluation) {
 }  // namespace
 }  // namespace lc::bench
 
-namespace {
-// cairo keeps fonts from fontconfig in static caches; release them before the leak check runs.
-class CairoReset : public ::testing::Environment {
- public:
-  void TearDown() override { lc::report::release_plot_caches(); }
-};
-const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
-}  // namespace
-
 namespace lc::bench {
 namespace {
 

@@ -53,12 +53,3 @@ TEST(BenchPlot, EmptyAndOddCharts) {
 
 }  // namespace
 }  // namespace lc::report
-
-namespace {
-// cairo keeps fonts from fontconfig in static caches; release them before the leak check runs.
-class CairoReset : public ::testing::Environment {
- public:
-  void TearDown() override { lc::report::release_plot_caches(); }
-};
-const auto* const kCairoReset = ::testing::AddGlobalTestEnvironment(new CairoReset);
-}  // namespace
