@@ -5,6 +5,7 @@
 #include <istream>
 #include <ostream>
 
+#include "core/binary_io.h"
 #include "kernels/kernels.h"
 
 namespace lc {
@@ -18,26 +19,10 @@ bool same_table(const RopeTable& a, const RopeTable& b) {
   return a.n_rot == b.n_rot && a.neox == b.neox && a.mscale == b.mscale && a.inv_freq == b.inv_freq;
 }
 
-template <class T>
-void put(std::ostream& o, const T& v) {
-  o.write(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <class T>
-void put_vec(std::ostream& o, const std::vector<T>& v) {
-  put<uint64_t>(o, v.size());
-  if (!v.empty()) o.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-}
-template <class T>
-bool get(std::istream& in, T& v) {
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof v));
-}
-template <class T>
-bool get_vec(std::istream& in, std::vector<T>& v, uint64_t max_n) {
-  uint64_t n = 0;
-  if (!get(in, n) || n > max_n) return false;
-  v.resize(static_cast<size_t>(n));
-  return n == 0 || static_cast<bool>(in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T))));
-}
+using bin::get;
+using bin::put;
+using bin::put_vec;
+using bin::get_array;
 
 constexpr uint32_t kStateMagic = 0x4b56434cu;  // "LCVK"
 
@@ -168,7 +153,7 @@ Status KvCache::read_state(std::istream& in) {
   for (int64_t il = 0; il < n_layer; ++il) {
     RopeTable& rt = ropes[static_cast<size_t>(il)];
     uint8_t neox = 0;
-    if (!get_vec(in, rt.inv_freq, static_cast<uint64_t>(d)) || !get(in, rt.mscale) || !get(in, rt.n_rot) ||
+    if (!get_array(in, rt.inv_freq, static_cast<uint64_t>(d)) || !get(in, rt.mscale) || !get(in, rt.n_rot) ||
         !get(in, neox) || !get(in, appended[static_cast<size_t>(il)]))
       return bad("truncated rope tables");
     rt.neox = neox != 0;
@@ -186,8 +171,8 @@ Status KvCache::read_state(std::istream& in) {
       Head& hd = head(il, h);
       int64_t n = 0;
       if (!get(in, n) || n < 0 || n > n_app) return bad("truncated head or token count out of range");
-      if (!get_vec(in, hd.pos, static_cast<uint64_t>(n)) || !get_vec(in, hd.idx, static_cast<uint64_t>(n)) ||
-          !get_vec(in, hd.seq, static_cast<uint64_t>(n)) || static_cast<int64_t>(hd.pos.size()) != n ||
+      if (!get_array(in, hd.pos, static_cast<uint64_t>(n)) || !get_array(in, hd.idx, static_cast<uint64_t>(n)) ||
+          !get_array(in, hd.seq, static_cast<uint64_t>(n)) || static_cast<int64_t>(hd.pos.size()) != n ||
           static_cast<int64_t>(hd.idx.size()) != n || static_cast<int64_t>(hd.seq.size()) != n)
         return bad("truncated token metadata");
       for (int64_t i = 0; i < n; ++i)

@@ -6,10 +6,11 @@
 #include <istream>
 #include <ostream>
 
+#include "core/binary_io.h"
 #include "core/sys.h"
 #include "kernels/kernels.h"
-#include "kv/press_spec.h"
 #include "model/draft.h"
+#include "model/press_runner.h"
 
 namespace lc {
 
@@ -43,6 +44,8 @@ AttnShape attn_shape_of(const HParams& hp) {
 Context::Context(const Model& model, const ContextParams& p)
     : model_(model), hp_(model.hparams()), params_(p),
       pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()) {}
+
+Context::~Context() = default;
 
 Expected<std::unique_ptr<Context>> Context::create(const Model& model, const ContextParams& p) {
   return create(model, p, nullptr);
@@ -112,21 +115,8 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   }
   LC_TRY(c->backend_->attach(*c->kv_));
   if (p.draft) LC_TRY(check_draft_vocab(model, p.model_name, *p.draft, p.draft_name));
-  if (!p.kv_press.empty() && p.kv_press != "none") {
-    PressShape ps{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
-    auto press = make_kv_press(p.kv_press, ps);
-    if (!press) return make_error("--kv-press: " + press.error().message);
-    c->press_ = std::move(*press);
-    Status st = c->press_->check_backend(c->backend_->caps());
-    if (!st) return make_error("--kv-press: " + st.message());
-    if (c->press_->needs_draft() && !p.draft)
-      return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
-                                  "same vocabulary as %s)", p.kv_press.c_str(), p.model_name.c_str()));
-    c->observer_ = c->press_->observer();
-    // The observer normalises with the dense backend's row log-sum-exp (one pass instead of two).
-    c->backend_->keep_row_lse(c->observer_ != nullptr);
-    c->record_queries(c->press_->n_obs());
-  }
+  LC_ASSIGN_OR_RETURN(c->press_, PressRunner::create(model, p, *c->backend_));
+  if (c->press_) c->hooks_.push_back(c->press_.get());
   const size_t nb = static_cast<size_t>(p.n_batch);
   const int64_t q_dim = hp.n_head * hp.head_dim;
   const int64_t o_dim = hp.n_head * hp.head_dim_v;
@@ -139,7 +129,6 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     c->attn_.resize(nb * static_cast<size_t>(o_dim));
     c->gate_.resize(nb * static_cast<size_t>(hp.n_ff));
     c->up_.resize(nb * static_cast<size_t>(hp.n_ff));
-    c->embd_.resize(static_cast<size_t>(hp.n_embd));
     c->pos_.resize(nb);
   } catch (const std::bad_alloc&) {
     return make_error(strprintf("out of memory allocating activations for batch size %lld",
@@ -157,18 +146,18 @@ void Context::truncate(int64_t n) {
   n_past_ = n < n_past_ ? n : n_past_;
   kv_->truncate(n_past_);
   if (static_cast<int64_t>(tokens_.size()) > n_past_) tokens_.resize(static_cast<size_t>(n_past_));
-  if (observer_) observer_->truncate(n_past_);
-  n_obs_ = 0;  // the observation window restarts with the next tokens
-  context_done_ = false;
-  if (n_past_ == 0) t_press_ = 0;
+  for (ForwardHooks* h : hooks_) h->on_truncate(n_past_);
 }
 
-void Context::record_queries(int64_t n) {
-  if (n <= obs_w_) return;
-  obs_w_ = n;
-  obs_q_.resize(static_cast<size_t>(hp_.n_layer * n * hp_.n_head * hp_.head_dim));
-  obs_pos_.assign(static_cast<size_t>(n), 0);
-  n_obs_ = 0;
+void Context::detach_hooks(ForwardHooks* h) { std::erase(hooks_, h); }
+
+const KvPress* Context::press() const { return press_ ? &press_->press() : nullptr; }
+
+double Context::press_seconds() const { return press_ ? press_->seconds() : 0.0; }
+
+const std::vector<int32_t>& Context::prompt_kept() const {
+  static const std::vector<int32_t> none;
+  return press_ ? press_->prompt_kept() : none;
 }
 
 Status Context::decode(std::span<const int32_t> tokens, Logits which) { return decode_impl(tokens, which, false); }
@@ -182,21 +171,19 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
       return make_error(strprintf("token id %d at index %zu is outside the vocabulary [0, %lld)", in[i], i,
                                   (long long)hp_.n_vocab));
   }
-  const bool prompt = in.size() > 1 || context_part;
-  // Query-agnostic presses compress the context part only; the question after it stays whole.
-  const bool agnostic = press_ && !press_->schedule().query_aware;
-  const bool compress_now = press_ && (!agnostic || context_part || !context_done_);
+  const DecodeCall call{in.size() > 1 || context_part, context_part, which};
   std::span<const int32_t> tokens = in;
   std::vector<int32_t> selected;
-  if (press_ && press_->prompt_compression() && prompt && compress_now && n_past_ == 0) {
-    if (which == Logits::kAll)
-      return make_error("kv press specpc evaluates only the prompt tokens it selects: the logits of every prompt "
-                        "token (perplexity) do not exist");
-    prompt_kept_.clear();
-    const double t0 = now_seconds();
-    LC_TRY(select_prompt(in, selected));
-    t_press_ += now_seconds() - t0;
-    tokens = selected;
+  if (call.prompt) {
+    for (ForwardHooks* h : hooks_) {
+      std::optional<std::vector<int32_t>> replace;
+      LC_TRY(h->before_prompt(*this, tokens, call, replace));
+      if (replace) {
+        if (replace->empty()) return make_error("decode: a method selected no prompt tokens");
+        selected = std::move(*replace);
+        tokens = selected;
+      }
+    }
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n_past_ + n > params_.n_ctx) {
@@ -217,171 +204,24 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
       return st;
     }
     tokens_.insert(tokens_.end(), tokens.begin() + i, tokens.begin() + i + m);
-    if (press_ && prompt && compress_now && i + m < n) LC_TRY(compress(PressPhase::kChunk));
+    if (call.prompt && i + m < n)
+      for (ForwardHooks* h : hooks_) LC_TRY(h->after_chunk(*this));
     if (on_chunk_ && !on_chunk_(i + m, n) && i + m < n)
       return make_error(ErrorCode::kCancelled, strprintf("cancelled after %lld of %lld tokens", (long long)(i + m), (long long)n));
   }
-  if (press_) {
-    if (prompt) {
-      n_generated_ = 0;
-      if (compress_now) {
-        LC_TRY(compress(PressPhase::kChunk));
-        if (press_->lookahead() > 0 && press_->schedule().covers(PressPhase::kPrefill)) {
-          LC_TRY(lookahead_compress());
-        } else {
-          LC_TRY(compress(PressPhase::kPrefill));
-        }
-        if (agnostic && context_part) context_done_ = true;
-      }
-    } else if (press_->schedule().decode_due(++n_generated_)) {
-      LC_TRY(compress(PressPhase::kDecode));
-    }
-  }
+  for (ForwardHooks* h : hooks_) LC_TRY(call.prompt ? h->after_prompt(*this, call) : h->after_token(*this));
   return Status::ok();
 }
 
-Expected<std::vector<int32_t>> Context::draft_generate(std::span<const int32_t> prompt, int64_t n, int64_t record) {
-  const int64_t need = static_cast<int64_t>(prompt.size()) + n;
-  if (!draft_ctx_ || draft_ctx_->n_ctx() < need) {
-    ContextParams dp;
-    dp.n_ctx = std::max(params_.n_ctx, need);
-    dp.n_batch = params_.n_batch;
-    dp.n_threads = params_.n_threads;
-    dp.kv_block = params_.kv_block;
-    draft_ctx_.reset();
-    auto d = Context::create(*params_.draft, dp);
-    if (!d) return make_error("draft model " + params_.draft_name + ": " + d.error().message);
-    draft_ctx_ = std::move(*d);
-  }
-  Context& dc = *draft_ctx_;
-  dc.clear();
-  dc.record_queries(record);
-  LC_TRY(dc.decode(prompt, Logits::kLast));
-  std::vector<int32_t> out;
-  const int64_t nv = dc.model().hparams().n_vocab;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* lg = dc.logits(0);
-    const int32_t id = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);  // greedy, lowest id on ties
-    out.push_back(id);
-    if (i + 1 < n) LC_TRY(dc.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
-  }
-  return out;
-}
-
-// SpecKV (Galim et al., arXiv 2506.08373): the draft continues the prompt greedily; this model
-// runs those tokens over its cache so that their queries join the observation window (the
-// approximate future queries), the tokens are removed again (truncate), and the press scores
-// the prompt's keys with the last prompt queries plus the lookahead queries.
-Status Context::lookahead_compress() {
-  const int64_t P = n_past_;
-  const int64_t la = std::min(press_->lookahead(), params_.n_ctx - P);
-  if (la <= 0 || obs_w_ == 0) return compress(PressPhase::kPrefill);
-  const double t0 = now_seconds();  // the draft and the lookahead forward (compress() times itself)
-  LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_generate(tokens_, la, 0));
-  // The window of the real tokens comes back afterwards (later compressions while decoding,
-  // TOVA's last query, must not see the draft's tokens).
-  std::vector<float> saved_q(obs_q_.data(), obs_q_.data() + obs_q_.size());
-  std::vector<int32_t> saved_pos = obs_pos_;
-  const int64_t saved_n = n_obs_;
-  auto restore = [&] {
-    kv_->truncate(P);
-    n_past_ = P;
-    std::copy(saved_q.begin(), saved_q.end(), obs_q_.data());
-    obs_pos_ = saved_pos;
-    n_obs_ = saved_n;
-    observing_ = true;
-  };
-  observing_ = false;  // the draft's tokens are not attention the model really computed
-  for (int64_t i = 0; i < la; i += params_.n_batch) {
-    const int64_t m = std::min(params_.n_batch, la - i);
-    Status st = forward_chunk(drafted.data() + i, m, Logits::kNone, nullptr);
-    if (!st) {
-      restore();
-      return st;
-    }
-  }
-  kv_->truncate(P);  // the lookahead tokens leave the cache; their queries stay in the window
+Status Context::evaluate_scratch(std::span<const int32_t> tokens) {
+  const int64_t P = n_past_, n = static_cast<int64_t>(tokens.size());
+  if (P + n > params_.n_ctx) return make_error(ErrorCode::kContextFull, "evaluate_scratch: the tokens do not fit");
+  Status st = Status::ok();
+  for (int64_t i = 0; i < n && st; i += params_.n_batch)
+    st = forward_chunk(tokens.data() + i, std::min(params_.n_batch, n - i), Logits::kNone, nullptr);
+  kv_->truncate(P);
   n_past_ = P;
-  t_press_ += now_seconds() - t0;
-  Status st = compress(PressPhase::kPrefill);
-  restore();
   return st;
-}
-
-// SpecPC (Galim et al., arXiv 2506.08373): the draft reads the whole prompt and looks ahead;
-// its attention picks the prompt tokens this model evaluates (press_spec.cpp).
-// Positions: the kept tokens are evaluated as a shorter prompt at contiguous positions 0..k-1
-// (re-assigned), as the authors' implementation does (it gathers the token ids and prefills
-// them as a new prompt). This keeps every later position inside the range the model was
-// trained on (the point of compressing a long prompt), keeps n_past() == tokens held for the
-// runtime and the other presses, and needs no special case in the attention backends.
-Status Context::select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected) {
-  const PromptCompression& pc = *press_->prompt_compression();
-  const int64_t P = static_cast<int64_t>(prompt.size());
-  const int64_t keep = std::max<int64_t>(1, pc.kept(P));
-  if (keep >= P) {
-    selected.assign(prompt.begin(), prompt.end());
-    for (int64_t j = 0; j < P; ++j) prompt_kept_.push_back(static_cast<int32_t>(j));
-    return Status::ok();
-  }
-  const int64_t la = pc.lookahead;
-  LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_generate(prompt, la, pc.window + la - 1));
-  (void)drafted;
-  const Context& dc = *draft_ctx_;
-  const HParams& dh = dc.model().hparams();
-  const PressShape ds{dh.n_layer, dh.n_head, dh.n_head_kv, dh.head_dim, dh.head_dim_v, 0.0f};
-  const int64_t n_q = dc.n_recorded();
-  const int64_t n_win = n_q - (la - 1);  // the generated tokens fed to the draft come last
-  std::vector<const float*> q(static_cast<size_t>(dh.n_layer));
-  for (int64_t il = 0; il < dh.n_layer; ++il) q[static_cast<size_t>(il)] = dc.recorded_queries(il);
-  const std::vector<float> scores =
-      specpc_scores(dc.kv(), ds, q, dc.recorded_positions(), dc.recorded_positions(), n_q, n_win, P, pc);
-  prompt_kept_ = specpc_select(scores, keep, pc);
-  selected.clear();
-  for (int32_t j : prompt_kept_) selected.push_back(prompt[static_cast<size_t>(j)]);
-  draft_ctx_->clear();
-  return Status::ok();
-}
-
-Status Context::compress(PressPhase phase) {
-  if (!press_->schedule().covers(phase)) return Status::ok();
-  const double t0 = now_seconds();
-  struct Timer {
-    double t0;
-    double& acc;
-    ~Timer() { acc += now_seconds() - t0; }
-  } timer{t0, t_press_};
-  const int64_t W = obs_w_, row = hp_.n_head * hp_.head_dim;
-  const int64_t m = std::min(n_obs_, press_->n_obs());
-  for (int64_t il = 0; il < hp_.n_layer; ++il) {
-    PressContext pc;
-    pc.kv = kv_.get();
-    pc.pool = &pool_;
-    pc.phase = phase;
-    pc.queries = m > 0 ? obs_q_.data() + (il * W + (W - m)) * row : nullptr;
-    pc.query_pos = m > 0 ? obs_pos_.data() + (W - m) : nullptr;
-    // Positions are sequence indices in a context (pos = n_past + t); after SpecKV's lookahead
-    // the window's last queries lie past the cache's end, which the indices say explicitly.
-    pc.query_seq = pc.query_pos;
-    pc.n_obs = m;
-    LC_TRY(press_->compress(pc, il));
-  }
-  return Status::ok();
-}
-
-// Keeps the last obs_w_ queries of layer il right-aligned in its window: the press reads the
-// queries of the latest tokens whatever the chunking.
-void Context::observe(int64_t il, const float* q, int64_t n) {
-  const int64_t w = obs_w_, row = hp_.n_head * hp_.head_dim;
-  const int64_t take = std::min(n, w);
-  float* buf = obs_q_.data() + il * w * row;
-  std::memmove(buf, buf + take * row, static_cast<size_t>((w - take) * row) * sizeof(float));
-  std::memcpy(buf + (w - take) * row, q + (n - take) * row, static_cast<size_t>(take * row) * sizeof(float));
-  if (il == 0) {
-    std::memmove(obs_pos_.data(), obs_pos_.data() + take, static_cast<size_t>(w - take) * sizeof(int32_t));
-    std::memcpy(obs_pos_.data() + (w - take), pos_.data() + (n - take), static_cast<size_t>(take) * sizeof(int32_t));
-    n_obs_ = std::min(w, n_obs_ + n);
-  }
 }
 
 Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
@@ -428,16 +268,10 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       // rotates keys with its table, the backend rotates queries at the positions it uses.
       rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
     });
-    if (obs_w_ > 0) observe(il, q_.data(), n);
+    for (ForwardHooks* h : hooks_) h->on_queries(il, q_.data(), pos_.data(), n);
     LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
     LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), pool_));
-    // H2O: the attention these queries just paid, accumulated on the press side (positions are
-    // the sequence indices here).
-    if (observer_ && observing_) {
-      const double t0 = now_seconds();
-      observer_->observe(*kv_, il, q_.data(), pos_.data(), pos_.data(), n, &pool_, backend_->row_lse());
-      t_press_ += now_seconds() - t0;
-    }
+    for (ForwardHooks* h : hooks_) h->on_attention(*this, il, q_.data(), pos_.data(), n);
     kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
 
@@ -480,65 +314,37 @@ void Context::set_query_weights(Buffer<float> wq) {
 }
 
 namespace {
-constexpr uint32_t kCtxStateMagic = 0x5843434cu;  // "LCCX"
-template <class T>
-void put(std::ostream& o, const T& v) {
-  o.write(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <class T>
-void put_array(std::ostream& o, const T* p, size_t n) {
-  put<uint64_t>(o, n);
-  if (n) o.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
-}
-template <class T>
-bool get(std::istream& in, T& v) {
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof v));
-}
-// Reads a count (at most max_n) then the elements into out (resized with resize()).
-template <class V>
-bool get_array(std::istream& in, V& out, uint64_t max_n) {
-  uint64_t n = 0;
-  if (!get(in, n) || n > max_n) return false;
-  out.resize(static_cast<size_t>(n));
-  return n == 0 || static_cast<bool>(in.read(reinterpret_cast<char*>(out.data()),
-                                             static_cast<std::streamsize>(n * sizeof(out.data()[0]))));
-}
+constexpr uint32_t kCtxStateMagic = 0x3243434cu;  // "LCC2"
 }  // namespace
 
 Status Context::save_state(std::ostream& out) const {
-  if (observer_)
-    return make_error(ErrorCode::kUnsupported,
-                      strprintf("cannot save a session with --kv-press %s: its attention statistics of the forward "
-                                "passes are not part of the cache", press_->spec().c_str()));
+  using namespace bin;
   put(out, kCtxStateMagic);
   put<int64_t>(out, n_past_);
-  put_array(out, tokens_.data(), tokens_.size());
-  put_array(out, prompt_kept_.data(), prompt_kept_.size());
+  put_vec(out, tokens_);
   put<int64_t>(out, n_outputs_);
-  put_array(out, logits_.data(), logits_.size());
-  put<int64_t>(out, n_generated_);
-  put<uint8_t>(out, context_done_ ? 1 : 0);
-  put<int64_t>(out, obs_w_);
-  put<int64_t>(out, n_obs_);
-  put_array(out, obs_q_.data(), obs_q_.size());
-  put_array(out, obs_pos_.data(), obs_pos_.size());
+  put_vec(out, logits_);
+  put<uint8_t>(out, press_ ? 1 : 0);
+  if (press_) LC_TRY(press_->save(out));
   put_array(out, wq_override_.data(), wq_views_.empty() ? 0 : wq_override_.size());
   if (!out) return make_error(ErrorCode::kIo, "context: write error while saving the state");
   return kv_->write_state(out);
 }
 
 Status Context::load_state(std::istream& in) {
+  using namespace bin;
   clear();
   clear_query_weights();
-  auto bad = [&](const char* what) {
+  auto fail = [&](Status st) {
     clear();
     clear_query_weights();
-    return make_error(ErrorCode::kBadFile, strprintf("saved context: %s", what));
+    return st;
   };
+  auto bad = [&](const char* what) { return fail(make_error(ErrorCode::kBadFile, strprintf("saved context: %s", what))); };
   uint32_t magic = 0;
-  int64_t n_past = 0, n_outputs = 0, n_generated = 0, obs_w = 0, n_obs = 0;
-  uint8_t done = 0;
-  std::vector<int32_t> tokens, kept, obs_pos;
+  int64_t n_past = 0, n_outputs = 0;
+  uint8_t has_press = 0;
+  std::vector<int32_t> tokens;
   std::vector<float> logits;
   if (!get(in, magic) || magic != kCtxStateMagic) return bad("not a saved context (bad magic)");
   const uint64_t max_tokens = static_cast<uint64_t>(params_.n_ctx);
@@ -552,39 +358,26 @@ Status Context::load_state(std::istream& in) {
   if (!get_array(in, tokens, max_tokens) || static_cast<int64_t>(tokens.size()) != n_past) return bad("bad token list");
   for (int32_t t : tokens)
     if (t < 0 || t >= hp_.n_vocab) return bad("a token id is outside the vocabulary");
-  if (!get_array(in, kept, max_tokens)) return bad("bad prompt selection");
   if (!get(in, n_outputs) || n_outputs < 0 || n_outputs > n_past) return bad("bad output count");
   if (!get_array(in, logits, static_cast<uint64_t>(n_outputs * hp_.n_vocab)) ||
       static_cast<int64_t>(logits.size()) != n_outputs * hp_.n_vocab)
     return bad("bad logits");
-  if (!get(in, n_generated) || !get(in, done) || !get(in, obs_w) || !get(in, n_obs)) return bad("truncated press state");
-  if (obs_w != obs_w_ || n_obs < 0 || n_obs > obs_w_)
-    return make_error(ErrorCode::kInvalidArgument, "the saved session was made with another --kv-press (its "
-                                                   "observation window differs)");
-  const size_t obs_q_n = obs_q_.size(), obs_pos_n = obs_pos_.size();
-  if (!get_array(in, obs_q_, obs_q_n) || !get_array(in, obs_pos_, obs_pos_n) || obs_q_.size() != obs_q_n ||
-      obs_pos_.size() != obs_pos_n) {
-    obs_q_.resize(obs_q_n);
-    obs_pos_.resize(obs_pos_n);
-    return bad("bad observation window");
-  }
+  if (!get(in, has_press)) return bad("truncated header");
+  if ((has_press != 0) != (press_ != nullptr))
+    return fail(make_error(ErrorCode::kInvalidArgument, press_ ? "the saved session was made without --kv-press"
+                                                               : "the saved session was made with a --kv-press"));
+  if (press_)
+    if (Status st = press_->load(in, params_.n_ctx); !st) return fail(st);
   Buffer<float> wq;
   const uint64_t wq_n = static_cast<uint64_t>(hp_.n_layer * hp_.n_head * hp_.head_dim * hp_.n_embd);
   if (!get_array(in, wq, wq_n) || (wq.size() != 0 && wq.size() != wq_n)) return bad("bad query weights");
-  LC_TRY(kv_->read_state(in));
+  if (Status st = kv_->read_state(in); !st) return fail(st);
   // A fresh backend: it summarises the restored cache from scratch.
-  if (Status st = set_attention(backend_->spec()); !st) {
-    clear();
-    return st;
-  }
+  if (Status st = set_attention(backend_->spec()); !st) return fail(st);
   n_past_ = n_past;
   tokens_ = std::move(tokens);
-  prompt_kept_ = std::move(kept);
   n_outputs_ = n_outputs;
   logits_ = std::move(logits);
-  n_generated_ = n_generated;
-  context_done_ = done != 0;
-  n_obs_ = n_obs;
   if (wq.size() != 0) set_query_weights(std::move(wq));
   return Status::ok();
 }
@@ -598,12 +391,9 @@ Status Context::set_attention(std::string_view spec) {
   const AttnShape as = attn_shape_of(hp_);
   auto attn = make_attention_backend(spec, as);
   if (!attn) return make_error("--attn: " + attn.error().message);
-  if (press_) {
-    Status st = press_->check_backend((*attn)->caps());
-    if (!st) return make_error("--kv-press: " + st.message());
-  }
+  for (ForwardHooks* h : hooks_) LC_TRY(h->attach_backend(**attn));
+  kv_->set_evictor(nullptr);  // the old backend's, if it had one, goes with it
   LC_TRY((*attn)->attach(*kv_));
-  (*attn)->keep_row_lse(observer_ != nullptr);
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);
   return Status::ok();

@@ -1,6 +1,8 @@
-// One sequence's inference state over a Model: the KV cache, activation buffers sized for one
-// prefill chunk (n_batch tokens), and the forward pass. A prompt longer than n_batch is
-// evaluated chunk by chunk, so activation memory does not grow with the prompt.
+// One sequence's inference state over a Model: the KV cache, the attention backend, activation
+// buffers sized for one prefill chunk (n_batch tokens), and the forward pass. A prompt longer
+// than n_batch is evaluated chunk by chunk, so activation memory does not grow with the prompt.
+// Methods beyond the cache and the backend attach through ForwardHooks (model/forward_hooks.h):
+// the press of --kv-press runs in a PressRunner (model/press_runner.h) the context makes.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "attention/backend.h"
 #include "kv/kv_cache.h"
 #include "kv/press.h"
+#include "model/forward_hooks.h"
 #include "model/model.h"
 #include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
@@ -42,13 +45,14 @@ struct ContextParams {
   std::string model_name = "the model", draft_name = "the draft";
 };
 
-enum class Logits { kLast, kAll, kNone };
-
 // The n_ctx of a context made with n_ctx = 0: positions are int32.
 inline constexpr int64_t kGrowingContext = INT32_MAX;
 
+class PressRunner;
+
 class Context {
  public:
+  ~Context();
   static Expected<std::unique_ptr<Context>> create(const Model& model, const ContextParams& p);
   // With an attention backend made by the caller (e.g. a calibrating one) instead of p.attn.
   static Expected<std::unique_ptr<Context>> create(const Model& model, const ContextParams& p,
@@ -80,24 +84,22 @@ class Context {
   // The tokens the cache holds, in order (after SpecPC: the selected prompt tokens).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
-  const std::vector<int32_t>& prompt_kept() const { return prompt_kept_; }
+  const std::vector<int32_t>& prompt_kept() const;
   // Called after every forward chunk of a decode() with the tokens done and the call's total:
   // progress for long prompts, and cancellation (returning false stops the call with an
   // ErrorCode::kCancelled error; the chunks already evaluated stay in the cache). Empty: none.
   using ChunkCallback = std::function<bool(int64_t done, int64_t total)>;
   void set_chunk_callback(ChunkCallback cb) { on_chunk_ = std::move(cb); }
-  // Seconds spent in press work since the context was last cleared: scoring and compaction,
-  // SpecKV's lookahead, SpecPC's draft pass, H2O's observer (benchmarks).
-  double press_seconds() const { return t_press_; }
-  // Keeps the pre-RoPE queries of the last n tokens of every layer (a draft's attention for
-  // SpecPC). Call on an empty context.
-  void record_queries(int64_t n);
-  int64_t n_recorded() const { return n_obs_; }
-  // [n_recorded(), n_head * head_dim] of layer il, oldest first; positions: [n_recorded()].
-  const float* recorded_queries(int64_t il) const {
-    return obs_q_.data() + (il * obs_w_ + (obs_w_ - n_obs_)) * hp_.n_head * hp_.head_dim;
-  }
-  const int32_t* recorded_positions() const { return obs_pos_.data() + (obs_w_ - n_obs_); }
+  // Seconds spent in press work since the context was last cleared (model/press_runner.h).
+  double press_seconds() const;
+  // Methods attached to the forward pass (model/forward_hooks.h), called in the order attached
+  // after the press's runner; h must outlive the context or be detached.
+  void attach_hooks(ForwardHooks* h) { hooks_.push_back(h); }
+  void detach_hooks(ForwardHooks* h);
+  // Runs tokens through the model at positions n_past() ... and takes them out of the cache
+  // again: the hooks see their queries (on_queries) and their attention, n_past() and the cache
+  // end as they were, on success and on error. SpecKV's lookahead.
+  Status evaluate_scratch(std::span<const int32_t> tokens);
 
   // Saving and restoring a sequence (runtime::Session): the tokens, the cache, the logits of
   // the last decode, the press's schedule state and observation window, and qTTT's weights.
@@ -117,7 +119,9 @@ class Context {
   // cache is kept and the new backend builds what it summarises of it lazily. Benchmarks fill
   // a deep cache with a cheap backend and time another over it.
   Status set_attention(std::string_view spec);
-  const KvPress* press() const { return press_.get(); }
+  // The press attached to the forward pass (null: none), and its runner.
+  const KvPress* press() const;
+  const PressRunner* press_runner() const { return press_.get(); }
   ThreadPool& pool() { return pool_; }
   size_t activation_bytes() const;
   // qTTT (runtime/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,
@@ -132,13 +136,6 @@ class Context {
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
   Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
   Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
-  // SpecKV: the draft's lookahead run through this model, then the after-prefill compression.
-  Status lookahead_compress();
-  // SpecPC: the prompt tokens to evaluate.
-  Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
-  // Greedy tokens of the draft after `prompt` (read from an empty draft context), recording
-  // its last `record` queries.
-  Expected<std::vector<int32_t>> draft_generate(std::span<const int32_t> prompt, int64_t n, int64_t record);
 
   const Model& model_;
   const HParams& hp_;
@@ -146,24 +143,10 @@ class Context {
   ThreadPool pool_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<AttentionBackend> backend_;
-  std::unique_ptr<KvPress> press_;  // null: no compression
-  AttentionObserver* observer_ = nullptr;  // the press's feed of the real attention (H2O)
-  bool observing_ = true;           // off while the draft's lookahead tokens run (SpecKV)
-  bool context_done_ = false;       // agnostic mode: the context part has been compressed
-  std::vector<int32_t> tokens_;     // the tokens the cache holds
-  std::vector<int32_t> prompt_kept_;
-  std::unique_ptr<Context> draft_ctx_;  // the draft model's context (speckv, specpc)
-  double t_press_ = 0;
+  std::unique_ptr<PressRunner> press_;  // null: no compression
+  std::vector<ForwardHooks*> hooks_;    // the press's runner first, then those attached
+  std::vector<int32_t> tokens_;         // the tokens the cache holds
   ChunkCallback on_chunk_;
-  // The observation window: pre-RoPE queries of the last n_obs_ tokens per layer (the press's
-  // n_obs(), or what record_queries() asked for).
-  int64_t obs_w_ = 0;
-  Buffer<float> obs_q_;             // [n_layer, obs_w_, n_head * head_dim]
-  std::vector<int32_t> obs_pos_;    // [obs_w_]
-  int64_t n_obs_ = 0;
-  int64_t n_generated_ = 0;         // single-token decodes since the last prompt
-  Status compress(PressPhase phase);
-  void observe(int64_t il, const float* q /*[n, n_head * head_dim]*/, int64_t n);
   std::unique_ptr<RopePlan> rope_plan_;
   Buffer<float> wq_override_;         // qTTT: [n_layer, n_head * head_dim, n_embd]
   std::vector<TensorView> wq_views_;  // [n_layer] views of wq_override_; empty: the model's
@@ -180,7 +163,6 @@ class Context {
   Buffer<float> attn_;   // [n_batch, n_head * head_dim_v]
   Buffer<float> gate_;   // [n_batch, n_ff]
   Buffer<float> up_;     // [n_batch, n_ff]
-  Buffer<float> embd_;   // [n_embd] one dequantised embedding row
   std::vector<int32_t> pos_;  // [n_batch]
   std::vector<float> logits_; // [n_outputs, n_vocab]
 };

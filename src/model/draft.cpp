@@ -1,5 +1,7 @@
 #include "model/draft.h"
 
+#include <algorithm>
+
 namespace lc {
 
 Status check_draft_vocab(const Model& target, const std::string& target_name, const Model& draft,
@@ -17,6 +19,46 @@ Status check_draft_vocab(const Model& target, const std::string& target_name, co
                                   draft_name.c_str(), target_name.c_str(), id, b.token_text(id).c_str(),
                                   a.token_text(id).c_str()));
   return Status::ok();
+}
+
+DraftRunner::DraftRunner(const Model& draft, std::string name, const ContextParams& base)
+    : model_(draft), name_(std::move(name)), base_(base) {}
+
+Expected<std::vector<int32_t>> DraftRunner::generate(std::span<const int32_t> prompt, int64_t n, int64_t record) {
+  const int64_t need = static_cast<int64_t>(prompt.size()) + n;
+  if (!ctx_ || ctx_->n_ctx() < need) {
+    ContextParams dp;
+    dp.n_ctx = std::max(base_.n_ctx, need);
+    dp.n_batch = base_.n_batch;
+    dp.n_threads = base_.n_threads;
+    dp.kv_block = base_.kv_block;
+    ctx_.reset();
+    auto d = Context::create(model_, dp);
+    if (!d) return make_error("draft model " + name_ + ": " + d.error().message);
+    ctx_ = std::move(*d);
+  }
+  Context& dc = *ctx_;
+  dc.clear();
+  if (!recorder_ || recorder_->window().width() != record) {
+    if (recorder_) dc.detach_hooks(recorder_.get());
+    const HParams& h = model_.hparams();
+    recorder_ = std::make_unique<QueryRecorder>(h.n_layer, h.n_head * h.head_dim, record);
+    dc.attach_hooks(recorder_.get());
+  }
+  LC_TRY(dc.decode(prompt, Logits::kLast));
+  std::vector<int32_t> out;
+  const int64_t nv = model_.hparams().n_vocab;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* lg = dc.logits(0);
+    const int32_t id = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);
+    out.push_back(id);
+    if (i + 1 < n) LC_TRY(dc.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
+  }
+  return out;
+}
+
+void DraftRunner::clear() {
+  if (ctx_) ctx_->clear();
 }
 
 }  // namespace lc

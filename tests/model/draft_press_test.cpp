@@ -15,6 +15,7 @@
 
 #include "kv/press_spec.h"
 #include "model/context.h"
+#include "model/query_window.h"
 #include "model/draft.h"
 #include "model/model.h"
 #include "model/random_model.h"
@@ -125,10 +126,11 @@ TEST(DraftPress, SpecKvKeepsWhatTheLookaheadQueriesAttend) {
   // Oracle: the unpressed model, its queries of the last 16 prompt tokens and the 4 drafted ones.
   const auto drafted = greedy(*m.draft, ids, la);
   auto ref = make_ctx(*m.target, "");
-  ref->record_queries(obs + la);
+  QueryRecorder rec(4, 8 * 16, obs + la);
+  ref->attach_hooks(&rec);
   ASSERT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
   ASSERT_TRUE(ref->decode(drafted, Logits::kNone).is_ok());
-  ASSERT_EQ(ref->n_recorded(), obs + la);
+  ASSERT_EQ(rec.window().size(), obs + la);
   const int64_t H = 8, row = H * 16;
   for (int64_t il = 0; il < 4; ++il)
     for (int64_t h = 0; h < 2; ++h) {
@@ -136,8 +138,8 @@ TEST(DraftPress, SpecKvKeepsWhatTheLookaheadQueriesAttend) {
       for (int64_t hq = h * 4; hq < h * 4 + 4; ++hq) {
         std::vector<double> a(P, 0.0);
         for (int64_t t = 0; t < obs + la; ++t) {
-          const int32_t qp = ref->recorded_positions()[t];
-          const auto p = probs(ref->kv(), il, ref->recorded_queries(il) + t * row, qp, qp, hq, H, P);
+          const int32_t qp = rec.window().positions(obs + la)[t];
+          const auto p = probs(ref->kv(), il, rec.window().queries(il, obs + la) + t * row, qp, qp, hq, H, P);
           for (int64_t j = 0; j < P; ++j) a[static_cast<size_t>(j)] += p[static_cast<size_t>(j)] / (obs + la);
         }
         for (int64_t j = 0; j < P - obs; ++j) {
@@ -191,17 +193,20 @@ TEST(DraftPress, SpecPcPrefillsOnlyTheSelectedTokens) {
   // and its first 2 generated tokens (the scores' formula is tested against naive softmax in
   // test_kv): the wiring of window, lookahead and layers.
   auto d = make_ctx(*m.draft, "");
-  d->record_queries(win + la - 1);
+  const HParams& dh = m.draft->hparams();
+  QueryRecorder rec(dh.n_layer, dh.n_head * dh.head_dim, win + la - 1);
+  d->attach_hooks(&rec);
   ASSERT_TRUE(d->decode(ids, Logits::kLast).is_ok());
   const auto gen = greedy(*m.draft, ids, la);
   ASSERT_TRUE(d->decode(std::span<const int32_t>(gen.data(), la - 1), Logits::kNone).is_ok());
   PromptCompression pc;
   pc.budget = 100, pc.window = win, pc.kernel = 5, pc.neighbours = 5, pc.lookahead = la, pc.start_layer = 2;
-  const HParams& dh = m.draft->hparams();
+  const QueryWindow& w = rec.window();
+  const int64_t n_q = w.size();
   std::vector<const float*> q;
-  for (int64_t il = 0; il < dh.n_layer; ++il) q.push_back(d->recorded_queries(il));
+  for (int64_t il = 0; il < dh.n_layer; ++il) q.push_back(w.queries(il, n_q));
   const auto s = specpc_scores(d->kv(), PressShape{dh.n_layer, dh.n_head, dh.n_head_kv, dh.head_dim, dh.head_dim_v, 0.0f}, q,
-                               d->recorded_positions(), d->recorded_positions(), d->n_recorded(), win, P, pc);
+                               w.positions(n_q), w.positions(n_q), n_q, win, P, pc);
   EXPECT_EQ(specpc_select(s, 100, pc), kept);
   // Perplexity-style all-row logits do not exist for the dropped tokens.
   auto c2 = make_ctx(*m.target, "specpc:budget=100,window=16", m.draft.get());
@@ -217,7 +222,8 @@ TEST(DraftPress, H2oObservesTheRealForward) {
   auto c = make_ctx(*m.target, "h2o:budget=80,window=16", nullptr, 48);
   ASSERT_TRUE(c->decode(ids, Logits::kLast).is_ok());
   auto ref = make_ctx(*m.target, "");
-  ref->record_queries(P);
+  QueryRecorder rec(4, 8 * 16, P);
+  ref->attach_hooks(&rec);
   ASSERT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
   const int64_t H = 8, row = H * 16;
   for (int64_t il = 0; il < 4; ++il)
@@ -225,7 +231,7 @@ TEST(DraftPress, H2oObservesTheRealForward) {
       std::vector<double> sc(P, 0.0);
       for (int64_t t = 0; t < P; ++t)
         for (int64_t hq = h * 4; hq < h * 4 + 4; ++hq) {
-          const auto p = probs(ref->kv(), il, ref->recorded_queries(il) + t * row, static_cast<int32_t>(t), static_cast<int32_t>(t), hq, H, P);
+          const auto p = probs(ref->kv(), il, rec.window().queries(il, P) + t * row, static_cast<int32_t>(t), static_cast<int32_t>(t), hq, H, P);
           for (int64_t j = 0; j <= t; ++j) sc[static_cast<size_t>(j)] += p[static_cast<size_t>(j)];
         }
       for (int64_t j = 0; j < P; ++j) sc[static_cast<size_t>(j)] /= 4.0 * static_cast<double>(P - j);

@@ -1,0 +1,228 @@
+#include "model/press_runner.h"
+
+#include <algorithm>
+
+#include "core/binary_io.h"
+#include "core/sys.h"
+#include "kv/press_spec.h"
+
+namespace lc {
+
+namespace {
+// Adds the seconds since it was made to acc when it goes.
+struct ScopedTimer {
+  double& acc;
+  double t0 = now_seconds();
+  ~ScopedTimer() { acc += now_seconds() - t0; }
+};
+}  // namespace
+
+PressRunner::PressRunner(std::unique_ptr<KvPress> press, const Model& model, const ContextParams& p)
+    : press_(std::move(press)), params_(p), n_layer_(model.hparams().n_layer) {
+  const HParams& hp = model.hparams();
+  observer_ = press_->observer();
+  window_.resize(hp.n_layer, hp.n_head * hp.head_dim, press_->n_obs());
+}
+
+Expected<std::unique_ptr<PressRunner>> PressRunner::create(const Model& model, const ContextParams& p,
+                                                           AttentionBackend& backend) {
+  if (p.kv_press.empty() || p.kv_press == "none") return std::unique_ptr<PressRunner>();
+  const HParams& hp = model.hparams();
+  PressShape ps{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
+  auto press = make_kv_press(p.kv_press, ps);
+  if (!press) return make_error("--kv-press: " + press.error().message);
+  auto r = std::unique_ptr<PressRunner>(new PressRunner(std::move(*press), model, p));
+  LC_TRY(r->attach_backend(backend));
+  if (r->press_->needs_draft() && !p.draft)
+    return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
+                                "same vocabulary as %s)", p.kv_press.c_str(), p.model_name.c_str()));
+  return r;
+}
+
+Status PressRunner::attach_backend(AttentionBackend& backend) {
+  Status st = press_->check_backend(backend.caps());
+  if (!st) return make_error("--kv-press: " + st.message());
+  // The observer normalises with the dense backend's row log-sum-exp (one pass instead of two).
+  backend.keep_row_lse(observer_ != nullptr);
+  return Status::ok();
+}
+
+DraftRunner& PressRunner::draft() {
+  if (!draft_) draft_ = std::make_unique<DraftRunner>(*params_.draft, params_.draft_name, params_);
+  return *draft_;
+}
+
+// Query-agnostic presses compress the context part only; the question after it stays whole.
+// SpecPC selects the prompt tokens to evaluate when the prompt starts the sequence.
+Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
+                                  std::optional<std::vector<int32_t>>& replace) {
+  const bool agnostic = !press_->schedule().query_aware;
+  active_ = !agnostic || call.context_part || !context_done_;
+  if (!press_->prompt_compression() || !active_ || ctx.n_past() != 0) return Status::ok();
+  if (call.which == Logits::kAll)
+    return make_error("kv press specpc evaluates only the prompt tokens it selects: the logits of every prompt "
+                      "token (perplexity) do not exist");
+  prompt_kept_.clear();
+  ScopedTimer timer{t_press_};
+  std::vector<int32_t> selected;
+  LC_TRY(select_prompt(prompt, selected));
+  replace = std::move(selected);
+  return Status::ok();
+}
+
+void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int64_t n) { window_.push(il, q, pos, n); }
+
+// H2O: the attention these queries just paid, accumulated on the press side (positions are the
+// sequence indices here).
+void PressRunner::on_attention(Context& ctx, int64_t il, const float* q, const int32_t* pos, int64_t n) {
+  if (!observer_ || in_lookahead_) return;
+  ScopedTimer timer{t_press_};
+  observer_->observe(ctx.kv(), il, q, pos, pos, n, &ctx.pool(), ctx.attention().row_lse());
+}
+
+Status PressRunner::after_chunk(Context& ctx) { return active_ ? compress(ctx, PressPhase::kChunk) : Status::ok(); }
+
+Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
+  n_generated_ = 0;
+  if (!active_) return Status::ok();
+  LC_TRY(compress(ctx, PressPhase::kChunk));
+  if (press_->lookahead() > 0 && press_->schedule().covers(PressPhase::kPrefill)) {
+    LC_TRY(lookahead_compress(ctx));
+  } else {
+    LC_TRY(compress(ctx, PressPhase::kPrefill));
+  }
+  if (!press_->schedule().query_aware && call.context_part) context_done_ = true;
+  return Status::ok();
+}
+
+Status PressRunner::after_token(Context& ctx) {
+  if (press_->schedule().decode_due(++n_generated_)) return compress(ctx, PressPhase::kDecode);
+  return Status::ok();
+}
+
+void PressRunner::on_truncate(int64_t n) {
+  if (observer_) observer_->truncate(n);
+  window_.clear();  // the observation window restarts with the next tokens
+  context_done_ = false;
+  if (n == 0) t_press_ = 0;
+}
+
+Status PressRunner::compress(Context& ctx, PressPhase phase) {
+  if (!press_->schedule().covers(phase)) return Status::ok();
+  ScopedTimer timer{t_press_};
+  const int64_t m = std::min(window_.size(), press_->n_obs());
+  for (int64_t il = 0; il < n_layer_; ++il) {
+    PressContext pc;
+    pc.kv = &ctx.kv();
+    pc.pool = &ctx.pool();
+    pc.phase = phase;
+    pc.queries = m > 0 ? window_.queries(il, m) : nullptr;
+    pc.query_pos = m > 0 ? window_.positions(m) : nullptr;
+    // Positions are sequence indices in a context (pos = n_past + t); after SpecKV's lookahead
+    // the window's last queries lie past the cache's end, which the indices say explicitly.
+    pc.query_seq = pc.query_pos;
+    pc.n_obs = m;
+    LC_TRY(press_->compress(pc, il));
+  }
+  return Status::ok();
+}
+
+// SpecKV (Galim et al., arXiv 2506.08373): the draft continues the prompt greedily; the model
+// runs those tokens over its cache so that their queries join the observation window (the
+// approximate future queries), the tokens leave the cache again, and the press scores the
+// prompt's keys with the last prompt queries plus the lookahead queries.
+Status PressRunner::lookahead_compress(Context& ctx) {
+  const int64_t la = std::min(press_->lookahead(), ctx.n_ctx() - ctx.n_past());
+  if (la <= 0 || window_.width() == 0) return compress(ctx, PressPhase::kPrefill);
+  // The window of the real tokens comes back afterwards (later compressions while decoding,
+  // TOVA's last query, must not see the draft's tokens).
+  const QueryWindow saved = window_;
+  {
+    ScopedTimer timer{t_press_};  // the draft and the lookahead forward (compress() times itself)
+    LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft().generate(ctx.tokens(), la, 0));
+    in_lookahead_ = true;  // the draft's tokens are not attention the model really computed
+    Status st = ctx.evaluate_scratch(drafted);
+    in_lookahead_ = false;
+    if (!st) {
+      window_ = saved;
+      return st;
+    }
+  }
+  Status st = compress(ctx, PressPhase::kPrefill);
+  window_ = saved;
+  return st;
+}
+
+// SpecPC (Galim et al., arXiv 2506.08373): the draft reads the whole prompt and looks ahead;
+// its attention picks the prompt tokens this model evaluates (press_spec.cpp).
+// Positions: the kept tokens are evaluated as a shorter prompt at contiguous positions 0..k-1
+// (re-assigned), as the authors' implementation does (it gathers the token ids and prefills
+// them as a new prompt). This keeps every later position inside the range the model was
+// trained on (the point of compressing a long prompt), keeps n_past() == tokens held for the
+// runtime and the other presses, and needs no special case in the attention backends.
+Status PressRunner::select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected) {
+  const PromptCompression& pc = *press_->prompt_compression();
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t keep = std::max<int64_t>(1, pc.kept(P));
+  if (keep >= P) {
+    selected.assign(prompt.begin(), prompt.end());
+    for (int64_t j = 0; j < P; ++j) prompt_kept_.push_back(static_cast<int32_t>(j));
+    return Status::ok();
+  }
+  const int64_t la = pc.lookahead;
+  DraftRunner& d = draft();
+  LC_TRY(d.generate(prompt, la, pc.window + la - 1).status());
+  const HParams& dh = d.context().model().hparams();
+  const PressShape ds{dh.n_layer, dh.n_head, dh.n_head_kv, dh.head_dim, dh.head_dim_v, 0.0f};
+  const QueryWindow& w = d.recorded();
+  const int64_t n_q = w.size();
+  const int64_t n_win = n_q - (la - 1);  // the generated tokens fed to the draft come last
+  std::vector<const float*> q(static_cast<size_t>(dh.n_layer));
+  for (int64_t il = 0; il < dh.n_layer; ++il) q[static_cast<size_t>(il)] = w.queries(il, n_q);
+  const std::vector<float> scores =
+      specpc_scores(d.context().kv(), ds, q, w.positions(n_q), w.positions(n_q), n_q, n_win, P, pc);
+  prompt_kept_ = specpc_select(scores, keep, pc);
+  selected.clear();
+  for (int32_t j : prompt_kept_) selected.push_back(prompt[static_cast<size_t>(j)]);
+  d.clear();
+  return Status::ok();
+}
+
+namespace {
+constexpr uint32_t kPressStateMagic = 0x5250434cu;  // "LCPR"
+}
+
+Status PressRunner::save(std::ostream& out) const {
+  if (observer_)
+    return make_error(ErrorCode::kUnsupported,
+                      strprintf("cannot save a session with --kv-press %s: its attention statistics of the forward "
+                                "passes are not part of the cache", press_->spec().c_str()));
+  bin::put(out, kPressStateMagic);
+  bin::put_vec(out, prompt_kept_);
+  bin::put<int64_t>(out, n_generated_);
+  bin::put<uint8_t>(out, context_done_ ? 1 : 0);
+  window_.save(out);
+  return Status::ok();
+}
+
+Status PressRunner::load(std::istream& in, int64_t max_tokens) {
+  uint32_t magic = 0;
+  std::vector<int32_t> kept;
+  int64_t n_generated = 0;
+  uint8_t done = 0;
+  if (!bin::get(in, magic) || magic != kPressStateMagic)
+    return make_error(ErrorCode::kBadFile, "saved context: no press state (the session was saved without --kv-press)");
+  if (!bin::get_array(in, kept, static_cast<uint64_t>(max_tokens)) || !bin::get(in, n_generated) ||
+      !bin::get(in, done))
+    return make_error(ErrorCode::kBadFile, "saved context: truncated press state");
+  if (!window_.load(in)) {
+    window_.clear();
+    return make_error(ErrorCode::kBadFile, "saved context: bad observation window (or one of another --kv-press)");
+  }
+  prompt_kept_ = std::move(kept);
+  n_generated_ = n_generated;
+  context_done_ = done != 0;
+  return Status::ok();
+}
+
+}  // namespace lc

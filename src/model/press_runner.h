@@ -1,0 +1,73 @@
+// The press runner: attaches a KV press (kv/press.h) to a Context through the forward hooks and
+// runs it on the press's schedule (after every prefill chunk, after the prompt, every N
+// generated tokens; query-aware or query-agnostic). It keeps the observation window the press
+// scores with, feeds H2O's observer the real attention, and runs the draft-guided presses
+// through a DraftRunner: SpecKV's lookahead and SpecPC's prompt selection (Galim et al.,
+// arXiv 2506.08373).
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/press.h"
+#include "model/draft.h"
+#include "model/forward_hooks.h"
+#include "model/query_window.h"
+
+namespace lc {
+
+class PressRunner final : public ForwardHooks {
+ public:
+  // The press of p.kv_press for a context over `model` (null when p names none); checks that a
+  // draft is given when the press needs one and that it shares the model's vocabulary.
+  // The backend is checked as attach_backend() does.
+  static Expected<std::unique_ptr<PressRunner>> create(const Model& model, const ContextParams& p,
+                                                       AttentionBackend& backend);
+
+  const KvPress& press() const { return *press_; }
+  // Seconds spent in press work since the context was last cleared: scoring and compaction,
+  // SpecKV's lookahead, SpecPC's draft pass, H2O's observer.
+  double seconds() const { return t_press_; }
+  // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
+  const std::vector<int32_t>& prompt_kept() const { return prompt_kept_; }
+
+  Status before_prompt(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
+                       std::optional<std::vector<int32_t>>& replace) override;
+  void on_queries(int64_t il, const float* q, const int32_t* pos, int64_t n) override;
+  void on_attention(Context& ctx, int64_t il, const float* q, const int32_t* pos, int64_t n) override;
+  Status after_chunk(Context& ctx) override;
+  Status after_prompt(Context& ctx, const DecodeCall& call) override;
+  Status after_token(Context& ctx) override;
+  void on_truncate(int64_t n) override;
+  Status attach_backend(AttentionBackend& backend) override;
+
+  // The schedule state and the observation window (runtime::Session's save and restore).
+  // Refused while the press accumulates attention statistics of the forward passes (H2O's
+  // observer), which are not part of the cache.
+  Status save(std::ostream& out) const;
+  Status load(std::istream& in, int64_t max_tokens);
+
+ private:
+  PressRunner(std::unique_ptr<KvPress> press, const Model& model, const ContextParams& p);
+  Status compress(Context& ctx, PressPhase phase);
+  Status lookahead_compress(Context& ctx);
+  Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
+  DraftRunner& draft();
+
+  std::unique_ptr<KvPress> press_;
+  AttentionObserver* observer_ = nullptr;  // the press's feed of the real attention (H2O)
+  std::unique_ptr<DraftRunner> draft_;   // made on first use
+  ContextParams params_;                 // the context's settings, for the draft's context
+  int64_t n_layer_ = 0;
+  QueryWindow window_;
+  bool active_ = false;        // this prompt is compressed (query-agnostic: its context part)
+  bool context_done_ = false;  // query-agnostic: the context part has been compressed
+  bool in_lookahead_ = false;  // SpecKV's draft tokens run: their attention is not observed
+  int64_t n_generated_ = 0;    // single-token decodes since the last prompt
+  double t_press_ = 0;
+  std::vector<int32_t> prompt_kept_;
+};
+
+}  // namespace lc
