@@ -238,7 +238,7 @@ class DenseBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_dense(MethodSpec& spec, const AttnShape& s) {
   int64_t split = ExecBackend::kDefaultSplit;
-  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   return BackendPtr(new DenseBackend(s, split));
 }

@@ -157,13 +157,18 @@ class DssaBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_dssa(MethodSpec& spec, const AttnShape& s) {
   int64_t sw = 8192, block = 64, kernel = 32, stride = 16, topk = 16, sinks = 64, local = 512;
-  LC_TRY(spec.get_int("switch", &sw, 0, int64_t{1} << 40));
-  LC_TRY(spec.get_int("block", &block, 1, 65536));
-  LC_TRY(spec.get_int("kernel", &kernel, 1, 65536));
-  LC_TRY(spec.get_int("stride", &stride, 1, 65536));
-  LC_TRY(spec.get_int("topk", &topk, 1, 1 << 20));
-  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30));
-  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("switch", &sw, 0, int64_t{1} << 40,
+                      "a query that sees at most this many tokens attends densely, beyond it block-sparse, tokens"));
+  LC_TRY(spec.get_int("block", &block, 1, 65536, "tokens per block, the unit of sparse selection"));
+  LC_TRY(spec.get_int("kernel", &kernel, 1, 65536,
+                      "tokens per semantic kernel, a mean key that scores the blocks it overlaps"));
+  LC_TRY(spec.get_int("stride", &stride, 1, 65536, "tokens between the starts of consecutive kernels"));
+  LC_TRY(spec.get_int("topk", &topk, 1, 1 << 20,
+                      "blocks a query attends besides the initial ones and its local window, chosen per GQA group"));
+  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30,
+                      "first tokens, always attended (rounded up to whole blocks), tokens"));
+  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30,
+                      "most recent tokens, always attended (extended down to a block boundary), tokens"));
   LC_TRY(spec.finish());
   return BackendPtr(new DssaBackend(s, sw, block, kernel, stride, topk, sinks, local));
 }

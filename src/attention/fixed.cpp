@@ -227,13 +227,19 @@ class FixedBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_fixed(MethodSpec& spec, const AttnShape& s) {
   int64_t distance = s.fixed_distance;
-  LC_TRY(spec.get_int("distance", &distance, 0, int64_t{1} << 30));
+  LC_TRY(spec.get_int("distance", &distance, 0, int64_t{1} << 30,
+                      "W: a key more than W positions before its query is scored as if W away, tokens (default: "
+                      "the W the model was trained with, from its GGUF; required otherwise)"));
   int64_t budget = 0, page = 16, tail = 64;
-  LC_TRY(spec.get_int("budget", &budget, 0, int64_t{1} << 30));
-  LC_TRY(spec.get_int("page", &page, 1, 65536));
-  LC_TRY(spec.get_int("tail", &tail, 0, int64_t{1} << 30));
+  LC_TRY(spec.get_int("budget", &budget, 0, int64_t{1} << 30,
+                      "0: every far key is read; else far-key tokens read, the top budget/page pages by their "
+                      "Quest bound (at least one page)"));
+  LC_TRY(spec.get_int("page", &page, 1, 65536, "far keys per page of key min/max bounds (budget > 0), tokens"));
+  LC_TRY(spec.get_int("tail", &tail, 0, int64_t{1} << 30,
+                      "last tokens of each call that choose their pages alone (budget > 0); earlier ones choose "
+                      "per tile of up to 64 query rows, tokens"));
   int64_t split = ExecBackend::kDefaultSplit;
-  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   if (budget > 0 && budget < page)
     return make_error(strprintf("fixed: budget=%lld is less than one page (page=%lld); give budget=0 for all far "

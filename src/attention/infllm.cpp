@@ -172,14 +172,18 @@ class InfLlmBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_infllm(MethodSpec& spec, const AttnShape& s) {
   int64_t n_init = 128, n_local = 4096, block = 128, reps = 4, topk = 16, chunk = 512;
-  LC_TRY(spec.get_int("sinks", &n_init, 0, int64_t{1} << 30));
-  LC_TRY(spec.get_int("local", &n_local, 1, int64_t{1} << 30));
-  LC_TRY(spec.get_int("block", &block, 1, 65536));
-  LC_TRY(spec.get_int("reps", &reps, 1, 65536));
-  LC_TRY(spec.get_int("topk", &topk, 0, 1 << 20));
-  LC_TRY(spec.get_int("chunk", &chunk, 1, 1 << 20));
+  LC_TRY(spec.get_int("sinks", &n_init, 0, int64_t{1} << 30,
+                      "first tokens, always attended at their real positions (initial tokens), tokens"));
+  LC_TRY(spec.get_int("local", &n_local, 1, int64_t{1} << 30,
+                      "most recent tokens, attended at their real positions; also the fixed distance at which "
+                      "memory blocks are scored, tokens"));
+  LC_TRY(spec.get_int("block", &block, 1, 65536, "tokens per memory block (the tokens between sinks and local)"));
+  LC_TRY(spec.get_int("reps", &reps, 1, 65536, "representative tokens per block whose keys score it for retrieval"));
+  LC_TRY(spec.get_int("topk", &topk, 0, 1 << 20,
+                      "memory blocks retrieved per chunk of queries (0: sinks and local only), blocks"));
+  LC_TRY(spec.get_int("chunk", &chunk, 1, 1 << 20, "queries that share one retrieval of memory blocks, tokens"));
   int64_t split = ExecBackend::kDefaultSplit;
-  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   return BackendPtr(new InfLlmBackend(s, n_init, n_local, block, reps, topk, chunk, split));
 }

@@ -431,16 +431,27 @@ Expected<RetrievalHeads> load_retrieval_heads(const std::string& path) {
 Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   int64_t budget = 2048, block = 64, sinks = 64, local = 256, n_ret = 1;
   std::string file;
-  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30));
-  LC_TRY(spec.get_int("block", &block, 1, 65536));
-  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30));
-  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30));
-  LC_TRY(spec.get_int("retrieval", &n_ret, 0, s.n_head));
-  LC_TRY(spec.get_string("heads", &file));
+  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30,
+                      "tokens a sparse head attends besides sinks and local: the top budget/block blocks by the "
+                      "retrieval heads' attention; a query that sees no more attends densely"));
+  LC_TRY(spec.get_int("block", &block, 1, 65536, "tokens per block, the unit of selection"));
+  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30,
+                      "first tokens a sparse head always attends (rounded up to whole blocks), tokens"));
+  LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30,
+                      "most recent tokens a sparse head always attends (extended down to a block boundary), tokens"));
+  LC_TRY(spec.get_int("retrieval", &n_ret, 0, s.n_head,
+                      "without heads=: the first N query heads of every layer are its retrieval heads; N <= "
+                      "n_head (the range listed is a 4-head model's)"));
+  LC_TRY(spec.get_string("heads", &file,
+                         "retrieval-heads file written by `longctx calibrate` (default: the first `retrieval` "
+                         "heads of each layer)"));
   int64_t split = ExecBackend::kDefaultSplit;
-  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   std::string share;  // default: from the heads file (below)
-  LC_TRY(spec.get_string("share", &share));
+  LC_TRY(spec.get_string("share", &share,
+                         "layer: a layer's retrieval heads choose the blocks of all its sparse heads; head: a head "
+                         "keeps the blocks it chose in its last retrieval layer (default: head with a heads file "
+                         "that leaves a layer without retrieval heads, else layer)"));
   if (!share.empty() && share != "layer" && share != "head")
     return make_error(strprintf("attention method 'lychee': share=%s, expected 'layer' or 'head'", share.c_str()));
   LC_TRY(spec.finish());

@@ -27,6 +27,10 @@ class ExecBackend : public AttentionBackend {
  public:
   // Tokens per split-K segment of dense attention (rounded down to whole KV blocks).
   static constexpr int64_t kDefaultSplit = 1024;
+  // The help line of the split= key every ExecBackend reads.
+  static constexpr const char* kSplitHelp =
+      "tokens per split-K segment (whole KV blocks): with too few tiles for the threads (decoding), a row's keys "
+      "run in such segments on several threads";
 
  protected:
   using AttentionBackend::AttentionBackend;

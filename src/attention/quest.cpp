@@ -339,13 +339,17 @@ class QuestBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s) {
   int64_t budget = 2048, page = 16, dense_layers = 2;
-  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30));
-  LC_TRY(spec.get_int("page", &page, 1, 65536));
-  LC_TRY(spec.get_int("dense_layers", &dense_layers, 0, 1 << 20));
+  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30,
+                      "tokens a query head attends: the top budget/page pages by their score bound (at least "
+                      "2 pages); a query that sees no more attends densely"));
+  LC_TRY(spec.get_int("page", &page, 1, 65536, "tokens per page, the unit of selection with its key min/max bounds"));
+  LC_TRY(spec.get_int("dense_layers", &dense_layers, 0, 1 << 20, "first layers that attend densely, layers"));
   bool share = true;
-  LC_TRY(spec.get_bool("share", &share));
+  LC_TRY(spec.get_bool("share", &share,
+                       "1: the query heads of a GQA group choose one set of pages by their largest bound; 0: each "
+                       "head chooses its own (a group may then read up to group x budget)"));
   int64_t split = ExecBackend::kDefaultSplit;
-  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   if (budget < 2 * page)
     return make_error(strprintf("attention method 'quest': budget %lld must hold at least two pages of %lld tokens",

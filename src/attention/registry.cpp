@@ -13,22 +13,16 @@ struct Entry {
 };
 
 const Entry kMethods[] = {
-    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default); split=1024 tokens per split-K segment"},
+    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default)"},
     {"naive", make_naive, "exact attention with materialised double-precision scores (tests only)"},
-    {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned; sinks=4,window=1024"},
-    {"quest", make_quest, "Quest: top pages by min/max key bounds; budget=2048,page=16,dense_layers=2,share=1,split=1024"},
-    {"infllm", make_infllm,
-     "InfLLM: sinks + local + retrieved memory blocks at a fixed distance; "
-     "sinks=128,local=4096,block=128,reps=4,topk=16,chunk=512,split=1024"},
-    {"dssa", make_dssa,
-     "DSSA / InfLLM-v2: dense below switch, block-sparse above; "
-     "switch=8192,block=64,kernel=32,stride=16,topk=16,sinks=64,local=512"},
+    {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned"},
+    {"quest", make_quest, "Quest: top pages by min/max key bounds"},
+    {"infllm", make_infllm, "InfLLM: sinks + local + retrieved memory blocks at a fixed distance"},
+    {"dssa", make_dssa, "DSSA / InfLLM-v2: dense below switch, block-sparse above"},
     {"fixed", make_fixed,
      "exact attention with keys further than distance=N scored at that distance (LM-Infinite's ceiling); "
-     "default for models trained with it (their GGUF gives N); split=1024"},
-    {"lychee", make_lychee,
-     "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others; "
-     "budget=2048,block=64,sinks=64,local=256,retrieval=1,heads=FILE,split=1024"},
+     "default for models trained with it (their GGUF gives N)"},
+    {"lychee", make_lychee, "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others"},
 };
 
 }  // namespace

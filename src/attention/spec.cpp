@@ -32,11 +32,10 @@ Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
   return s;
 }
 
-Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t max) {
+Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t max, const char* help) {
   accepted_.emplace_back(key);
-  add_method_key(keys_, {key, "int", method_number(static_cast<double>(*out)),
-                         "[" + method_number(static_cast<double>(min)) + ", " + method_number(static_cast<double>(max)) + "]",
-                         ""});
+  add_method_key(keys_, {key, "int", method_integer(*out), "[" + method_integer(min) + ", " + method_integer(max) + "]",
+                         help});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   errno = 0;
@@ -49,9 +48,9 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
   return Status::ok();
 }
 
-Status MethodSpec::get_float(const char* key, double* out, double min, double max) {
+Status MethodSpec::get_float(const char* key, double* out, double min, double max, const char* help) {
   accepted_.emplace_back(key);
-  add_method_key(keys_, {key, "real", method_number(*out), "[" + method_number(min) + ", " + method_number(max) + "]", ""});
+  add_method_key(keys_, {key, "real", method_number(*out), "[" + method_number(min) + ", " + method_number(max) + "]", help});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   char* end = nullptr;
@@ -63,9 +62,9 @@ Status MethodSpec::get_float(const char* key, double* out, double min, double ma
   return Status::ok();
 }
 
-Status MethodSpec::get_bool(const char* key, bool* out) {
+Status MethodSpec::get_bool(const char* key, bool* out, const char* help) {
   accepted_.emplace_back(key);
-  add_method_key(keys_, {key, "bool", *out ? "1" : "0", "", ""});
+  add_method_key(keys_, {key, "bool", *out ? "1" : "0", "", help});
   auto it = kv_.find(key);
   if (it == kv_.end()) return Status::ok();
   const std::string& v = it->second;
@@ -77,9 +76,9 @@ Status MethodSpec::get_bool(const char* key, bool* out) {
   return Status::ok();
 }
 
-Status MethodSpec::get_string(const char* key, std::string* out) {
+Status MethodSpec::get_string(const char* key, std::string* out, const char* help) {
   accepted_.emplace_back(key);
-  add_method_key(keys_, {key, "text", *out, "", ""});
+  add_method_key(keys_, {key, "text", *out, "", help});
   auto it = kv_.find(key);
   if (it != kv_.end()) *out = it->second;
   return Status::ok();

@@ -19,14 +19,16 @@ class MethodSpec {
   static Expected<MethodSpec> parse(std::string_view text);
   const std::string& name() const { return name_; }
 
-  // Each reads key if present (else keeps *out, the default) and records it as accepted.
-  Status get_int(const char* key, int64_t* out, int64_t min, int64_t max);
-  Status get_float(const char* key, double* out, double min, double max);
-  Status get_bool(const char* key, bool* out);
-  Status get_string(const char* key, std::string* out);
+  // Each reads key if present (else keeps *out, the default) and records it as accepted, with
+  // help: one line on what the key does, with its unit (tokens, layers, ...), for `longctx
+  // methods` and docs/methods.md.
+  Status get_int(const char* key, int64_t* out, int64_t min, int64_t max, const char* help);
+  Status get_float(const char* key, double* out, double min, double max, const char* help);
+  Status get_bool(const char* key, bool* out, const char* help);
+  Status get_string(const char* key, std::string* out, const char* help);
   // Errors on keys that no get_*() asked for.
   Status finish() const;
-  // Every key a get_*() asked for, with its type, default (the value *out held) and range.
+  // Every key a get_*() asked for, with its type, default (the value *out held), range and help.
   const std::vector<MethodKey>& keys() const { return keys_; }
 
  private:

@@ -135,8 +135,10 @@ class StreamingBackend final : public ExecBackend {
 
 Expected<BackendPtr> make_streaming(MethodSpec& spec, const AttnShape& s) {
   int64_t sinks = 4, window = 1024;
-  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30));
-  LC_TRY(spec.get_int("window", &window, 1, int64_t{1} << 30));
+  LC_TRY(spec.get_int("sinks", &sinks, 0, int64_t{1} << 30,
+                      "first tokens, always attended and kept (attention sinks), tokens"));
+  LC_TRY(spec.get_int("window", &window, 1, int64_t{1} << 30,
+                      "most recent tokens attended, the query's own included; older ones are evicted, tokens"));
   LC_TRY(spec.finish());
   return BackendPtr(new StreamingBackend(s, sinks, window));
 }

@@ -17,4 +17,6 @@ std::string method_number(double x) {
   return strprintf("%g", x);
 }
 
+std::string method_integer(int64_t x) { return std::to_string(static_cast<long long>(x)); }
+
 }  // namespace lc

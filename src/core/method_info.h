@@ -4,6 +4,7 @@
 // accepts.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,7 @@ struct MethodKey {
   std::string type;   // int, real, bool, text, or the choices "a|b"
   std::string def;    // default, as text ("" when required or given by the model)
   std::string range;  // "[lo, hi]" for numbers, "" otherwise
-  std::string help;   // "" when the parser has none
+  std::string help;   // one line: what the key does, with its unit
 };
 
 struct MethodInfo {
@@ -28,5 +29,7 @@ struct MethodInfo {
 void add_method_key(std::vector<MethodKey>& keys, MethodKey k);
 // A number as a spec would write it: integers without a point, others in %g.
 std::string method_number(double x);
+// An integer key's default or bound, exact at any size (method_number writes 2^63-1 in %g).
+std::string method_integer(int64_t x);
 
 }  // namespace lc

@@ -81,9 +81,9 @@ const std::string* Args::find(std::string_view key) {
   return nullptr;
 }
 
-Expected<double> Args::number(std::string_view key, double def, double lo, double hi) {
+Expected<double> Args::number(std::string_view key, double def, double lo, double hi, const char* help) {
   add_method_key(key_info_, {std::string(key), "real", def < 0 && lo >= 0 ? "" : method_number(def),
-                             "[" + method_number(lo) + ", " + method_number(hi) + "]", ""});
+                             "[" + method_number(lo) + ", " + method_number(hi) + "]", help});
   const std::string* v = find(key);
   if (!v) return def;
   char* end = nullptr;
@@ -95,10 +95,9 @@ Expected<double> Args::number(std::string_view key, double def, double lo, doubl
   return x;
 }
 
-Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, int64_t hi) {
-  add_method_key(key_info_, {std::string(key), "int", def < lo ? "" : method_number(static_cast<double>(def)),
-                             "[" + method_number(static_cast<double>(lo)) + ", " + method_number(static_cast<double>(hi)) + "]",
-                             ""});
+Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, int64_t hi, const char* help) {
+  add_method_key(key_info_, {std::string(key), "int", def < lo ? "" : method_integer(def),
+                             "[" + method_integer(lo) + ", " + method_integer(hi) + "]", help});
   const std::string* v = find(key);
   if (!v) return def;
   int64_t x = 0;
@@ -111,10 +110,10 @@ Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, i
 }
 
 Expected<std::string> Args::choice(std::string_view key, std::string_view def,
-                                   const std::vector<std::string>& options) {
+                                   const std::vector<std::string>& options, const char* help) {
   std::string type;
   for (const auto& o : options) type += (type.empty() ? "" : "|") + o;
-  add_method_key(key_info_, {std::string(key), type, std::string(def), "", ""});
+  add_method_key(key_info_, {std::string(key), type, std::string(def), "", help});
   const std::string* v = find(key);
   if (!v) return std::string(def);
   if (std::find(options.begin(), options.end(), *v) == options.end())
@@ -123,8 +122,8 @@ Expected<std::string> Args::choice(std::string_view key, std::string_view def,
   return *v;
 }
 
-Expected<std::string> Args::text(std::string_view key, std::string_view def) {
-  add_method_key(key_info_, {std::string(key), "text", std::string(def), "", ""});
+Expected<std::string> Args::text(std::string_view key, std::string_view def, const char* help) {
+  add_method_key(key_info_, {std::string(key), "text", std::string(def), "", help});
   const std::string* v = find(key);
   return v ? *v : std::string(def);
 }
@@ -568,6 +567,11 @@ const std::vector<RegistryEntry>& registry() {
   return kEntries;
 }
 
+// The help of query=, read by the scored presses and by specpc.
+constexpr const char* kQueryHelp =
+    "aware: compress with the whole prompt in; agnostic: after the context, before the question is read "
+    "(run --question, bench run)";
+
 // keys: when non-null, receives every key the spec's parser read (kv_press_method_info).
 Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressShape& shape,
                                             std::vector<std::string>* keys = nullptr,
@@ -579,7 +583,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   if (sname == "specpc") {
     LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
     LC_ASSIGN_OR_RETURN(PromptCompression pc, parse_specpc(a));
-    LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
+    LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}, kQueryHelp));
     if (keys) *keys = a.accepted();
     if (key_info) *key_info = a.key_info();
     LC_TRY(a.finish());
@@ -592,7 +596,9 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
 
   if (alloc == Alloc::kAdaptive) {
-    LC_ASSIGN_OR_RETURN(scorer_name, a.text("inner", "expected_attention"));
+    LC_ASSIGN_OR_RETURN(scorer_name, a.text("inner", "expected_attention",
+                                            "the scorer whose scores get head-wise budgets (any scorer press; "
+                                            "its keys are accepted here)"));
     // Only LC_PRESS_SCORER entries are in the scorer table: adakv, pyramidkv, specpc are not.
     if (!find_scorer(scorer_name)) {
       std::vector<std::string> scorers;
@@ -617,27 +623,47 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   o.alloc = alloc;
   if (a.has("ratio") && a.has("budget"))
     return make_error(strprintf("kv press %s: give ratio= or budget=, not both", sname.c_str()));
-  LC_ASSIGN_OR_RETURN(o.budget, a.integer("budget", -1, 1, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(o.ratio, a.number("ratio", -1, 0, 1));
-  LC_ASSIGN_OR_RETURN(o.n_sink, a.integer("n_sink", scorer->default_sinks(), 0, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(o.window, a.integer("window", scorer->default_window(), 0, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", scorer->default_reduce_max() ? "max" : "mean", {"mean", "max"}));
+  LC_ASSIGN_OR_RETURN(o.budget, a.integer("budget", -1, 1, INT32_MAX,
+                                          "tokens kept per KV head of each layer (pyramidkv, adakv: on average), "
+                                          "at least n_sink + window; not with ratio="));
+  LC_ASSIGN_OR_RETURN(o.ratio, a.number("ratio", -1, 0, 1,
+                                        "fraction of a layer's tokens removed, keeping floor((1 - ratio) x n); "
+                                        "0.5 when none of ratio=, budget=, interval= is given"));
+  LC_ASSIGN_OR_RETURN(o.n_sink, a.integer("n_sink", scorer->default_sinks(), 0, INT32_MAX,
+                                          "first tokens of the sequence, never evicted (attention sinks), tokens"));
+  LC_ASSIGN_OR_RETURN(o.window, a.integer("window", scorer->default_window(), 0, INT32_MAX,
+                                          "most recent tokens, never evicted, tokens"));
+  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", scorer->default_reduce_max() ? "max" : "mean", {"mean", "max"},
+                                                "how the per-query-head scores of a GQA group become one per KV "
+                                                "head"));
   o.reduce_max = red == "max";
-  LC_ASSIGN_OR_RETURN(int64_t chunk, a.integer("chunk", 0, 0, 1));
+  LC_ASSIGN_OR_RETURN(int64_t chunk, a.integer("chunk", 0, 0, 1,
+                                               "1: compress after every prefill chunk as well, so memory stays "
+                                               "near the budget + one chunk (needs ratio= or budget=)"));
   o.schedule.per_chunk = chunk == 1;
-  LC_ASSIGN_OR_RETURN(o.schedule.decode_interval, a.integer("interval", 0, 0, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(o.schedule.decode_target, a.integer("target", 0, 0, INT32_MAX));
+  LC_ASSIGN_OR_RETURN(o.schedule.decode_interval, a.integer("interval", 0, 0, INT32_MAX,
+                                                            "while decoding, compress every N generated tokens "
+                                                            "(with target=; 0: never), tokens"));
+  LC_ASSIGN_OR_RETURN(o.schedule.decode_target, a.integer("target", 0, 0, INT32_MAX,
+                                                          "tokens per KV head the decoding compression keeps (with "
+                                                          "interval=), at least n_sink + window"));
   if ((o.schedule.decode_interval > 0) != (o.schedule.decode_target > 0))
     return make_error(strprintf("kv press %s: decoding compression needs both interval= and target=", sname.c_str()));
-  LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}));
+  LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}, kQueryHelp));
   o.schedule.query_aware = q == "aware";
-  LC_ASSIGN_OR_RETURN(int64_t rep, a.integer("reposition", sname == "streaming_llm" ? 1 : 0, 0, 1));
+  LC_ASSIGN_OR_RETURN(int64_t rep, a.integer("reposition", sname == "streaming_llm" ? 1 : 0, 0, 1,
+                                             "1: after compressing, make the kept tokens' positions contiguous "
+                                             "(re-rotating moved keys), as StreamingLLM"));
   o.reposition = rep == 1;
   if (alloc == Alloc::kPyramid) {
-    LC_ASSIGN_OR_RETURN(o.beta, a.number("beta", 20, 1, 1e6));
+    LC_ASSIGN_OR_RETURN(o.beta, a.number("beta", 20, 1, 1e6,
+                                         "layer budgets fall linearly from 2B - B/beta (first layer) to B/beta "
+                                         "(last), B the mean budget outside the protected tokens"));
   }
   if (alloc == Alloc::kAdaptive) {
-    LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1));
+    LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1,
+                                          "fraction of each head's budget it keeps by its own scores; the rest "
+                                          "goes to the layer's best scores across heads"));
   }
   if (keys) *keys = a.accepted();
   if (key_info) *key_info = a.key_info();

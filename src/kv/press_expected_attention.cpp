@@ -122,11 +122,18 @@ class ExpectedAttention final : public PressScorer {
 }  // namespace
 
 Expected<std::unique_ptr<PressScorer>> make_expected_attention(Args& a, const PressShape&) {
-  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20));
-  LC_ASSIGN_OR_RETURN(int64_t nf, a.integer("n_future", 512, 1, 1 << 24));
-  LC_ASSIGN_OR_RETURN(int64_t cov, a.integer("cov", 1, 0, 1));
-  LC_ASSIGN_OR_RETURN(int64_t vnorm, a.integer("vnorm", 1, 0, 1));
-  LC_ASSIGN_OR_RETURN(double eps, a.number("epsilon", 0, 0, 1e6));
+  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20,
+                                             "last queries whose mean and covariance model the future queries, "
+                                             "tokens"));
+  LC_ASSIGN_OR_RETURN(int64_t nf, a.integer("n_future", 512, 1, 1 << 24,
+                                            "future positions whose mean RoPE rotation is applied to the query "
+                                            "statistics, tokens"));
+  LC_ASSIGN_OR_RETURN(int64_t cov, a.integer("cov", 1, 0, 1,
+                                             "1: include the covariance term scale^2/2 k^T Sigma k; 0: the mean "
+                                             "query alone"));
+  LC_ASSIGN_OR_RETURN(int64_t vnorm, a.integer("vnorm", 1, 0, 1,
+                                               "1: multiply the expected attention by the norm of v + epsilon; 0: do not"));
+  LC_ASSIGN_OR_RETURN(double eps, a.number("epsilon", 0, 0, 1e6, "added to the norm of v (vnorm=1)"));
   return std::unique_ptr<PressScorer>(std::make_unique<ExpectedAttention>(obs, nf, cov == 1, vnorm == 1, eps));
 }
 

@@ -78,10 +78,16 @@ class H2o final : public PressScorer {
 }  // namespace
 
 Expected<std::unique_ptr<PressScorer>> make_h2o(Args& a, const PressShape& s) {
-  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20));
-  LC_ASSIGN_OR_RETURN(std::string src, a.choice("source", "forward", {"forward", "window"}));
+  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20,
+                                             "source=window: the last prompt queries whose attention is summed; "
+                                             "either source: the default window, tokens"));
+  LC_ASSIGN_OR_RETURN(std::string src, a.choice("source", "forward", {"forward", "window"},
+                                                "forward: attention paid by every query the model evaluated "
+                                                "(needs an exact --attn); window: by the last obs prompt queries"));
   if (src == "forward" && a.has("reduce")) {
-    LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "mean", {"mean", "max"}));
+    LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "mean", {"mean", "max"},
+                                                  "how the per-query-head scores of a GQA group become one per KV "
+                                                  "head (source=forward: mean only)"));
     if (red == "max")
       return make_error("kv press h2o: reduce=max needs per-head scores; source=forward accumulates per KV head "
                         "(use source=window for reduce=max)");

@@ -16,24 +16,25 @@
 namespace lc::press {
 
 // The key=value list of one press spec. Every lookup records the key as accepted, so that an
-// unknown key's error lists exactly the keys this press reads.
+// unknown key's error lists exactly the keys this press reads. help: one line on what the key
+// does, with its unit (tokens, fraction, layers), for `longctx methods` and docs/methods.md.
 class Args {
  public:
   static Expected<Args> parse(std::string_view name, std::string_view params);
   const std::string& name() const { return name_; }
   bool has(std::string_view key) const;
-  Expected<double> number(std::string_view key, double def, double lo, double hi);
-  Expected<int64_t> integer(std::string_view key, int64_t def, int64_t lo, int64_t hi);
+  Expected<double> number(std::string_view key, double def, double lo, double hi, const char* help);
+  Expected<int64_t> integer(std::string_view key, int64_t def, int64_t lo, int64_t hi, const char* help);
   Expected<std::string> choice(std::string_view key, std::string_view def,
-                               const std::vector<std::string>& options);
-  Expected<std::string> text(std::string_view key, std::string_view def);
+                               const std::vector<std::string>& options, const char* help);
+  Expected<std::string> text(std::string_view key, std::string_view def, const char* help);
   // Marks a key as accepted without reading it (keys handed on to an inner scorer).
   void accept(std::string_view key);
   // Error if a key was given that nobody read.
   Status finish() const;
   // Every key looked up or accepted so far, in that order (the press's keys, for --help).
   const std::vector<std::string>& accepted() const { return accepted_; }
-  // The keys read so far with their type, default and range (kv_press_method_info).
+  // The keys read so far with their type, default, range and help (kv_press_method_info).
   const std::vector<MethodKey>& key_info() const { return key_info_; }
 
  private:

@@ -24,13 +24,13 @@
 #endif
 
 LC_PRESS_SCORER(streaming_llm,
-                "first n_sink (4) tokens + the most recent ones; positions re-assigned (reposition=1)",
+                "first n_sink tokens + the most recent ones; positions re-assigned (reposition=1)",
                 "Xiao et al., \"Efficient Streaming Language Models with Attention Sinks\", ICLR 2024")
 LC_PRESS_SCORER(snapkv,
-                "attention of the last window (64) queries, avg-pooled (kernel=5), reduced over the group",
+                "attention of the last obs queries, pooled along the sequence, reduced over the group",
                 "Li et al., \"SnapKV: LLM Knows What You are Looking for Before Generation\", NeurIPS 2024")
 LC_PRESS_FRAME(pyramidkv,
-               "SnapKV scores, per-layer budgets falling linearly with depth (beta=20)",
+               "SnapKV scores, per-layer budgets falling linearly with depth",
                "Cai et al., \"PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information "
                "Funneling\", arXiv 2406.02069, 2024")
 LC_PRESS_SCORER(h2o,
@@ -48,18 +48,18 @@ LC_PRESS_SCORER(keydiff,
                 "Park et al., \"KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in "
                 "Resource-Constrained Environments\", arXiv 2504.15364, 2025")
 LC_PRESS_SCORER(expected_attention,
-                "attention expected from query statistics over the next n_future (512) positions, x ||v||",
+                "attention expected from query statistics over the next n_future positions, x ||v||",
                 "Devoto et al., \"Expected Attention: KV Cache Compression by Estimating Attention from Future "
                 "Queries Distribution\", arXiv 2510.00636, 2025")
 LC_PRESS_SCORER(random,
-                "uniform random scores (control), seed=",
+                "uniform random scores (control)",
                 "the control of the press papers (kvpress RandomPress)")
 LC_PRESS_FRAME(adakv,
-               "head-wise budgets over a scorer (inner=NAME, alpha=0.2)",
+               "head-wise budgets over a scorer (inner=NAME)",
                "Feng et al., \"Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient "
                "LLM Inference\", arXiv 2407.11550, 2024")
 LC_PRESS_SCORER(speckv,
-                "SnapKV scores from the last 32 prompt queries + the queries of 8 draft lookahead tokens (needs --draft)",
+                "SnapKV scores from the last prompt queries + the queries of the draft's lookahead tokens (needs --draft)",
                 "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
 LC_PRESS_FRAME(specpc,
                "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)",

@@ -39,7 +39,8 @@ class RandomScorer final : public PressScorer {
 }  // namespace
 
 Expected<std::unique_ptr<PressScorer>> make_random(Args& a, const PressShape&) {
-  LC_ASSIGN_OR_RETURN(int64_t seed, a.integer("seed", 0, 0, INT64_MAX));
+  LC_ASSIGN_OR_RETURN(int64_t seed, a.integer("seed", 0, 0, INT64_MAX,
+                                              "seed of the random scores (hashed with layer, head and token)"));
   return std::unique_ptr<PressScorer>(std::make_unique<RandomScorer>(static_cast<uint64_t>(seed)));
 }
 

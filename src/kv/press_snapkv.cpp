@@ -78,24 +78,31 @@ class SnapKv final : public PressScorer {
   bool max_pool_;
 };
 
+constexpr const char* kObsHelp =
+    "last prompt queries whose attention scores the tokens (observation window; also the default window), tokens";
+constexpr const char* kKernelHelp = "pooling size along the sequence (odd): keeps the neighbours of a hit, tokens";
+constexpr const char* kPoolHelp = "avg or max pooling of the window's attention";
+
 }  // namespace
 
 Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape&) {
-  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20));
-  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 5, 1, 1025));
+  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20, kObsHelp));
+  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 5, 1, 1025, kKernelHelp));
   if (kernel % 2 == 0)
     return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
-  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "avg", {"avg", "max"}));
+  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "avg", {"avg", "max"}, kPoolHelp));
   return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("snapkv", obs, 0, kernel, pool == "max"));
 }
 
 Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape&) {
-  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 32, 1, 1 << 20));
-  LC_ASSIGN_OR_RETURN(int64_t la, a.integer("lookahead", 8, 1, 4096));
-  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 7, 1, 1025));
+  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 32, 1, 1 << 20, kObsHelp));
+  LC_ASSIGN_OR_RETURN(int64_t la, a.integer("lookahead", 8, 1, 4096,
+                                            "tokens the draft generates greedily after the prompt; the model's "
+                                            "queries of them also score, tokens"));
+  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 7, 1, 1025, kKernelHelp));
   if (kernel % 2 == 0)
     return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
-  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "max", {"avg", "max"}));
+  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "max", {"avg", "max"}, kPoolHelp));
   return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("speckv", obs, la, kernel, pool == "max"));
 }
 

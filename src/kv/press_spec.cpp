@@ -109,17 +109,32 @@ Expected<PromptCompression> parse_specpc(Args& a) {
   PromptCompression p;
   if (a.has("ratio") && a.has("budget"))
     return make_error("kv press specpc: give ratio= or budget=, not both");
-  LC_ASSIGN_OR_RETURN(p.budget, a.integer("budget", -1, 1, INT32_MAX));
-  LC_ASSIGN_OR_RETURN(p.ratio, a.number("ratio", -1, 0, 1));
+  LC_ASSIGN_OR_RETURN(p.budget, a.integer("budget", -1, 1, INT32_MAX,
+                                          "prompt tokens kept, at least window (not with ratio=)"));
+  LC_ASSIGN_OR_RETURN(p.ratio, a.number("ratio", -1, 0, 1,
+                                        "fraction of the prompt removed before prefill (0.5 when neither ratio= "
+                                        "nor budget= is given)"));
   if (p.budget < 0 && p.ratio < 0) p.ratio = 0.5;
-  LC_ASSIGN_OR_RETURN(p.window, a.integer("window", 64, 1, 1 << 20));
-  LC_ASSIGN_OR_RETURN(p.lookahead, a.integer("lookahead", 8, 1, 4096));
-  LC_ASSIGN_OR_RETURN(p.kernel, a.integer("kernel", 64, 1, 1 << 16));
-  LC_ASSIGN_OR_RETURN(p.neighbours, a.integer("neighbours", p.kernel, 1, 1 << 16));
-  LC_ASSIGN_OR_RETURN(p.start_layer, a.integer("start_layer", 8, 0, 1 << 16));
-  LC_ASSIGN_OR_RETURN(int64_t w, a.integer("weighted", 1, 0, 1));
+  LC_ASSIGN_OR_RETURN(p.window, a.integer("window", 64, 1, 1 << 20,
+                                          "last prompt tokens, always kept; the draft's queries of them score the "
+                                          "prompt, tokens"));
+  LC_ASSIGN_OR_RETURN(p.lookahead, a.integer("lookahead", 8, 1, 4096,
+                                             "tokens the draft generates after the prompt; the queries of the first "
+                                             "lookahead - 1 also score, tokens"));
+  LC_ASSIGN_OR_RETURN(p.kernel, a.integer("kernel", 64, 1, 1 << 16,
+                                          "max-pool size over the scores along the sequence, tokens"));
+  LC_ASSIGN_OR_RETURN(p.neighbours, a.integer("neighbours", p.kernel, 1, 1 << 16,
+                                              "tokens kept around each selected token, itself included (default: "
+                                              "kernel)"));
+  LC_ASSIGN_OR_RETURN(p.start_layer, a.integer("start_layer", 8, 0, 1 << 16,
+                                               "first draft layer whose attention scores (clamped to its last "
+                                               "layer), layers"));
+  LC_ASSIGN_OR_RETURN(int64_t w, a.integer("weighted", 1, 0, 1,
+                                           "1: the window's queries weigh linearly 0..1, later ones more; 0: "
+                                           "equally"));
   p.weighted = w == 1;
-  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "max", {"max", "sum"}));
+  LC_ASSIGN_OR_RETURN(std::string red, a.choice("reduce", "max", {"max", "sum"},
+                                                "how the scores combine over draft layers, heads and queries"));
   p.reduce_max = red == "max";
   if (p.budget >= 0 && p.budget < p.window)
     return make_error(strprintf("kv press specpc: budget=%lld is below window = %lld", (long long)p.budget,

@@ -121,7 +121,8 @@ TEST(CliMethods, DocsTablesComeFromTheRegistries) {
   for (const char* m : {"`yarn`", "`logn`", "`dense`", "`quest`", "`fixed`", "`lychee`", "`snapkv`", "`keydiff`",
                         "`specpc`", "`adakv`"})
     EXPECT_NE(r.out.find(std::string("| ") + m + " |"), std::string::npos) << m;
-  EXPECT_NE(r.out.find("`budget` (int, default 2048, [1, 1073741824])"), std::string::npos);
+  EXPECT_NE(r.out.find("`budget` (int, default 2048, [1, 1073741824]): tokens a query head attends"),
+            std::string::npos);
   Result plain = run("methods");
   ASSERT_EQ(plain.code, 0);
   EXPECT_NE(plain.out.find("Attention backends (--attn"), std::string::npos) << plain.out;
