@@ -36,16 +36,6 @@ int fail(const std::string& msg) {
   return 1;
 }
 
-lc::Expected<std::vector<int64_t>> parse_lengths(const std::vector<std::string>& in) {
-  std::vector<int64_t> out;
-  for (const auto& s : in) {
-    const int64_t n = tasks::parse_length(s);
-    if (n <= 0) return lc::make_error("bad length '" + s + "' (a number of tokens, or like 4K, 128K)");
-    out.push_back(n);
-  }
-  return out;
-}
-
 bench::ModelRef model_ref(const std::string& path) {
   if (!path.empty()) return {"", path, nullptr, 0};
   auto img = embedded_model();
@@ -102,7 +92,7 @@ struct MethodOpts {
 };
 
 int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::string>& task_names,
-              const std::vector<std::string>& length_s, const std::vector<int>& depths, int64_t samples,
+              const std::vector<int64_t>& lengths, const std::vector<int>& depths, int64_t samples,
               uint64_t seed, int64_t max_new, int64_t obs, const std::string& tmpl_name, const std::string& out_path,
               bool show) {
   if (list) {
@@ -114,8 +104,6 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
   }
   auto tasks = lc::tasks::expand_task_names(task_names.empty() ? std::vector<std::string>{"all"} : task_names);
   if (!tasks) return fail(tasks.error().message);
-  auto lengths = parse_lengths(length_s);
-  if (!lengths) return fail(lengths.error().message);
   if (samples < 1) return fail("--samples must be at least 1");
   // Only the tokenizer is needed, so a tokenizer-only GGUF (a vocab file) will do.
   const bench::ModelRef ref = model_ref(model_path);
@@ -136,7 +124,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
   std::ostream& out = out_path.empty() ? std::cout : file;
   const std::vector<int> ds = depths.empty() ? std::vector<int>{-1} : depths;
   int64_t made = 0;
-  for (int64_t len : *lengths)
+  for (int64_t len : lengths)
     for (const auto& t : *tasks)
       for (int d : ds)
         for (int64_t i = 0; i < samples; ++i) {
@@ -208,7 +196,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     struct O {
       bool list = false, show = false;
       std::string model, tmpl = "auto", out, data_dir;
-      std::vector<std::string> tasks, lengths = {"4K"};
+      std::vector<std::string> tasks;
+      std::vector<int64_t> lengths = {4 * 1024};
       std::vector<int> depths;
       int64_t samples = 1, max_new = 0, obs = 0;
       uint64_t seed = 42;
@@ -218,7 +207,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_flag("--list", o->list, "list the tasks and what they measure");
     app->add_option("-m,--model", o->model, "GGUF model whose tokenizer sizes the samples (default: the embedded longctx-2l)");
     app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
-    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K")->delimiter(',')->capture_default_str();
+    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K (K = 1024)")
+        ->delimiter(',')->transform(token_length_value())
+        ->check(CLI::Range(int64_t{1}, int64_t{INT64_MAX}).description(""))->capture_default_str();
     app->add_option("--depth", o->depths, "needle depths in percent (default: drawn from RULER's 40 depths)")->delimiter(',');
     app->add_option("--samples", o->samples, "samples per cell")->capture_default_str();
     app->add_option("--seed", o->seed, "seed")->capture_default_str();
@@ -242,7 +233,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
   // ---- bench run
   {
     struct O {
-      std::vector<std::string> models, tasks, lengths;
+      std::vector<std::string> models, tasks;
+      std::vector<int64_t> lengths;
       std::vector<int> depths;
       std::string config, suite, out, tmpl, data_dir, draft;
       int64_t samples = 0, max_new = -1, obs = -1, batch = 0;
@@ -259,7 +251,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--config", o->config, "JSON run config (see docs/benchmarks.md); flags override it");
     app->add_option("--suite", o->suite, "preset: tiny (every task at 512 and 1K, for plumbing) or standard (4K..128K)");
     app->add_option("--task", o->tasks, "tasks or groups (all, ruler, passkey, babilong, dense)")->delimiter(',');
-    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K,16K")->delimiter(',');
+    app->add_option("-L,--length", o->lengths, "lengths in tokens, e.g. 4K,8K,16K (K = 1024)")
+        ->delimiter(',')->transform(token_length_value())
+        ->check(CLI::Range(int64_t{1}, int64_t{INT64_MAX}).description(""));
     app->add_option("--depth", o->depths, "needle depths in percent (default: drawn from RULER's 40 depths)")->delimiter(',');
     app->add_option("--samples", o->samples, "samples per cell (default 1)");
     app->add_option("--seed", o->seed, "seed (default 42)");
@@ -294,11 +288,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         }
                         if (cfg.models.empty()) cfg.models.push_back(model_ref(""));
                         if (!o->tasks.empty()) cfg.tasks = o->tasks;
-                        if (!o->lengths.empty()) {
-                          auto l = parse_lengths(o->lengths);
-                          if (!l) return fail(l.error().message);
-                          cfg.lengths = *l;
-                        }
+                        if (!o->lengths.empty()) cfg.lengths = o->lengths;
                         if (!o->depths.empty()) cfg.depths = o->depths;
                         if (o->samples > 0) cfg.samples = o->samples;
                         if (o->seed >= 0) cfg.seed = static_cast<uint64_t>(o->seed);
@@ -341,7 +331,8 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
   {
     struct O {
       std::vector<std::string> models;
-      std::string file, out = "bench-ppl", length = "4K", data_dir;
+      std::string file, out = "bench-ppl", data_dir;
+      int64_t length = 4 * 1024;
       int64_t bucket = 0, batch = 512;
       int threads = 0;
       MethodOpts mo;
@@ -350,7 +341,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     CLI::App* app = bench_app->add_subcommand("ppl", "perplexity as a function of position over one long text");
     app->add_option("-m,--model", o->models, "GGUF model(s) (default: the embedded longctx-2l)");
     app->add_option("-f,--file", o->file, "text file (default: the shipped essay, data/haystack/opticks.txt)");
-    app->add_option("-L,--length", o->length, "tokens to evaluate in one sequence, e.g. 32K")->capture_default_str();
+    app->add_option("-L,--length", o->length, "tokens to evaluate in one sequence, e.g. 32K (K = 1024)")
+        ->transform(token_length_value())
+        ->check(CLI::Range(int64_t{16}, int64_t{INT64_MAX}).description(""))->capture_default_str();
     app->add_option("--bucket", o->bucket, "positions per bucket (default: length / 16)");
     app->add_option("--out-dir", o->out, "output folder: ppl.csv, ppl_vs_position.svg/.png")->capture_default_str();
     app->add_option("-o,--out", o->out, "same as --out-dir")->group("");  // the older name
@@ -361,8 +354,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     cmds.push_back({app, [o]() -> int {
                       try {
                         if (!o->data_dir.empty()) tasks::set_data_dir(o->data_dir);
-                        const int64_t len = tasks::parse_length(o->length);
-                        if (len < 16) return fail("bad --length '" + o->length + "'");
+                        const int64_t len = o->length;
                         const int64_t bucket = o->bucket > 0 ? o->bucket : std::max<int64_t>(1, len / 16);
                         auto ms = o->mo.settings();
                         if (!ms) return fail(ms.error().message);

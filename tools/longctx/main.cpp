@@ -527,20 +527,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
 // once per press so that the peak RSS is the press's own). KV bytes are token-exact: held
 // tokens x bytes per token (K + V of one (layer, head) slot), before (the whole prompt) and
 // after compression; `in use` is the block-granular memory the cache really holds.
-int cmd_bench_press(const CommonOpts& co, const std::string& len_list, int64_t n_gen, bool header,
+int cmd_bench_press(const CommonOpts& co, const std::vector<int64_t>& lens, int64_t n_gen, bool header,
                     uint64_t seed, const std::string& fill_attn) {
   if (n_gen < 1) return fail("-n must be >= 1");
-  std::string err;
-  std::vector<int64_t> lens;
-  {
-    std::stringstream ss(len_list);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      const int64_t v = lc::tasks::parse_length(item);
-      if (v <= 1) return fail(lc::strprintf("-L: '%s' is not a length (e.g. 16K)", item.c_str()));
-      lens.push_back(v);
-    }
-  }
   if (lens.empty()) return fail("-L: no length given");
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
@@ -716,14 +705,16 @@ int main(int argc, char** argv) {
                    "turn), so that drift in machine speed affects them alike");
 
   CommonOpts bp_co;
-  std::string bp_len = "16K";
+  std::vector<int64_t> bp_len{16 * 1024};
   int64_t bp_n = 32;
   bool bp_header = false;
   uint64_t bp_seed = 1234;
   auto* bpress = bench->add_subcommand("press", "KV-cache compression: KV bytes before/after, compression time, "
                                        "decode tokens/s after it (one --kv-press per run)");
   bp_co.add(bpress);
-  bpress->add_option("-L,--length", bp_len, "context lengths, comma-separated, e.g. 16K,64K")->capture_default_str();
+  bpress->add_option("-L,--length", bp_len, "context lengths in tokens, comma-separated, e.g. 16K,64K (K = 1024)")
+      ->delimiter(',')->transform(token_length_value())
+      ->check(CLI::Range(int64_t{2}, int64_t{INT64_MAX}).description(""))->capture_default_str();
   bpress->add_option("-n,--n-gen", bp_n, "tokens decoded after compression")->capture_default_str();
   bpress->add_flag("--header", bp_header, "print the table header first");
   bpress->add_option("--seed", bp_seed, "seed of the random prompt")->capture_default_str();

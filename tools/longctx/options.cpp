@@ -8,6 +8,7 @@
 #include "kv/kv_cache.h"
 #include "kv/press.h"
 #include "rope/rope_scaling.h"
+#include "tasks/text.h"
 
 namespace {
 
@@ -22,6 +23,32 @@ std::string names_of(const List& methods) {
 }
 
 }  // namespace
+
+CLI::Validator byte_size_value() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        if (in.empty()) {  // --kv-budget "": no cap, as when the flag held the text
+          in = "0";
+          return {};
+        }
+        auto v = lc::parse_byte_size(in);
+        if (!v) return v.error().message;
+        in = std::to_string(*v);
+        return {};
+      },
+      "SIZE", "byte size");
+}
+
+CLI::Validator token_length_value() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        const int64_t n = lc::tasks::parse_length(in);
+        if (n < 0) return "'" + in + "' is not a length (a number of tokens, or like 4K, 128K, 1M; K = 1024)";
+        in = std::to_string(n);
+        return {};
+      },
+      "LENGTH", "token length");
+}
 
 std::string rope_flag_help() {
   std::string names;
@@ -44,7 +71,9 @@ void CacheOpts::add(CLI::App* app) {
   app->add_option("--kv-block", kv_block, "tokens per KV-cache block")->capture_default_str();
   app->add_option("--kv-type-k", kv_type_k, "key storage type: f32, f16, bf16, q8_0")->capture_default_str();
   app->add_option("--kv-type-v", kv_type_v, "value storage type: f32, f16, bf16, q8_0")->capture_default_str();
-  app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM, e.g. 512M, 2G (default: none)");
+  app->add_option("--kv-budget", kv_budget, "cap on KV-cache RAM in bytes, e.g. 512M, 2G; K/M/G/T are powers of "
+                  "1024 (default: none)")
+      ->transform(byte_size_value());
   app->add_option("--kv-spill", kv_spill, "directory for a spill file that takes cold KV blocks past the budget");
 }
 
@@ -52,10 +81,7 @@ lc::Status CacheOpts::apply(lc::ContextParams& p) const {
   p.kv_block = kv_block;
   LC_ASSIGN_OR_RETURN(p.kv_type_k, lc::parse_kv_type(kv_type_k));
   LC_ASSIGN_OR_RETURN(p.kv_type_v, lc::parse_kv_type(kv_type_v));
-  p.kv_budget = 0;
-  if (!kv_budget.empty()) {
-    LC_ASSIGN_OR_RETURN(p.kv_budget, lc::parse_byte_size(kv_budget));
-  }
+  p.kv_budget = kv_budget;
   p.kv_spill = kv_spill;
   return lc::Status::ok();
 }

@@ -16,7 +16,8 @@
 // runs a model, bench run included).
 struct CacheOpts {
   int64_t kv_block = 64;
-  std::string kv_type_k = "f32", kv_type_v = "f32", kv_budget, kv_spill;
+  std::string kv_type_k = "f32", kv_type_v = "f32", kv_spill;
+  int64_t kv_budget = 0;  // bytes; 0: no cap
   void add(CLI::App* app);
   lc::Status apply(lc::ContextParams& p) const;
 };
@@ -42,6 +43,23 @@ struct SamplingOpts {
   void add(CLI::App* app);
   lc::Expected<lc::SamplerParams> params() const;
 };
+
+// CLI11 transformers for values written with a unit suffix: each runs the project's own parser
+// inside CLI11 and hands the option the number, so a bad value is a parse error naming the
+// flag. Used as opt->transform(byte_size_value()), then ->check(CLI::Range(...)) if needed.
+//
+// Why not CLI::AsSizeValue(false) / CLI::AsNumberWithUnit: their units would do (K, M, G, T in
+// any case as powers of 1024), but in CLI11 2.1.2 they read the number as an integer with
+// strtoull/strtoll in base 0: "010" gives 8 (octal) and "08" is refused, "0x10" gives 16, "-1"
+// is taken, and "1.5G" is refused. The project's parsers read "010" as 10, refuse signs and
+// hex, and parse_byte_size reads a decimal fraction ("1.5GiB"), so they stay, run by CLI11.
+//
+// A byte size: 4096, 64K, 512M, 2G, 1.5GiB; K/M/G/T are powers of 1024 (lc::parse_byte_size).
+// An empty value is 0 (--kv-budget "": no cap).
+CLI::Validator byte_size_value();
+// A length in tokens: 4096, 4K, 128k, 1M; K = 1024, M = 1024^2 (lc::tasks::parse_length).
+// With ->delimiter(',') each item of a list is read so.
+CLI::Validator token_length_value();
 
 // The help line of a method flag, listing the registry's names.
 std::string rope_flag_help();
