@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-      libcpp-httplib-dev libopenblas-dev libicu-dev libcairo2-dev fonts-dejavu-core)
+      libcpp-httplib-dev libfmt-dev libopenblas-dev libicu-dev libcairo2-dev fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,7 @@
 #include "bench/method.h"
 
+#include <fmt/format.h>
+
 
 namespace lc::bench {
 
@@ -35,8 +37,8 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     if (part.empty()) continue;
     const size_t eq = part.find('=');
     if (eq == std::string_view::npos)
-      return make_error(strprintf("method '%.*s': expected key=value parts (rope=, attn=, press=, qttt=, name=) separated by ';'",
-                                  static_cast<int>(text.size()), text.data()));
+      return make_error(fmt::format("method '{}': expected key=value parts (rope=, attn=, press=, qttt=, name=) separated by ';'",
+                                    text));
     const std::string key(part.substr(0, eq));
     const std::string val(part.substr(eq + 1));
     if (key == "rope") m.rope = val;
@@ -45,8 +47,8 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     else if (key == "qttt") m.qttt = val;
     else if (key == "name") m.name = val;
     else
-      return make_error(strprintf("method '%.*s': unknown key '%s' (rope, attn, press, qttt, name)",
-                                  static_cast<int>(text.size()), text.data(), key.c_str()));
+      return make_error(fmt::format("method '{}': unknown key '{}' (rope, attn, press, qttt, name)",
+                                    text, key));
   }
   return m;
 }
@@ -60,10 +62,10 @@ Expected<std::unique_ptr<Session>> make_session_for(const Model& model, const Me
   sp.ctx.attn = m.attn;  // empty: the model's default attention
   sp.ctx.kv_press = default_press(m.press) ? "" : m.press;
   auto qp = qttt_params(m);
-  if (!qp) return make_error(qp.error().code, strprintf("method %s: %s", m.label().c_str(), qp.error().message.c_str()));
+  if (!qp) return make_error(qp.error().code, fmt::format("method {}: {}", m.label(), qp.error().message));
   sp.qttt = *qp;
   auto s = Session::create(model, sp);
-  if (!s) return make_error(s.error().code, strprintf("method %s: %s", m.label().c_str(), s.error().message.c_str()));
+  if (!s) return make_error(s.error().code, fmt::format("method {}: {}", m.label(), s.error().message));
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "bench/ppl.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -17,8 +19,8 @@ Expected<PplCurve> perplexity_by_position(Context& ctx, const std::vector<int32_
   if (bucket < 1) return make_error("perplexity by position: the bucket size must be at least 1");
   if (n < 2) return make_error("perplexity by position: the text has fewer than 2 tokens");
   if (n > ctx.n_ctx())
-    return make_error(strprintf("perplexity by position: %lld tokens exceed the context of %lld", (long long)n,
-                                (long long)ctx.n_ctx()));
+    return make_error(fmt::format("perplexity by position: {} tokens exceed the context of {}", n,
+                                  ctx.n_ctx()));
   const int32_t n_vocab = ctx.model().tokenizer().n_vocab();
   PplCurve c;
   c.n_tokens = n;
@@ -65,13 +67,13 @@ Expected<PplCurve> perplexity_by_position(Context& ctx, const std::vector<int32_
 
 Status write_ppl_csv(const std::vector<PplCurve>& curves, const std::string& path) {
   std::ofstream f(path);
-  if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+  if (!f) return make_error(fmt::format("{}: cannot write", path));
   f << "model,method,begin,end,n,nll,ppl\n";
   for (const auto& c : curves)
     for (const auto& b : c.buckets)
       f << c.model << ',' << '"' << c.method << '"' << ',' << b.begin << ',' << b.end << ',' << b.n << ',' << b.nll
         << ',' << b.ppl << '\n';
-  if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+  if (!f) return make_error(fmt::format("{}: write error", path));
   return Status::ok();
 }
 

@@ -1,5 +1,7 @@
 #include "bench/run.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -41,9 +43,9 @@ Expected<std::vector<std::string>> json_strings(const json& v, const char* what)
     out.push_back(v.get<std::string>());
     return out;
   }
-  if (!v.is_array()) return make_error(strprintf("config: \"%s\" must be a string or a list of strings", what));
+  if (!v.is_array()) return make_error(fmt::format("config: \"{}\" must be a string or a list of strings", what));
   for (const auto& e : v) {
-    if (!e.is_string()) return make_error(strprintf("config: \"%s\" must hold strings", what));
+    if (!e.is_string()) return make_error(fmt::format("config: \"{}\" must hold strings", what));
     out.push_back(e.get<std::string>());
   }
   return out;
@@ -58,7 +60,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
                                               "chat_template", "batch", "threads", "out", "draft", "kv_block",
                                               "kv_type_k", "kv_type_v", "kv_budget", "kv_spill"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!known.count(it.key())) return make_error(strprintf("config: unknown field \"%s\"", it.key().c_str()));
+    if (!known.count(it.key())) return make_error(fmt::format("config: unknown field \"{}\"", it.key()));
   try {
     if (j.contains("models")) {
       LC_ASSIGN_OR_RETURN(auto m, json_strings(j["models"], "models"));
@@ -82,7 +84,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
             else if (k == "press") s.press = v;
             else if (k == "qttt") s.qttt = v;
             else if (k == "name") s.name = v;
-            else return make_error(strprintf("config: unknown method field \"%s\" (rope, attn, press, qttt, name)", k.c_str()));
+            else return make_error(fmt::format("config: unknown method field \"{}\" (rope, attn, press, qttt, name)", k));
           }
         } else {
           return make_error("config: a method is an object {rope, attn, press, qttt, name} or a string");
@@ -132,19 +134,19 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
     }
     if (j.contains("kv_spill")) cfg.kv_spill = j["kv_spill"].get<std::string>();
   } catch (const json::exception& e) {
-    return make_error(strprintf("config: %s", e.what()));
+    return make_error(fmt::format("config: {}", e.what()));
   }
   return Status::ok();
 }
 
 Status load_config_file(const std::string& path, RunConfig& cfg) {
   std::ifstream in(path);
-  if (!in) return make_error(strprintf("%s: cannot open the config file", path.c_str()));
+  if (!in) return make_error(fmt::format("{}: cannot open the config file", path));
   json j;
   try {
     in >> j;
   } catch (const json::exception& e) {
-    return make_error(strprintf("%s: not valid JSON (%s)", path.c_str(), e.what()));
+    return make_error(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
   Status st = apply_config_json(j, cfg);
   if (!st) return make_error(path + ": " + st.message());
@@ -231,7 +233,7 @@ Expected<SampleRecord> SampleRecord::from_json(const json& j) {
     r.qttt_loss_before = j.value("qttt_loss_before", 0.0);
     r.qttt_loss_after = j.value("qttt_loss_after", 0.0);
   } catch (const json::exception& e) {
-    return make_error(strprintf("bad result record: %s", e.what()));
+    return make_error(fmt::format("bad result record: {}", e.what()));
   }
   return r;
 }
@@ -242,7 +244,7 @@ Expected<std::vector<SampleRecord>> read_results(const std::string& path, int64_
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;
   std::ifstream in(path);
-  if (!in) return make_error(strprintf("%s: cannot open the results file", path.c_str()));
+  if (!in) return make_error(fmt::format("{}: cannot open the results file", path));
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
@@ -352,25 +354,24 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
   {
     const std::string path = out_dir + "/summary.csv";
     std::ofstream f(path);
-    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: cannot write", path));
     f << "model,method,rope,attn,press,query,task,length,n,score,prefill_tps,decode_tps,peak_rss_mib,kv_mib\n";
-    char buf[256];
     for (const auto& c : s.cells) {
-      std::snprintf(buf, sizeof buf, ",%lld,%lld,%.2f,%.1f,%.2f,%.1f,%.2f\n", (long long)c.length, (long long)c.n,
-                    c.score, c.prefill_tps, c.decode_tps, mib(c.peak_rss), mib(c.kv_bytes));
       f << csv(c.model) << ',' << csv(c.method) << ',' << csv(c.rope) << ',' << csv(c.attn) << ',' << csv(c.press)
-        << ',' << csv(c.query) << ',' << csv(c.task) << buf;
+        << ',' << csv(c.query) << ',' << csv(c.task)
+        << fmt::format(",{},{},{:.2f},{:.1f},{:.2f},{:.1f},{:.2f}\n", c.length, c.n, c.score, c.prefill_tps,
+                       c.decode_tps, mib(c.peak_rss), mib(c.kv_bytes));
     }
-    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: write error", path));
   }
   {
     const std::string path = out_dir + "/effective_length.csv";
     std::ofstream f(path);
-    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: cannot write", path));
     f << "model,method,task,threshold,effective_length\n";
     for (const auto& e : s.effective)
       f << csv(e.model) << ',' << csv(e.method) << ',' << csv(e.task) << ',' << s.threshold << ',' << e.length << '\n';
-    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: write error", path));
   }
   {
     json j;
@@ -386,9 +387,9 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
       j["effective_length"].push_back({{"model", e.model}, {"method", e.method}, {"task", e.task}, {"length", e.length}});
     const std::string path = out_dir + "/summary.json";
     std::ofstream f(path);
-    if (!f) return make_error(strprintf("%s: cannot write", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: cannot write", path));
     f << j.dump(2) << '\n';
-    if (!f) return make_error(strprintf("%s: write error", path.c_str()));
+    if (!f) return make_error(fmt::format("{}: write error", path));
   }
   return Status::ok();
 }
@@ -411,13 +412,13 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
     avg[l].push_back(&c);
   }
   report::Chart acc;
-  acc.title = strprintf("Accuracy against length (average of %zu task%s)", tasks.size(), tasks.size() == 1 ? "" : "s");
+  acc.title = fmt::format("Accuracy against length (average of {} task{})", tasks.size(), tasks.size() == 1 ? "" : "s");
   acc.x_label = "length (tokens)";
   acc.y_label = "score";
   acc.log2_x = true;
   acc.y_min = 0, acc.y_max = 100;
   acc.hline = s.threshold;
-  acc.hline_label = strprintf("threshold %.1f", s.threshold);
+  acc.hline_label = fmt::format("threshold {:.1f}", s.threshold);
   report::Chart mem;
   mem.title = "Memory against length";
   mem.x_label = "length (tokens)";
@@ -492,20 +493,20 @@ struct Cell {
 
 Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
   RunConfig cfg = cfg_in;
-  auto note = cfg.note ? cfg.note : [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+  auto note = cfg.note ? cfg.note : [](const std::string& m) { fmt::print(stderr, "{}\n", m); };
   if (cfg.models.empty()) return make_error("bench run: no model given");
   if (cfg.lengths.empty()) return make_error("bench run: no length given");
   if (cfg.samples < 1) return make_error("bench run: --samples must be at least 1");
   for (int64_t l : cfg.lengths)
-    if (l < 16 || l > (int64_t{1} << 30)) return make_error(strprintf("bench run: length %lld is out of range", (long long)l));
+    if (l < 16 || l > (int64_t{1} << 30)) return make_error(fmt::format("bench run: length {} is out of range", l));
   for (int d : cfg.depths)
-    if (d < 0 || d > 100) return make_error(strprintf("bench run: depth %d is not a percentage in [0, 100]", d));
+    if (d < 0 || d > 100) return make_error(fmt::format("bench run: depth {} is not a percentage in [0, 100]", d));
   if (cfg.methods.empty()) cfg.methods.push_back(MethodSetting{});
   {
     std::set<std::string> labels;
     for (const auto& m : cfg.methods)
       if (!labels.insert(m.label()).second)
-        return make_error(strprintf("bench run: two method settings are both called '%s'", m.label().c_str()));
+        return make_error(fmt::format("bench run: two method settings are both called '{}'", m.label()));
   }
   LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, tasks::expand_task_names(cfg.tasks));
   std::sort(cfg.lengths.begin(), cfg.lengths.end());
@@ -513,15 +514,15 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
 
   std::error_code ec;
   fs::create_directories(cfg.out_dir, ec);
-  if (ec) return make_error(strprintf("%s: cannot create the output folder (%s)", cfg.out_dir.c_str(), ec.message().c_str()));
+  if (ec) return make_error(fmt::format("{}: cannot create the output folder ({})", cfg.out_dir, ec.message()));
   const std::string results_path = cfg.out_dir + "/results.jsonl";
   int64_t bad = 0;
   LC_ASSIGN_OR_RETURN(std::vector<SampleRecord> previous, read_results(results_path, &bad));
-  if (bad > 0) note(strprintf("bench run: %lld unreadable line(s) in %s ignored", (long long)bad, results_path.c_str()));
+  if (bad > 0) note(fmt::format("bench run: {} unreadable line(s) in {} ignored", bad, results_path));
   std::map<std::string, std::string> done;  // key -> input hash
   for (const auto& r : previous) done[r.key()] = r.input_hash;
   std::ofstream out(results_path, std::ios::app);
-  if (!out) return make_error(strprintf("%s: cannot open for appending", results_path.c_str()));
+  if (!out) return make_error(fmt::format("{}: cannot open for appending", results_path));
 
   // The cells of one (model, method): lengths ascending, so the cache only grows.
   std::vector<Cell> cells;
@@ -615,7 +616,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         // An empty attention is the model's default (dense, or fixed); record which ran.
         rec.rope = method.rope, rec.attn = method.attn.empty() ? ctx->attention().spec() : method.attn;
         if ((rec.rope.empty() || rec.rope == "gguf") && ctx->rope_plan().logn())  // the model's own logn
-          rec.rope = strprintf("gguf+logn:orig=%lld", (long long)ctx->rope_plan().logn_l0());
+          rec.rope = fmt::format("gguf+logn:orig={}", ctx->rope_plan().logn_l0());
         rec.press = method.press;
         rec.qttt = qttt.enabled() ? qttt.spec() : "";
         rec.query = query_mode;
@@ -650,9 +651,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         go.qttt_seed = sample->seed;
         auto st = session->run(Prompt{sample->tokens, sample->n_context_tokens}, sampler, go, {});
         if (!st)
-          return make_error(st.error().code, strprintf("bench run: method %s, task %s at length %lld: %s", mlabel.c_str(),
-                                                       cell.task.c_str(), (long long)cell.length,
-                                                       st.error().message.c_str()));
+          return make_error(st.error().code, fmt::format("bench run: method {}, task {} at length {}: {}", mlabel,
+                                                         cell.task, cell.length,
+                                                         st.error().message));
         if (st->qttt_ran) {
           rec.t_qttt = st->qttt.seconds;
           rec.qttt_loss_before = st->qttt.loss_before;
@@ -672,7 +673,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         rec.kv_alloc_bytes = static_cast<int64_t>(mem.resident_bytes + mem.metadata_bytes);
         out << rec.to_json().dump() << '\n';
         out.flush();
-        if (!out) return make_error(strprintf("%s: write error", results_path.c_str()));
+        if (!out) return make_error(fmt::format("{}: write error", results_path));
         done[key] = rec.input_hash;
         ++rep.run;
         if (prog) prog->update(++n_done);

@@ -1,5 +1,7 @@
 #include "core/mmap_file.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -38,16 +40,16 @@ void MappedFile::reset() {
 
 Expected<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(strprintf("%s: cannot open: %s", path.c_str(), std::strerror(errno)));
+  if (fd < 0) return make_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
-    return make_error(strprintf("%s: cannot stat: %s", path.c_str(), std::strerror(e)));
+    return make_error(fmt::format("{}: cannot stat: {}", path, std::strerror(e)));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return make_error(strprintf("%s: not a regular file", path.c_str()));
+    return make_error(fmt::format("{}: not a regular file", path));
   }
   MappedFile f;
   f.path_ = path;
@@ -57,7 +59,7 @@ Expected<MappedFile> MappedFile::open(const std::string& path) {
     if (p == MAP_FAILED) {
       int e = errno;
       ::close(fd);
-      return make_error(strprintf("%s: cannot mmap: %s", path.c_str(), std::strerror(e)));
+      return make_error(fmt::format("{}: cannot mmap: {}", path, std::strerror(e)));
     }
     f.data_ = static_cast<const uint8_t*>(p);
   }

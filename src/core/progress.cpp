@@ -1,5 +1,7 @@
 #include "core/progress.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "core/sys.h"
@@ -20,16 +22,16 @@ void Progress::update(int64_t done) {
   const double el = t - t0_;
   const double rate = el > 0 ? static_cast<double>(done) / el : 0.0;
   const double left = rate > 0 ? static_cast<double>(total_ - done) / rate : 0.0;
-  std::fprintf(stderr, "\r%s: %lld/%lld %s  %.1f %s/s  %.0fs left   ", label_.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total_), unit_.c_str(), rate,
-               unit_.c_str(), left);
+  fmt::print(stderr, "\r{}: {}/{} {}  {:.1f} {}/s  {:.0f}s left   ", label_,
+             done, total_, unit_, rate,
+             unit_, left);
   std::fflush(stderr);
 }
 
 void Progress::finish() {
   if (!enabled_ || finished_) return;
   finished_ = true;
-  std::fprintf(stderr, "\r\033[K");
+  fmt::print(stderr, "\r\033[K");
   std::fflush(stderr);
 }
 

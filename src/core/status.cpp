@@ -1,5 +1,7 @@
 #include "core/status.h"
 
+#include <fmt/format.h>
+
 #include <cstdarg>
 
 namespace lc {
@@ -36,7 +38,7 @@ const char* error_code_name(ErrorCode c) {
 }
 
 void check_failed(const char* file, int line, const char* expr) {
-  std::fprintf(stderr, "longctx: internal check failed at %s:%d: %s\n", file, line, expr);
+  fmt::print(stderr, "longctx: internal check failed at {}:{}: {}\n", file, line, expr);
   std::abort();
 }
 

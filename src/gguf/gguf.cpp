@@ -1,5 +1,7 @@
 #include "gguf/gguf.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -66,8 +68,8 @@ class Cursor {
 
   Status need(size_t n, const std::string& what) const {
     if (n > left())
-      return make_error(strprintf("%s: truncated: %s at offset %zu needs %zu bytes, only %zu left",
-                                  name_.c_str(), what.c_str(), pos_, n, left()));
+      return make_error(fmt::format("{}: truncated: {} at offset {} needs {} bytes, only {} left",
+                                    name_, what, pos_, n, left()));
     return Status::ok();
   }
   Status skip(size_t n, const std::string& what) {
@@ -98,10 +100,10 @@ class Cursor {
     std::string s;
     if (try_read_string(s)) return s;
     LC_ASSIGN_OR_RETURN(uint64_t len, read<uint64_t>(what + " length"));
-    return make_error(strprintf(
-        "%s: %s: string length %" PRIu64 " at offset %zu extends past the end of the file "
-        "(%zu bytes left)",
-        name_.c_str(), what.c_str(), len, pos_ - 8, left()));
+    return make_error(fmt::format(
+        "{}: {}: string length {} at offset {} extends past the end of the file "
+        "({} bytes left)",
+        name_, what, len, pos_ - 8, left()));
   }
 
  private:
@@ -128,8 +130,8 @@ Status read_scalar(Cursor& c, ValueType t, Value& v, const std::string& what,
     case ValueType::kBool: {
       LC_ASSIGN_OR_RETURN(uint8_t x, c.read<uint8_t>(what));
       if (x > 1)
-        return make_error(strprintf("%s: %s: invalid bool byte %u (must be 0 or 1)",
-                                    file.c_str(), what.c_str(), x));
+        return make_error(fmt::format("{}: {}: invalid bool byte {} (must be 0 or 1)",
+                                      file, what, x));
       v.scalar = x != 0;
       break;
     }
@@ -163,35 +165,35 @@ Status read_value(Cursor& c, const uint8_t* base, const std::string& file,
                   const std::string& key, uint32_t type_id, Value& v) {
   const std::string what = "value of metadata key '" + key + "'";
   if (!is_known_type(type_id))
-    return make_error(strprintf("%s: metadata key '%s' has unknown value type %u",
-                                file.c_str(), key.c_str(), type_id));
+    return make_error(fmt::format("{}: metadata key '{}' has unknown value type {}",
+                                  file, key, type_id));
   v.type = static_cast<ValueType>(type_id);
   if (v.type != ValueType::kArray) return read_scalar(c, v.type, v, what, file);
 
   LC_ASSIGN_OR_RETURN(uint32_t elem, c.read<uint32_t>("array element type of key '" + key + "'"));
   if (!is_known_type(elem))
-    return make_error(strprintf("%s: metadata key '%s' is an array of unknown value type %u",
-                                file.c_str(), key.c_str(), elem));
+    return make_error(fmt::format("{}: metadata key '{}' is an array of unknown value type {}",
+                                  file, key, elem));
   if (static_cast<ValueType>(elem) == ValueType::kArray)
-    return make_error(strprintf("%s: metadata key '%s' is a nested array (not supported)",
-                                file.c_str(), key.c_str()));
+    return make_error(fmt::format("{}: metadata key '{}' is a nested array (not supported)",
+                                  file, key));
   v.elem_type = static_cast<ValueType>(elem);
   LC_ASSIGN_OR_RETURN(uint64_t count, c.read<uint64_t>("array length of key '" + key + "'"));
   // Each element takes at least `min` bytes, so a count the rest of the file cannot hold is
   // rejected here, before anything is reserved.
   const size_t min = v.elem_type == ValueType::kString ? 8 : fixed_size(elem);
   if (count > c.left() / min)
-    return make_error(strprintf(
-        "%s: metadata key '%s': array of %" PRIu64 " %s elements extends past the end of the "
-        "file (%zu bytes left)",
-        file.c_str(), key.c_str(), count, value_type_name(v.elem_type), c.left()));
+    return make_error(fmt::format(
+        "{}: metadata key '{}': array of {} {} elements extends past the end of the "
+        "file ({} bytes left)",
+        file, key, count, value_type_name(v.elem_type), c.left()));
   const size_t n = static_cast<size_t>(count);
   if (v.elem_type == ValueType::kString) {
     v.strings.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       std::string& s = v.strings.emplace_back();
       if (!c.try_read_string(s))  // build the message only on failure
-        return c.read_string(strprintf("element %zu of key '%s'", i, key.c_str())).error();
+        return c.read_string(fmt::format("element {} of key '{}'", i, key)).error();
     }
     return Status::ok();
   }
@@ -200,8 +202,8 @@ Status read_value(Cursor& c, const uint8_t* base, const std::string& file,
   if (v.elem_type == ValueType::kBool) {
     for (size_t i = 0; i < n; ++i)
       if (p[i] > 1)
-        return make_error(strprintf("%s: metadata key '%s': element %zu is an invalid bool byte %u",
-                                    file.c_str(), key.c_str(), i, p[i]));
+        return make_error(fmt::format("{}: metadata key '{}': element {} is an invalid bool byte {}",
+                                      file, key, i, p[i]));
   }
   const bool ints = is_int_type(v.elem_type) || v.elem_type == ValueType::kBool;
   v.numbers.resize(n);
@@ -300,46 +302,46 @@ struct Parser {
     Cursor c(data, size, name);
     if (size < 4 || std::memcmp(data, "GGUF", 4) != 0) {
       if (size < 4)
-        return make_error(strprintf("%s: not a GGUF file (only %zu bytes)", f, size));
-      return make_error(strprintf("%s: not a GGUF file (magic bytes %02x %02x %02x %02x, "
-                                  "expected 47 47 55 46 \"GGUF\")",
-                                  f, data[0], data[1], data[2], data[3]));
+        return make_error(fmt::format("{}: not a GGUF file (only {} bytes)", f, size));
+      return make_error(fmt::format("{}: not a GGUF file (magic bytes {:02x} {:02x} {:02x} {:02x}, "
+                                    "expected 47 47 55 46 \"GGUF\")",
+                                    f, data[0], data[1], data[2], data[3]));
     }
     LC_TRY(c.skip(4, "magic"));
     LC_ASSIGN_OR_RETURN(version, c.read<uint32_t>("version"));
     if (version == 1)
-      return make_error(strprintf("%s: GGUF version 1 is not supported (only versions 2 and 3; "
-                                  "re-convert the model with a current llama.cpp)", f));
+      return make_error(fmt::format("{}: GGUF version 1 is not supported (only versions 2 and 3; "
+                                    "re-convert the model with a current llama.cpp)", f));
     if (version != 2 && version != 3) {
       // A big-endian GGUF stores the version byte-swapped.
       const bool swapped = version == 0x02000000u || version == 0x03000000u;
-      return make_error(strprintf("%s: unsupported GGUF version %u (expected 2 or 3)%s", f,
-                                  version, swapped ? "; this looks like a big-endian file" : ""));
+      return make_error(fmt::format("{}: unsupported GGUF version {} (expected 2 or 3){}", f,
+                                    version, swapped ? "; this looks like a big-endian file" : ""));
     }
     LC_ASSIGN_OR_RETURN(uint64_t n_tensors, c.read<uint64_t>("tensor count"));
     LC_ASSIGN_OR_RETURN(uint64_t n_kv, c.read<uint64_t>("metadata count"));
     // Bound both counts by the bytes left before reserving anything.
     if (n_kv > c.left() / kMinKvBytes)
-      return make_error(strprintf("%s: metadata count %" PRIu64 " is impossible: the %zu bytes "
-                                  "left in the file hold at most %zu entries (truncated or "
-                                  "corrupt file)",
-                                  f, n_kv, c.left(), c.left() / kMinKvBytes));
+      return make_error(fmt::format("{}: metadata count {} is impossible: the {} bytes "
+                                    "left in the file hold at most {} entries (truncated or "
+                                    "corrupt file)",
+                                    f, n_kv, c.left(), c.left() / kMinKvBytes));
     // n_kv * kMinKvBytes <= left here, so the sum cannot overflow once n_tensors is bounded.
     if (n_tensors > c.left() / kMinTensorInfoBytes ||
         n_kv * kMinKvBytes + n_tensors * kMinTensorInfoBytes > c.left())
-      return make_error(strprintf("%s: tensor count %" PRIu64 " is impossible: the %zu bytes "
-                                  "left in the file cannot hold that many tensor infos and %"
-                                  PRIu64 " metadata entries (truncated or corrupt file)",
-                                  f, n_tensors, c.left(), n_kv));
+      return make_error(fmt::format("{}: tensor count {} is impossible: the {} bytes "
+                                    "left in the file cannot hold that many tensor infos and {} "
+                                    "metadata entries (truncated or corrupt file)",
+                                    f, n_tensors, c.left(), n_kv));
 
     key_order.reserve(static_cast<size_t>(n_kv));
     for (uint64_t i = 0; i < n_kv; ++i) {
-      LC_ASSIGN_OR_RETURN(std::string key, c.read_string(strprintf("key of metadata entry %" PRIu64, i)));
+      LC_ASSIGN_OR_RETURN(std::string key, c.read_string(fmt::format("key of metadata entry {}", i)));
       LC_ASSIGN_OR_RETURN(uint32_t type, c.read<uint32_t>("value type of metadata key '" + key + "'"));
       Value v;
       LC_TRY(read_value(c, data, name, key, type, v));
       if (kv.count(key))
-        return make_error(strprintf("%s: duplicate metadata key '%s'", f, key.c_str()));
+        return make_error(fmt::format("{}: duplicate metadata key '{}'", f, key));
       key_order.push_back(key);
       kv.emplace(std::move(key), std::move(v));
     }
@@ -347,66 +349,66 @@ struct Parser {
     if (auto it = kv.find("general.alignment"); it != kv.end()) {
       const Value& v = it->second;
       if (!is_int_type(v.type))
-        return make_error(strprintf("%s: metadata key 'general.alignment' is %s, expected an "
-                                    "integer", f, type_phrase(v).c_str()));
+        return make_error(fmt::format("{}: metadata key 'general.alignment' is {}, expected an "
+                                      "integer", f, type_phrase(v)));
       // Signed types are accepted like the getters do; a negative value is simply invalid.
       const auto* u = std::get_if<uint64_t>(&v.scalar);
       const int64_t sv = u ? 0 : std::get<int64_t>(v.scalar);
       const uint64_t a = u ? *u : (sv > 0 ? static_cast<uint64_t>(sv) : 0);
       if (a == 0 || (a & (a - 1)) != 0 || a > (1u << 30))
-        return make_error(strprintf("%s: bad general.alignment %s (must be a non-zero power of "
-                                    "two, at most 2^30)",
-                                    f, u ? std::to_string(*u).c_str() : std::to_string(sv).c_str()));
+        return make_error(fmt::format("{}: bad general.alignment {} (must be a non-zero power of "
+                                      "two, at most 2^30)",
+                                      f, u ? std::to_string(*u) : std::to_string(sv)));
       alignment = static_cast<size_t>(a);
     }
 
     if (n_tensors > c.left() / kMinTensorInfoBytes)
-      return make_error(strprintf("%s: tensor count %" PRIu64 " is impossible: the %zu bytes "
-                                  "left in the file cannot hold that many tensor infos (truncated or corrupt "
-                                  "file)",
-                                  f, n_tensors, c.left()));
+      return make_error(fmt::format("{}: tensor count {} is impossible: the {} bytes "
+                                    "left in the file cannot hold that many tensor infos (truncated or corrupt "
+                                    "file)",
+                                    f, n_tensors, c.left()));
     tensors.reserve(static_cast<size_t>(n_tensors));
     for (uint64_t i = 0; i < n_tensors; ++i) {
       TensorInfo t;
-      LC_ASSIGN_OR_RETURN(t.name, c.read_string(strprintf("name of tensor %" PRIu64, i)));
+      LC_ASSIGN_OR_RETURN(t.name, c.read_string(fmt::format("name of tensor {}", i)));
       const std::string tn = "'" + t.name + "'";
       const char* tc = tn.c_str();
       LC_ASSIGN_OR_RETURN(uint32_t n_dims, c.read<uint32_t>("n_dims of tensor " + tn));
       if (n_dims < 1 || n_dims > kMaxDims)
-        return make_error(strprintf("%s: tensor %s has %u dimensions (must be 1 to %d)", f, tc,
-                                    n_dims, kMaxDims));
+        return make_error(fmt::format("{}: tensor {} has {} dimensions (must be 1 to {})", f, tc,
+                                      n_dims, kMaxDims));
       t.n_dims = static_cast<int>(n_dims);
       int64_t n_elems = 1;
       for (uint32_t d = 0; d < n_dims; ++d) {
         LC_ASSIGN_OR_RETURN(uint64_t ne, c.read<uint64_t>("shape of tensor " + tn));
         if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-          return make_error(strprintf("%s: tensor %s has a negative dimension ne[%u] = %" PRId64,
-                                      f, tc, d, static_cast<int64_t>(ne)));
+          return make_error(fmt::format("{}: tensor {} has a negative dimension ne[{}] = {}",
+                                        f, tc, d, static_cast<int64_t>(ne)));
         t.ne[d] = static_cast<int64_t>(ne);
         if (__builtin_mul_overflow(n_elems, t.ne[d], &n_elems))
-          return make_error(strprintf("%s: tensor %s: element count overflows (shape too large)",
-                                      f, tc));
+          return make_error(fmt::format("{}: tensor {}: element count overflows (shape too large)",
+                                        f, tc));
       }
       LC_ASSIGN_OR_RETURN(uint32_t type, c.read<uint32_t>("type of tensor " + tn));
       const auto tr = dtype_traits(type);
       if (!tr)
-        return make_error(strprintf("%s: tensor %s has unknown or unsupported ggml type %u", f,
-                                    tc, type));
+        return make_error(fmt::format("{}: tensor {} has unknown or unsupported ggml type {}", f,
+                                      tc, type));
       t.type = static_cast<DType>(type);
       if (t.ne[0] % tr->block_size != 0)
-        return make_error(strprintf("%s: tensor %s: row length ne[0] = %" PRId64 " is not a "
-                                    "multiple of the %s block size %" PRId64,
-                                    f, tc, t.ne[0], tr->name, tr->block_size));
+        return make_error(fmt::format("{}: tensor {}: row length ne[0] = {} is not a "
+                                      "multiple of the {} block size {}",
+                                      f, tc, t.ne[0], tr->name, tr->block_size));
       // n_elems fits int64 and ne[0] divides by the block size, so the block count is exact.
       const uint64_t n_blocks = static_cast<uint64_t>(n_elems / tr->block_size);
       uint64_t n_bytes = 0;
       if (__builtin_mul_overflow(n_blocks, static_cast<uint64_t>(tr->block_bytes), &n_bytes) ||
           n_bytes > std::numeric_limits<size_t>::max())
-        return make_error(strprintf("%s: tensor %s: byte size overflows (shape too large)", f, tc));
+        return make_error(fmt::format("{}: tensor {}: byte size overflows (shape too large)", f, tc));
       t.n_bytes = static_cast<size_t>(n_bytes);
       LC_ASSIGN_OR_RETURN(t.offset, c.read<uint64_t>("data offset of tensor " + tn));
       if (tensor_index.count(t.name))
-        return make_error(strprintf("%s: duplicate tensor name %s", f, tc));
+        return make_error(fmt::format("{}: duplicate tensor name {}", f, tc));
       tensor_index.emplace(t.name, tensors.size());
       tensors.push_back(std::move(t));
     }
@@ -420,13 +422,13 @@ struct Parser {
     for (auto& t : tensors) {
       const char* tc = t.name.c_str();
       if (t.offset % alignment != 0)
-        return make_error(strprintf("%s: tensor '%s' data offset %" PRIu64 " is not a multiple "
-                                    "of the alignment %zu", f, tc, t.offset, alignment));
+        return make_error(fmt::format("{}: tensor '{}' data offset {} is not a multiple "
+                                      "of the alignment {}", f, tc, t.offset, alignment));
       if (t.offset > data_size || t.n_bytes > data_size - t.offset)
-        return make_error(strprintf("%s: tensor '%s' data [offset %" PRIu64 ", %zu bytes] "
-                                    "extends past the end of the file (size %zu, data section "
-                                    "at %zu holds %zu bytes)",
-                                    f, tc, t.offset, t.n_bytes, size, data_start, data_size));
+        return make_error(fmt::format("{}: tensor '{}' data [offset {}, {} bytes] "
+                                      "extends past the end of the file (size {}, data section "
+                                      "at {} holds {} bytes)",
+                                      f, tc, t.offset, t.n_bytes, size, data_start, data_size));
       t.data = section + t.offset;
     }
     return Status::ok();
@@ -460,21 +462,21 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
 Expected<const Value*> File::lookup(std::string_view key) const {
   const Value* v = find(key);
   if (!v)
-    return make_error(strprintf("%s: missing metadata key '%.*s'", name_.c_str(),
-                                static_cast<int>(key.size()), key.data()));
+    return make_error(fmt::format("{}: missing metadata key '{}'", name_,
+                                  key));
   return v;
 }
 
 Error File::type_error(std::string_view key, const Value& v, const char* expected) const {
-  return make_error(strprintf("%s: metadata key '%.*s' is %s, expected %s", name_.c_str(),
-                              static_cast<int>(key.size()), key.data(), type_phrase(v).c_str(),
-                              expected));
+  return make_error(fmt::format("{}: metadata key '{}' is {}, expected {}", name_,
+                                key, type_phrase(v),
+                                expected));
 }
 
 Error File::range_error(std::string_view key, const std::string& value, const char* target) const {
-  return make_error(strprintf("%s: metadata key '%.*s' value %s does not fit in %s",
-                              name_.c_str(), static_cast<int>(key.size()), key.data(),
-                              value.c_str(), target));
+  return make_error(fmt::format("{}: metadata key '{}' value {} does not fit in {}",
+                                name_, key,
+                                value, target));
 }
 
 Expected<std::string> File::get_string(std::string_view key) const {
@@ -548,9 +550,9 @@ Expected<std::vector<int32_t>> File::get_i32_array(std::string_view key) const {
     const bool wrapped = v->elem_type == ValueType::kU64 && x < 0;
     if (wrapped || x < std::numeric_limits<int32_t>::min() ||
         x > std::numeric_limits<int32_t>::max())
-      return range_error(key, strprintf("%s at index %zu",
-                                        wrapped ? std::to_string(static_cast<uint64_t>(x)).c_str()
-                                                : std::to_string(x).c_str(), i),
+      return range_error(key, fmt::format("{} at index {}",
+                                          wrapped ? std::to_string(static_cast<uint64_t>(x))
+                                                  : std::to_string(x), i),
                          "i32");
     out[i] = static_cast<int32_t>(x);
   }
@@ -626,7 +628,7 @@ void Writer::put(const std::string& key, std::vector<uint8_t> encoded) {
 void Writer::set_u32(const std::string& key, uint32_t v) {
   if (key == "general.alignment") {
     if (v == 0 || (v & (v - 1)) != 0 || v > (1u << 30)) {
-      fail(strprintf("bad general.alignment %u (must be a non-zero power of two)", v));
+      fail(fmt::format("bad general.alignment {} (must be a non-zero power of two)", v));
       return;
     }
     alignment_ = v;
@@ -707,14 +709,14 @@ void Writer::set_value(const std::string& key, const Value& v) {
         else put_number(e, v.elem_type, v.numbers[i]);
       }
     } else {
-      fail(strprintf("metadata key '%s': cannot write an array of %s", key.c_str(),
-                     value_type_name(v.elem_type)));
+      fail(fmt::format("metadata key '{}': cannot write an array of {}", key,
+                       value_type_name(v.elem_type)));
       return;
     }
   } else if (v.type == ValueType::kString) {
     const auto* s = std::get_if<std::string>(&v.scalar);
     if (!s) {
-      fail(strprintf("metadata key '%s': string value holds no string", key.c_str()));
+      fail(fmt::format("metadata key '{}': string value holds no string", key));
       return;
     }
     put_string(e, *s);
@@ -724,13 +726,13 @@ void Writer::set_value(const std::string& key, const Value& v) {
     else if (const auto* d = std::get_if<double>(&v.scalar)) put_number(e, v.type, *d);
     else if (const auto* b = std::get_if<bool>(&v.scalar)) put_number(e, v.type, uint64_t{*b});
     else {
-      fail(strprintf("metadata key '%s': %s value holds no number", key.c_str(),
-                     value_type_name(v.type)));
+      fail(fmt::format("metadata key '{}': {} value holds no number", key,
+                       value_type_name(v.type)));
       return;
     }
   } else {
-    fail(strprintf("metadata key '%s': unknown value type %u", key.c_str(),
-                   static_cast<uint32_t>(v.type)));
+    fail(fmt::format("metadata key '{}': unknown value type {}", key,
+                     static_cast<uint32_t>(v.type)));
     return;
   }
   if (key == "general.alignment") {
@@ -747,23 +749,23 @@ void Writer::set_value(const std::string& key, const Value& v) {
 void Writer::add_tensor(const std::string& name, DType type, std::vector<int64_t> ne,
                         std::vector<uint8_t> data) {
   const auto tr = dtype_traits(static_cast<uint32_t>(type));
-  if (!tr) return fail(strprintf("tensor '%s': unknown type %u", name.c_str(),
-                                 static_cast<uint32_t>(type)));
+  if (!tr) return fail(fmt::format("tensor '{}': unknown type {}", name,
+                                   static_cast<uint32_t>(type)));
   if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims))
-    return fail(strprintf("tensor '%s': %zu dimensions (must be 1 to 4)", name.c_str(), ne.size()));
+    return fail(fmt::format("tensor '{}': {} dimensions (must be 1 to 4)", name, ne.size()));
   int64_t n = 1;
   for (int64_t d : ne)
     if (d < 0 || __builtin_mul_overflow(n, d, &n))
-      return fail(strprintf("tensor '%s': bad shape", name.c_str()));
+      return fail(fmt::format("tensor '{}': bad shape", name));
   if (ne[0] % tr->block_size != 0)
-    return fail(strprintf("tensor '%s': ne[0] = %" PRId64 " is not a multiple of the %s block "
-                          "size %" PRId64, name.c_str(), ne[0], tr->name, tr->block_size));
+    return fail(fmt::format("tensor '{}': ne[0] = {} is not a multiple of the {} block "
+                            "size {}", name, ne[0], tr->name, tr->block_size));
   const size_t expect = static_cast<size_t>(n / tr->block_size) * tr->block_bytes;
   if (data.size() != expect)
-    return fail(strprintf("tensor '%s': %zu data bytes, the shape needs %zu", name.c_str(),
-                          data.size(), expect));
+    return fail(fmt::format("tensor '{}': {} data bytes, the shape needs {}", name,
+                            data.size(), expect));
   for (const auto& t : tensors_)
-    if (t.name == name) return fail(strprintf("duplicate tensor name '%s'", name.c_str()));
+    if (t.name == name) return fail(fmt::format("duplicate tensor name '{}'", name));
   tensors_.push_back(Tensor{name, type, std::move(ne), std::move(data)});
 }
 
@@ -820,7 +822,7 @@ Status Writer::write(const std::string& path) const {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
-    return make_error(strprintf("%s: cannot create: %s", tmp.c_str(), std::strerror(errno)));
+    return make_error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -829,7 +831,7 @@ Status Writer::write(const std::string& path) const {
       const int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return make_error(strprintf("%s: write failed: %s", tmp.c_str(), std::strerror(e)));
+      return make_error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
     }
     done += static_cast<size_t>(w);
   }
@@ -841,13 +843,13 @@ Status Writer::write(const std::string& path) const {
   }
   if (rc != 0) {
     ::unlink(tmp.c_str());
-    return make_error(strprintf("%s: write failed: %s", tmp.c_str(), std::strerror(e)));
+    return make_error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    return make_error(strprintf("%s: cannot rename %s into place: %s", path.c_str(),
-                                tmp.c_str(), std::strerror(e)));
+    return make_error(fmt::format("{}: cannot rename {} into place: {}", path,
+                                  tmp, std::strerror(e)));
   }
   return Status::ok();
 }

@@ -1,5 +1,7 @@
 #include "report/plot.h"
 
+#include <fmt/format.h>
+
 #include <cairo-svg.h>
 #include <cairo.h>
 
@@ -10,11 +12,9 @@
 namespace lc::report {
 
 std::string length_label(double v) {
-  char buf[32];
-  if (v >= 1048576 && std::fmod(v, 1048576) == 0) std::snprintf(buf, sizeof buf, "%.0fM", v / 1048576);
-  else if (v >= 1024 && std::fmod(v, 1024) == 0) std::snprintf(buf, sizeof buf, "%.0fK", v / 1024);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
+  if (v >= 1048576 && std::fmod(v, 1048576) == 0) return fmt::format("{:.0f}M", v / 1048576);
+  if (v >= 1024 && std::fmod(v, 1024) == 0) return fmt::format("{:.0f}K", v / 1024);
+  return fmt::format("{:.0f}", v);
 }
 
 namespace {
@@ -31,13 +31,11 @@ const Rgb kPalette[] = {{0.00, 0.45, 0.70}, {0.90, 0.62, 0.00}, {0.00, 0.62, 0.4
                         {0.55, 0.34, 0.16}, {0.50, 0.00, 0.50}};
 
 std::string tick_text(double v) {
-  char buf[32];
   const double a = std::fabs(v);
-  if (a >= 1e6 || (a > 0 && a < 1e-3)) std::snprintf(buf, sizeof buf, "%.0e", v);
-  else if (a >= 100 || std::fabs(v - std::round(v)) < 1e-9) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else if (a >= 1) std::snprintf(buf, sizeof buf, "%.1f", v);
-  else std::snprintf(buf, sizeof buf, "%.2f", v);
-  return buf;
+  if (a >= 1e6 || (a > 0 && a < 1e-3)) return fmt::format("{:.0e}", v);
+  if (a >= 100 || std::fabs(v - std::round(v)) < 1e-9) return fmt::format("{:.0f}", v);
+  if (a >= 1) return fmt::format("{:.1f}", v);
+  return fmt::format("{:.2f}", v);
 }
 
 // Ticks of a linear axis: 1, 2, 5 x 10^k steps, about 6 of them.
@@ -275,7 +273,7 @@ Status write_chart(const Chart& c, const std::string& stem) {
     cairo_surface_t* svg = cairo_svg_surface_create(path.c_str(), kW, kH);
     if (cairo_surface_status(svg) != CAIRO_STATUS_SUCCESS) {
       cairo_surface_destroy(svg);
-      return make_error(strprintf("%s: cannot create the SVG file", path.c_str()));
+      return make_error(fmt::format("{}: cannot create the SVG file", path));
     }
     cairo_t* cr = cairo_create(svg);
     draw(cr, c);
@@ -283,7 +281,7 @@ Status write_chart(const Chart& c, const std::string& stem) {
     cairo_surface_finish(svg);
     const cairo_status_t st = cairo_surface_status(svg);
     cairo_surface_destroy(svg);
-    if (st != CAIRO_STATUS_SUCCESS) return make_error(strprintf("%s: %s", path.c_str(), cairo_status_to_string(st)));
+    if (st != CAIRO_STATUS_SUCCESS) return make_error(fmt::format("{}: {}", path, cairo_status_to_string(st)));
   }
   {
     const std::string path = stem + ".png";
@@ -293,7 +291,7 @@ Status write_chart(const Chart& c, const std::string& stem) {
     cairo_destroy(cr);
     const cairo_status_t st = cairo_surface_write_to_png(img, path.c_str());
     cairo_surface_destroy(img);
-    if (st != CAIRO_STATUS_SUCCESS) return make_error(strprintf("%s: cannot write the PNG (%s)", path.c_str(), cairo_status_to_string(st)));
+    if (st != CAIRO_STATUS_SUCCESS) return make_error(fmt::format("{}: cannot write the PNG ({})", path, cairo_status_to_string(st)));
   }
   return Status::ok();
 }

@@ -6,6 +6,8 @@
 //   n >  L0:  b' = b · ((s·n/L0) − (s−1))^(d/(d−2)).
 // The table changes as the sequence grows, so keys cached under an older base drift: the
 // caller either keeps pre-RoPE keys and re-rotates, or accepts the drift (as HF does).
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "rope/rope_method.h"
@@ -40,8 +42,8 @@ class DynamicNtk final : public RopeScaling {
 
 Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeModelInfo& info) {
   if (info.gguf.n_rot <= 2)
-    return make_error(strprintf("rope dynamic-ntk: needs n_rot > 2, model has n_rot=%lld",
-                                static_cast<long long>(info.gguf.n_rot)));
+    return make_error(fmt::format("rope dynamic-ntk: needs n_rot > 2, model has n_rot={}",
+                                  info.gguf.n_rot));
   RopeModelInfo copy;  // only the table layout is kept, not the metadata rope_freqs
   copy.gguf.n_rot = info.gguf.n_rot;
   copy.gguf.neox = info.gguf.neox;

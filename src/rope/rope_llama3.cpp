@@ -7,6 +7,8 @@
 //                   θ'_i = (1 − smooth) · θ_i / s + smooth · θ_i
 // Defaults are Llama 3.1's: s = 8, low = 1, high = 4, L0 = 8192. No attention factor. In GGUF
 // this arrives as the rope_freqs tensor of per-pair divisors θ_i/θ'_i, which `gguf` applies.
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "rope/rope_method.h"
@@ -19,7 +21,7 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
   const double l0 = static_cast<double>(args.integer("orig"));
   const double low = args.real("low"), high = args.real("high");
   if (!(high > low))
-    return make_error(strprintf("rope llama3: high (%g) must be greater than low (%g)", high, low));
+    return make_error(fmt::format("rope llama3: high ({:g}) must be greater than low ({:g})", high, low));
   auto theta = plain_theta(info.gguf.n_rot, args.real("base"));
   const double high_wavelen = l0 / high, low_wavelen = l0 / low;
   for (double& t : theta) {

@@ -9,6 +9,8 @@
 // climbs across the band q = i − low ∈ [0, n], n = high − low. low/high are YaRN's correction
 // range as the authors' code computes it (floor/ceil of the pair index, beta_fast = 32,
 // beta_slow = 1), and the attention factor is YaRN's 0.1 ln s + 1 on cos/sin.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -24,7 +26,7 @@ Expected<std::unique_ptr<RopeScaling>> make_mrrope(const RopeArgs& args,
   const double alpha = args.real("alpha"), beta = args.real("beta");
   if (!(beta > alpha))
     return make_error(
-        strprintf("rope %s: beta (%g) must be greater than alpha (%g)", name, beta, alpha));
+        fmt::format("rope {}: beta ({:g}) must be greater than alpha ({:g})", name, beta, alpha));
   const auto [low, high] = yarn_corr_range(info.gguf.n_rot, args.integer("orig"), base, beta, alpha);
   const double n = high - low;
   auto theta = plain_theta(info.gguf.n_rot, base);

@@ -1,4 +1,6 @@
 // The `--rope` spec parser and the method registry: one line per method in registry().
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -59,7 +61,7 @@ std::string key_list(const RopeMethodDef& def) {
   return s;
 }
 
-std::string format_real(double v) { return strprintf("%.9g", v); }
+std::string format_real(double v) { return fmt::format("{:.9g}", v); }
 
 // Parses and validates one value; on success returns the value and its canonical text.
 Expected<std::pair<double, std::string>> parse_value(const char* method, const KeyDef& k,
@@ -67,32 +69,32 @@ Expected<std::pair<double, std::string>> parse_value(const char* method, const K
   if (k.kind == KeyKind::kChoice) {
     for (std::string_view c : split(k.choices, '|'))
       if (c == text) return std::pair<double, std::string>{0.0, std::string(text)};
-    return make_error(strprintf("rope %s: %s must be one of %s, got '%.*s'", method, k.name,
-                                k.choices, static_cast<int>(text.size()), text.data()));
+    return make_error(fmt::format("rope {}: {} must be one of {}, got '{}'", method, k.name,
+                                  k.choices, text));
   }
   double v = 0;
   const char* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, v);
   if (text.empty() || ec != std::errc() || p != end || !std::isfinite(v))
-    return make_error(strprintf("rope %s: %s must be a number, got '%.*s'", method, k.name,
-                                static_cast<int>(text.size()), text.data()));
+    return make_error(fmt::format("rope {}: {} must be a number, got '{}'", method, k.name,
+                                  text));
   switch (k.kind) {
     case KeyKind::kFactor:
       if (!(v >= 1.0))
-        return make_error(strprintf(
-            "rope %s: %s must be >= 1 (the extension ratio L'/L0), got %s", method, k.name,
-            format_real(v).c_str()));
+        return make_error(fmt::format(
+            "rope {}: {} must be >= 1 (the extension ratio L'/L0), got {}", method, k.name,
+            format_real(v)));
       break;
     case KeyKind::kPositive:
       if (!(v > 0.0))
-        return make_error(strprintf("rope %s: %s must be > 0, got %s", method, k.name,
-                                    format_real(v).c_str()));
+        return make_error(fmt::format("rope {}: {} must be > 0, got {}", method, k.name,
+                                      format_real(v)));
       break;
     case KeyKind::kPositiveInt:
       if (!(v >= 1.0) || v != std::floor(v) || v > 1e15)
-        return make_error(strprintf("rope %s: %s must be a positive integer, got '%.*s'",
-                                    method, k.name, static_cast<int>(text.size()), text.data()));
-      return std::pair<double, std::string>{v, strprintf("%lld", static_cast<long long>(v))};
+        return make_error(fmt::format("rope {}: {} must be a positive integer, got '{}'",
+                                      method, k.name, text));
+      return std::pair<double, std::string>{v, fmt::format("{}", static_cast<int64_t>(v))};
     case KeyKind::kChoice:
       break;
   }
@@ -107,23 +109,23 @@ Expected<RopeArgs> resolve_args(const RopeMethodDef& def, std::string_view param
     for (std::string_view item : split(params, ',')) {
       const size_t eq = item.find('=');
       if (item.empty() || eq == std::string_view::npos)
-        return make_error(strprintf(
-            "rope %s: expected key=value, got '%.*s' (keys: %s)", def.name,
-            static_cast<int>(item.size()), item.data(), key_list(def).c_str()));
+        return make_error(fmt::format(
+            "rope {}: expected key=value, got '{}' (keys: {})", def.name,
+            item, key_list(def)));
       const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
       bool known = false;
       for (const KeyDef& k : def.keys) known = known || key == k.name;
       if (!known) {
         std::string hint;
         if (key == "logn") hint = "; for log-n scaling append '+logn'";
-        return make_error(strprintf("rope %s: unknown key '%.*s' (accepted: %s)%s", def.name,
-                                    static_cast<int>(key.size()), key.data(),
-                                    key_list(def).c_str(), hint.c_str()));
+        return make_error(fmt::format("rope {}: unknown key '{}' (accepted: {}){}", def.name,
+                                      key,
+                                      key_list(def), hint));
       }
       for (const auto& g : given)
         if (g.first == key)
-          return make_error(strprintf("rope %s: key '%.*s' given twice", def.name,
-                                      static_cast<int>(key.size()), key.data()));
+          return make_error(fmt::format("rope {}: key '{}' given twice", def.name,
+                                        key));
       given.emplace_back(key, value);
     }
   }
@@ -139,14 +141,14 @@ Expected<RopeArgs> resolve_args(const RopeMethodDef& def, std::string_view param
     }
     if (!found) {
       if (k.default_value == nullptr)
-        return make_error(strprintf("rope %s: missing required key '%s' (%s), e.g. %s:%s=8",
-                                    def.name, k.name, k.help, def.name, k.name));
+        return make_error(fmt::format("rope {}: missing required key '{}' ({}), e.g. {}:{}=8",
+                                      def.name, k.name, k.help, def.name, k.name));
       if (std::strcmp(k.default_value, rope_detail::kDefaultCtxTrain) == 0) {
         if (info.n_ctx_train <= 0)
-          return make_error(strprintf(
-              "rope %s: %s has no default (the model metadata has no training context); "
-              "give %s=N", def.name, k.name, k.name));
-        text = strprintf("%lld", static_cast<long long>(info.n_ctx_train));
+          return make_error(fmt::format(
+              "rope {}: {} has no default (the model metadata has no training context); "
+              "give {}=N", def.name, k.name, k.name));
+        text = fmt::format("{}", info.n_ctx_train);
       } else if (std::strcmp(k.default_value, rope_detail::kDefaultBase) == 0) {
         text = format_real(info.gguf.base);
       } else {
@@ -161,10 +163,10 @@ Expected<RopeArgs> resolve_args(const RopeMethodDef& def, std::string_view param
 
 Status check_info(const RopeModelInfo& info) {
   if (info.gguf.n_rot <= 0 || info.gguf.n_rot % 2 != 0)
-    return make_error(strprintf("rope: n_rot must be positive and even, got %lld",
-                                static_cast<long long>(info.gguf.n_rot)));
+    return make_error(fmt::format("rope: n_rot must be positive and even, got {}",
+                                  info.gguf.n_rot));
   if (!(info.gguf.base > 0.0f) || !std::isfinite(info.gguf.base))
-    return make_error(strprintf("rope: base must be positive, got %g", info.gguf.base));
+    return make_error(fmt::format("rope: base must be positive, got {:g}", info.gguf.base));
   return Status::ok();
 }
 
@@ -193,9 +195,9 @@ Expected<std::unique_ptr<RopeScaling>> make_component(const Component& c,
         "one: '<method>+logn' (or 'logn' alone for the GGUF rope)");
   const RopeMethodDef* def = find_method(c.name);
   if (def == nullptr)
-    return make_error(strprintf("rope: unknown method '%.*s' (accepted: %s)",
-                                static_cast<int>(c.name.size()), c.name.data(),
-                                method_list().c_str()));
+    return make_error(fmt::format("rope: unknown method '{}' (accepted: {})",
+                                  c.name,
+                                  method_list()));
   LC_ASSIGN_OR_RETURN(RopeArgs args, resolve_args(*def, c.params, c.has_colon, info));
   return def->make(args, info);
 }
@@ -209,7 +211,7 @@ RopePlan::RopePlan(std::unique_ptr<RopeScaling> scaling, int64_t logn_l0)
 
 std::string RopePlan::describe() const {
   std::string s = scaling_->describe();
-  if (logn()) s += strprintf("+logn:orig=%lld", static_cast<long long>(logn_l0_));
+  if (logn()) s += fmt::format("+logn:orig={}", logn_l0_);
   return s;
 }
 
@@ -218,9 +220,9 @@ Expected<std::unique_ptr<RopeScaling>> make_rope_scaling(std::string_view spec,
   LC_TRY(check_info(info));
   spec = trim(spec);
   if (spec.find('+') != std::string_view::npos)
-    return make_error(strprintf(
-        "rope: '%.*s' joins several components with '+'; make_rope_plan parses those",
-        static_cast<int>(spec.size()), spec.data()));
+    return make_error(fmt::format(
+        "rope: '{}' joins several components with '+'; make_rope_plan parses those",
+        spec));
   if (spec.empty()) spec = "gguf";
   return make_component(split_component(spec), info);
 }
@@ -233,9 +235,9 @@ Expected<RopePlan> make_rope_plan(std::string_view spec, const RopeModelInfo& in
   if (!spec.empty()) {
     for (std::string_view part : split(spec, '+')) {
       if (part.empty())
-        return make_error(strprintf("rope: empty component in '%.*s' (components are joined "
-                                    "by '+', e.g. yarn:factor=8+logn)",
-                                    static_cast<int>(spec.size()), spec.data()));
+        return make_error(fmt::format("rope: empty component in '{}' (components are joined "
+                                      "by '+', e.g. yarn:factor=8+logn)",
+                                      spec));
       const Component c = split_component(part);
       if (c.name == "logn") {
         if (logn_l0 != 0) return make_error("rope: logn given twice");
@@ -243,14 +245,14 @@ Expected<RopePlan> make_rope_plan(std::string_view spec, const RopeModelInfo& in
                             resolve_args(rope_detail::method_logn(), c.params, c.has_colon, info));
         logn_l0 = args.integer("orig");
         if (logn_l0 < 2)
-          return make_error(strprintf("rope logn: orig must be >= 2 (ln L0 divides), got %lld",
-                                      static_cast<long long>(logn_l0)));
+          return make_error(fmt::format("rope logn: orig must be >= 2 (ln L0 divides), got {}",
+                                        logn_l0));
         continue;
       }
       if (scaling)
-        return make_error(strprintf(
-            "rope: two position methods ('%s' and '%.*s'); give one, plus optionally logn",
-            scaling->describe().c_str(), static_cast<int>(c.name.size()), c.name.data()));
+        return make_error(fmt::format(
+            "rope: two position methods ('{}' and '{}'); give one, plus optionally logn",
+            scaling->describe(), c.name));
       LC_ASSIGN_OR_RETURN(scaling, make_component(c, info));
     }
   }
@@ -301,7 +303,7 @@ std::string rope_spec_help() {
   std::vector<const RopeMethodDef*> all = registry();
   all.push_back(&rope_detail::method_logn());
   for (const RopeMethodDef* d : all) {
-    s += strprintf("  %-12s %s\n", d->name, d->summary);
+    s += fmt::format("  {:<12} {}\n", d->name, d->summary);
     for (const KeyDef& k : d->keys) {
       std::string def = k.default_value == nullptr ? "required"
                         : std::strcmp(k.default_value, rope_detail::kDefaultCtxTrain) == 0
@@ -309,7 +311,7 @@ std::string rope_spec_help() {
                         : std::strcmp(k.default_value, rope_detail::kDefaultBase) == 0
                             ? "default: model rope base"
                             : std::string("default ") + k.default_value;
-      s += strprintf("      %-12s %s (%s)\n", k.name, k.help, def.c_str());
+      s += fmt::format("      {:<12} {} ({})\n", k.name, k.help, def);
     }
   }
   return s;

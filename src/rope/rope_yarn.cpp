@@ -16,6 +16,8 @@
 //   paper the formula above, γ linear in r_i (so exponential in i, no rounding of the band).
 // Both agree outside the band; inside it they differ (the band is also up to one pair wider
 // with `code` because of floor/ceil).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -30,7 +32,7 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
   const int64_t l0 = args.integer("orig");
   const double alpha = args.real("alpha"), beta = args.real("beta");
   if (!(beta > alpha))
-    return make_error(strprintf("rope yarn: beta (%g) must be greater than alpha (%g)", beta, alpha));
+    return make_error(fmt::format("rope yarn: beta ({:g}) must be greater than alpha ({:g})", beta, alpha));
   auto theta = plain_theta(info.gguf.n_rot, base);
   if (args.text("ramp") == "code") {
     const auto [low, high] = yarn_corr_range(info.gguf.n_rot, l0, base, beta, alpha);

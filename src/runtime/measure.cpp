@@ -1,5 +1,7 @@
 #include "runtime/measure.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -14,14 +16,14 @@ Expected<PerplexityResult> perplexity(Context& ctx, const std::vector<int32_t>& 
   const Tokenizer& tok = ctx.model().tokenizer();
   if (n_ctx < 4) return make_error("perplexity: context must be at least 4 tokens");
   if (n_ctx > ctx.n_ctx()) {
-    return make_error(strprintf("perplexity: chunk size %lld exceeds the context size %lld",
-                                (long long)n_ctx, (long long)ctx.n_ctx()));
+    return make_error(fmt::format("perplexity: chunk size {} exceeds the context size {}",
+                                  n_ctx, ctx.n_ctx()));
   }
   const int64_t n_tok = static_cast<int64_t>(tokens.size());
   if (n_tok < 2 * n_ctx) {
-    return make_error(strprintf("perplexity: the text has %lld tokens, need at least 2 * %lld = %lld "
-                                "(use a longer text or a smaller -c)",
-                                (long long)n_tok, (long long)n_ctx, (long long)(2 * n_ctx)));
+    return make_error(fmt::format("perplexity: the text has {} tokens, need at least 2 * {} = {} "
+                                  "(use a longer text or a smaller -c)",
+                                  n_tok, n_ctx, 2 * n_ctx));
   }
   PerplexityResult r;
   r.n_chunks = n_tok / n_ctx;
@@ -84,8 +86,8 @@ Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uin
   if (!intact) ctx.clear();
   if (depth <= 0) return Status::ok();
   if (depth > ctx.n_ctx())
-    return make_error(strprintf("bench: depth %lld exceeds the context size %lld (raise --ctx-size)",
-                                (long long)depth, (long long)ctx.n_ctx()));
+    return make_error(fmt::format("bench: depth {} exceeds the context size {} (raise --ctx-size)",
+                                  depth, ctx.n_ctx()));
   const uint64_t n_vocab = static_cast<uint64_t>(ctx.model().tokenizer().n_vocab());
   // Token i depends on (seed, i) only, so extending a fill gives the tokens a fill to the
   // full depth would have had.
@@ -119,11 +121,11 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
   st.n_prompt = n_prompt;
   st.n_gen = n_gen;
   st.depth = depth;
-  st.name = n_prompt > 0 ? strprintf("pp%lld", (long long)n_prompt) : strprintf("tg%lld", (long long)n_gen);
-  if (depth > 0) st.name += strprintf(" @ d%lld", (long long)depth);
+  st.name = n_prompt > 0 ? fmt::format("pp{}", n_prompt) : fmt::format("tg{}", n_gen);
+  if (depth > 0) st.name += fmt::format(" @ d{}", depth);
   if (depth + n_prompt + n_gen > ctx.n_ctx()) {
-    return make_error(strprintf("bench: depth %lld + %lld tokens exceed the context size %lld (raise --ctx-size)",
-                                (long long)depth, (long long)(n_prompt + n_gen), (long long)ctx.n_ctx()));
+    return make_error(fmt::format("bench: depth {} + {} tokens exceed the context size {} (raise --ctx-size)",
+                                  depth, n_prompt + n_gen, ctx.n_ctx()));
   }
   const int32_t n_vocab = ctx.model().tokenizer().n_vocab();
   std::mt19937_64 rng(seed);

@@ -10,6 +10,8 @@
 // dq = scale * dS K.
 #include "runtime/qttt.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -29,7 +31,7 @@ namespace lc {
 // ---------------------------------------------------------------- spec
 
 std::string QtttParams::spec() const {
-  return strprintf("steps=%lld,lr=%g,span=%lld", (long long)steps, lr, (long long)span);
+  return fmt::format("steps={},lr={:g},span={}", steps, lr, span);
 }
 
 Expected<QtttParams> parse_qttt(std::string_view text) {
@@ -47,38 +49,38 @@ Expected<QtttParams> parse_qttt(std::string_view text) {
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     const size_t eq = item.find('=');
     if (item.empty() || eq == std::string_view::npos || eq == 0)
-      return make_error(strprintf("--qttt '%s': '%.*s' is not key=value (expected steps=N,lr=X,span=S)", all.c_str(),
-                                  (int)item.size(), item.data()));
+      return make_error(fmt::format("--qttt '{}': '{}' is not key=value (expected steps=N,lr=X,span=S)", all,
+                                    item));
     const std::string key(item.substr(0, eq)), val(item.substr(eq + 1));
     char* end = nullptr;
     if (key == "steps" || key == "span") {
       bool& seen = key == "steps" ? seen_steps : seen_span;
-      if (seen) return make_error(strprintf("--qttt '%s': key '%s' given twice", all.c_str(), key.c_str()));
+      if (seen) return make_error(fmt::format("--qttt '{}': key '{}' given twice", all, key));
       seen = true;
       errno = 0;
       const long long v = std::strtoll(val.c_str(), &end, 10);
       if (val.empty() || *end != '\0' || errno != 0)
-        return make_error(strprintf("--qttt '%s': %s expects an integer, got '%s'", all.c_str(), key.c_str(), val.c_str()));
+        return make_error(fmt::format("--qttt '{}': {} expects an integer, got '{}'", all, key, val));
       if (key == "steps") {
         if (v < 0 || v > 1000000)
-          return make_error(strprintf("--qttt '%s': steps=%lld must be in [0, 1000000]", all.c_str(), v));
+          return make_error(fmt::format("--qttt '{}': steps={} must be in [0, 1000000]", all, v));
         p.steps = v;
       } else {
         if (v < 2 || v > (int64_t{1} << 24))
-          return make_error(strprintf("--qttt '%s': span=%lld must be at least 2 (a span of S tokens gives S-1 "
-                                      "next-token predictions)", all.c_str(), v));
+          return make_error(fmt::format("--qttt '{}': span={} must be at least 2 (a span of S tokens gives S-1 "
+                                        "next-token predictions)", all, v));
         p.span = v;
       }
     } else if (key == "lr") {
-      if (seen_lr) return make_error(strprintf("--qttt '%s': key 'lr' given twice", all.c_str()));
+      if (seen_lr) return make_error(fmt::format("--qttt '{}': key 'lr' given twice", all));
       seen_lr = true;
       const double v = std::strtod(val.c_str(), &end);
       if (val.empty() || *end != '\0' || !std::isfinite(v))
-        return make_error(strprintf("--qttt '%s': lr expects a number, got '%s'", all.c_str(), val.c_str()));
-      if (v <= 0) return make_error(strprintf("--qttt '%s': lr=%s must be > 0", all.c_str(), val.c_str()));
+        return make_error(fmt::format("--qttt '{}': lr expects a number, got '{}'", all, val));
+      if (v <= 0) return make_error(fmt::format("--qttt '{}': lr={} must be > 0", all, val));
       p.lr = v;
     } else {
-      return make_error(strprintf("--qttt '%s': unknown key '%s' (accepted: steps, lr, span)", all.c_str(), key.c_str()));
+      return make_error(fmt::format("--qttt '{}': unknown key '{}' (accepted: steps, lr, span)", all, key));
     }
   }
   return p;
@@ -91,18 +93,18 @@ static Expected<int64_t> qttt_fixed_distance(const Context& ctx) {
   const std::string& spec = caps.spec;
   if (caps.exact) return int64_t{0};
   if (caps.fixed_distance > 0 && caps.reads_all_keys) return caps.fixed_distance;
-  return make_error(ErrorCode::kUnsupported, strprintf("--qttt needs --attn dense or fixed (without budget): its gradient is that of exact "
-                              "attention over every cached token, while --attn %s reads (or keeps) a subset, so the "
+  return make_error(ErrorCode::kUnsupported, fmt::format("--qttt needs --attn dense or fixed (without budget): its gradient is that of exact "
+                              "attention over every cached token, while --attn {} reads (or keeps) a subset, so the "
                               "trained queries would answer through a different attention",
-                              spec.c_str()));
+                              spec));
 }
 
 Status check_qttt_context(const Context& ctx) {
   if (ctx.press())
-    return make_error(strprintf("--qttt cannot run with --kv-press %s: the press removes cache entries, and qTTT "
-                                "trains the queries against the whole frozen cache (every token a span token attends "
-                                "to); use one or the other",
-                                ctx.press()->spec().c_str()));
+    return make_error(fmt::format("--qttt cannot run with --kv-press {}: the press removes cache entries, and qTTT "
+                                  "trains the queries against the whole frozen cache (every token a span token attends "
+                                  "to); use one or the other",
+                                  ctx.press()->spec()));
   LC_ASSIGN_OR_RETURN(const int64_t distance, qttt_fixed_distance(ctx));
   (void)distance;
   return Status::ok();
@@ -110,9 +112,9 @@ Status check_qttt_context(const Context& ctx) {
 
 Status check_qttt_span(const QtttParams& p, int64_t n_context) {
   if (p.enabled() && p.span > n_context)
-    return make_error(strprintf("--qttt span=%lld is longer than the context (%lld tokens): use a span of at most "
-                                "%lld",
-                                (long long)p.span, (long long)n_context, (long long)std::max<int64_t>(n_context, 2)));
+    return make_error(fmt::format("--qttt span={} is longer than the context ({} tokens): use a span of at most "
+                                  "{}",
+                                  p.span, n_context, std::max<int64_t>(n_context, 2)));
   return Status::ok();
 }
 
@@ -288,18 +290,18 @@ Expected<std::unique_ptr<QueryTrainer>> QueryTrainer::create(Context& ctx, int64
   LC_TRY(check_qttt_context(ctx));
   if (n_context < 0) n_context = ctx.n_past();
   if (n_context > ctx.n_past())
-    return make_error(strprintf("--qttt: %lld context tokens asked for but the cache holds %lld", (long long)n_context,
-                                (long long)ctx.n_past()));
+    return make_error(fmt::format("--qttt: {} context tokens asked for but the cache holds {}", n_context,
+                                  ctx.n_past()));
   if (n_context < 2)
-    return make_error(strprintf("--qttt: the context has %lld token(s); a span needs at least 2", (long long)n_context));
+    return make_error(fmt::format("--qttt: the context has {} token(s); a span needs at least 2", n_context));
   const KvCache& kv = ctx.kv();
   for (int64_t il = 0; il < kv.n_layer(); ++il)
     for (int64_t h = 0; h < kv.n_head_kv(); ++h)
       if (kv.n_tokens(il, h) != kv.n_appended(il) || kv.n_tokens(il, h) < n_context)
-        return make_error(strprintf("--qttt: layer %lld KV head %lld holds %lld of the %lld tokens appended: qTTT "
-                                    "needs every context token in the cache",
-                                    (long long)il, (long long)h, (long long)kv.n_tokens(il, h),
-                                    (long long)kv.n_appended(il)));
+        return make_error(fmt::format("--qttt: layer {} KV head {} holds {} of the {} tokens appended: qTTT "
+                                      "needs every context token in the cache",
+                                      il, h, kv.n_tokens(il, h),
+                                      kv.n_appended(il)));
   auto t = std::unique_ptr<QueryTrainer>(new QueryTrainer(ctx));
   t->n_context_ = n_context;
   Impl& m = *t->impl_;
@@ -362,7 +364,7 @@ Status QueryTrainer::Impl::begin_span(int64_t span_start, int64_t span) {
       }
     }
   } catch (const std::bad_alloc&) {
-    return make_error(strprintf("--qttt: out of memory for the activations of a %lld-token span", (long long)span));
+    return make_error(fmt::format("--qttt: out of memory for the activations of a {}-token span", span));
   }
   start = span_start;
   S = span;
@@ -644,8 +646,8 @@ void QueryTrainer::Impl::layer_backward(int64_t il) {
 Expected<double> QueryTrainer::loss(int64_t start, int64_t S, bool want_grad) {
   Impl& m = *impl_;
   if (S < 2 || start < 0 || start + S > n_context_)
-    return make_error(strprintf("--qttt: span [%lld, %lld) is not inside the context of %lld tokens", (long long)start,
-                                (long long)(start + S), (long long)n_context_));
+    return make_error(fmt::format("--qttt: span [{}, {}) is not inside the context of {} tokens", start,
+                                  start + S, n_context_));
   const KvCache& kv = ctx_.kv();
   if (ctx_.n_past() < n_context_ || kv.n_tokens(0, 0) < n_context_)
     return make_error("--qttt: the context was truncated after the trainer was made");
@@ -708,10 +710,10 @@ Expected<QtttStats> run_qttt(Context& ctx, const QtttParams& p, uint64_t seed, i
 
 std::string qttt_summary(const QtttStats& s) {
   if (s.steps == 0) return "qTTT:       off (steps=0)";
-  return strprintf("qTTT:       %lld steps x %lld tokens in %.3f s (%.2f s of steps = %.1f tokens/s), loss on the "
-                   "first span %.4f -> %.4f, %.2f MiB extra",
-                   (long long)s.steps, (long long)s.span, s.seconds, s.step_seconds, s.tokens_per_second(),
-                   s.loss_before, s.loss_after, static_cast<double>(s.extra_bytes) / (1024.0 * 1024.0));
+  return fmt::format("qTTT:       {} steps x {} tokens in {:.3f} s ({:.2f} s of steps = {:.1f} tokens/s), loss on the "
+                     "first span {:.4f} -> {:.4f}, {:.2f} MiB extra",
+                     s.steps, s.span, s.seconds, s.step_seconds, s.tokens_per_second(),
+                     s.loss_before, s.loss_after, static_cast<double>(s.extra_bytes) / (1024.0 * 1024.0));
 }
 
 }  // namespace lc

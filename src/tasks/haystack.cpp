@@ -1,5 +1,7 @@
 #include "tasks/haystack.h"
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -57,8 +59,8 @@ Expected<std::string> find_data_file(const std::string& name) {
     if (fs::is_regular_file(p, ec)) return p.string();
     tried += "\n  " + p.string();
   }
-  return make_error(strprintf("haystack file %s not found (use --data-dir or LONGCTX_DATA_DIR); tried:%s",
-                              name.c_str(), tried.c_str()));
+  return make_error(fmt::format("haystack file {} not found (use --data-dir or LONGCTX_DATA_DIR); tried:{}",
+                                name, tried));
 }
 
 Expected<const std::vector<std::string>*> essay_words() {
@@ -68,11 +70,11 @@ Expected<const std::vector<std::string>*> essay_words() {
   if (!words.empty()) return &words;
   LC_ASSIGN_OR_RETURN(std::string path, find_data_file("opticks.txt"));
   std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(strprintf("%s: cannot open the essay haystack", path.c_str()));
+  if (!in) return make_error(fmt::format("{}: cannot open the essay haystack", path));
   std::ostringstream ss;
   ss << in.rdbuf();
   std::vector<std::string> w = split_words(ss.str());
-  if (w.size() < 1000) return make_error(ErrorCode::kBadFile, strprintf("%s: the essay haystack is truncated (%zu words; expected Newton's Opticks, data/haystack/README.md)", path.c_str(), w.size()));
+  if (w.size() < 1000) return make_error(ErrorCode::kBadFile, fmt::format("{}: the essay haystack is truncated ({} words; expected Newton's Opticks, data/haystack/README.md)", path, w.size()));
   words = std::move(w);
   return &words;
 }

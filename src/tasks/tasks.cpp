@@ -1,5 +1,7 @@
 #include "tasks/tasks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -100,8 +102,8 @@ Expected<std::vector<std::string>> expand_task_names(const std::vector<std::stri
     if (!find_task(n)) {
       std::string known;
       for (const auto& t : task_list()) known += " " + t.name;
-      return make_error(strprintf("unknown task '%s' (groups: all ruler passkey babilong dense; tasks:%s)",
-                                  n.c_str(), known.c_str()));
+      return make_error(fmt::format("unknown task '{}' (groups: all ruler passkey babilong dense; tasks:{})",
+                                    n, known));
     }
     add(n);
   }
@@ -290,10 +292,10 @@ Expected<Fit> fit_layout(const PromptRenderer& r, const detail::Layout& lay, int
 
 Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
   const TaskEntry* e = find_entry(spec.task);
-  if (!e) return make_error(strprintf("unknown task '%s'", spec.task.c_str()));
+  if (!e) return make_error(fmt::format("unknown task '{}'", spec.task));
   if (spec.length < 16)
-    return make_error(ErrorCode::kTooShort, strprintf("%s: length %lld is too short", spec.task.c_str(), (long long)spec.length));
-  if (spec.depth > 100) return make_error(strprintf("%s: depth %d is not a percentage", spec.task.c_str(), spec.depth));
+    return make_error(ErrorCode::kTooShort, fmt::format("{}: length {} is too short", spec.task, spec.length));
+  if (spec.depth > 100) return make_error(fmt::format("{}: depth {} is not a percentage", spec.task, spec.depth));
   Sample s;
   s.spec = spec;
   if (!e->info.uses_depth) s.spec.depth = -1;  // one cell, whatever depth was asked
@@ -340,10 +342,10 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
     s.input_hash = hex64(fnv1a_ids(s.tokens));
     return s;
   }
-  return make_error(ErrorCode::kTooShort, strprintf("%s: length %lld is too short: the smallest prompt plus a %lld-token answer "
-                              "needs %lld tokens",
-                              spec.task.c_str(), (long long)spec.length, (long long)s.budget_new_tokens,
-                              (long long)need));
+  return make_error(ErrorCode::kTooShort, fmt::format("{}: length {} is too short: the smallest prompt plus a {}-token answer "
+                              "needs {} tokens",
+                              spec.task, spec.length, s.budget_new_tokens,
+                              need));
 }
 
 }  // namespace lc::tasks

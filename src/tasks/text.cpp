@@ -1,5 +1,7 @@
 #include "tasks/text.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -253,11 +255,7 @@ size_t count_occurrences(std::string_view haystack, std::string_view needle) {
   return n;
 }
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
 int64_t parse_length(std::string_view s) {
   if (s.empty()) return -1;

@@ -1,6 +1,8 @@
 // Byte-level BPE training; see bpe_train.h.
 #include "tokenizer/bpe_train.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <unordered_map>
@@ -37,10 +39,10 @@ std::string mapped(const std::string& bytes) {
 Expected<BpeVocab> train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o) {
   constexpr int64_t kControl = 2;  // <s>, </s>
   if (o.vocab_size < 256 + kControl || o.vocab_size > (int64_t{1} << 20))
-    return make_error(strprintf("vocabulary size %lld is outside %lld..%lld (256 byte tokens and %lld control "
-                                "tokens come first)",
-                                (long long)o.vocab_size, (long long)(256 + kControl), (long long)(int64_t{1} << 20),
-                                (long long)kControl));
+    return make_error(fmt::format("vocabulary size {} is outside {}..{} (256 byte tokens and {} control "
+                                  "tokens come first)",
+                                  o.vocab_size, 256 + kControl, int64_t{1} << 20,
+                                  kControl));
   if (o.min_pair_count < 1) return make_error("the minimum pair count must be at least 1");
 
   // Words as the encoder will see them: pre-tokenised, malformed UTF-8 turned into U+FFFD.

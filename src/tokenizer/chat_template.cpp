@@ -1,5 +1,7 @@
 // Chat templates of the supported families, rendered the way llama.cpp's built-in
 // llm_chat_apply_template renders them (no Jinja: the GGUF's template only picks the family).
+#include <fmt/format.h>
+
 #include <string>
 
 #include "tokenizer/tokenizer.h"
@@ -58,9 +60,9 @@ Expected<ChatTemplate> chat_template_from_name(std::string_view name) {
   if (name == "chatml") return ChatTemplate::kChatML;
   if (name == "llama2") return ChatTemplate::kLlama2;
   if (name == "zephyr") return ChatTemplate::kZephyr;
-  return make_error(strprintf("unknown chat template '%.*s' (known: llama3, chatml, llama2, "
-                              "zephyr, none)",
-                              static_cast<int>(name.size()), name.data()));
+  return make_error(fmt::format("unknown chat template '{}' (known: llama3, chatml, llama2, "
+                                "zephyr, none)",
+                                name));
 }
 
 const char* chat_template_name(ChatTemplate t) {

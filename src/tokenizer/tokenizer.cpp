@@ -3,6 +3,8 @@
 // llama-vocab.cpp, whose outputs are the test oracle.
 #include "tokenizer/tokenizer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -151,14 +153,14 @@ class TokenizerLoader {
     }
     if (model == "bert")
       return fail("tokenizer model 'bert' (WordPiece) is not supported");
-    return fail(strprintf("unknown tokenizer model '%s' (%s); supported: 'llama' "
-                          "(SentencePiece), 'gpt2' (byte-level BPE)",
-                          model.c_str(), kKeyModel));
+    return fail(fmt::format("unknown tokenizer model '{}' ({}); supported: 'llama' "
+                            "(SentencePiece), 'gpt2' (byte-level BPE)",
+                            model, kKeyModel));
   }
 
  private:
   Error fail(const std::string& what) const {
-    return make_error(strprintf("%s: %s", f_.path().c_str(), what.c_str()));
+    return make_error(fmt::format("{}: {}", f_.path(), what));
   }
 
   // A special token id key: absent, or -1 / 0xFFFFFFFF ("none"), keeps `id`. Out of range is
@@ -170,10 +172,10 @@ class TokenizerLoader {
     const int64_t n = static_cast<int64_t>(tok_->vocab_.size());
     if (v < 0 || v >= n) {
       if (strict)
-        return fail(strprintf("%s = %lld is outside the vocabulary (%lld tokens)", key,
-                              static_cast<long long>(v), static_cast<long long>(n)));
-      LC_LOG_WARN("%s: ignoring %s = %lld: outside the vocabulary (%lld tokens)",
-                  f_.path().c_str(), key, static_cast<long long>(v), static_cast<long long>(n));
+        return fail(fmt::format("{} = {} is outside the vocabulary ({} tokens)", key,
+                                v, n));
+      LC_LOG_WARN("{}: ignoring {} = {}: outside the vocabulary ({} tokens)",
+                  f_.path(), key, v, n);
       return Status::ok();
     }
     id = static_cast<int32_t>(v);
@@ -184,26 +186,26 @@ class TokenizerLoader {
     tok_ = &t;
     t.model_ = model;
     const bool spm = model == "llama";
-    if (!f_.has(kKeyTokens)) return fail(strprintf("missing %s", kKeyTokens));
+    if (!f_.has(kKeyTokens)) return fail(fmt::format("missing {}", kKeyTokens));
     LC_ASSIGN_OR_RETURN(t.vocab_, f_.get_string_array(kKeyTokens));
     const size_t n = t.vocab_.size();
-    if (n == 0) return fail(strprintf("%s is empty", kKeyTokens));
+    if (n == 0) return fail(fmt::format("{} is empty", kKeyTokens));
     if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      return fail(strprintf("%s has too many tokens (%zu)", kKeyTokens, n));
+      return fail(fmt::format("{} has too many tokens ({})", kKeyTokens, n));
 
     if (f_.has(kKeyScores)) {
       LC_ASSIGN_OR_RETURN(t.scores_, f_.get_f32_array(kKeyScores));
       if (t.scores_.size() != n)
-        return fail(strprintf("%s has %zu entries but %s has %zu", kKeyScores, t.scores_.size(),
-                              kKeyTokens, n));
+        return fail(fmt::format("{} has {} entries but {} has {}", kKeyScores, t.scores_.size(),
+                                kKeyTokens, n));
     } else {
       t.scores_.assign(n, 0.0f);
     }
     if (f_.has(kKeyTypes)) {
       LC_ASSIGN_OR_RETURN(t.attrs_, f_.get_i32_array(kKeyTypes));
       if (t.attrs_.size() != n)
-        return fail(strprintf("%s has %zu entries but %s has %zu", kKeyTypes, t.attrs_.size(),
-                              kKeyTokens, n));
+        return fail(fmt::format("{} has {} entries but {} has {}", kKeyTypes, t.attrs_.size(),
+                                kKeyTokens, n));
     } else {
       t.attrs_.assign(n, static_cast<int32_t>(TokenAttr::kNormal));
     }
@@ -218,8 +220,8 @@ class TokenizerLoader {
       if (w.empty()) w = "[EMPTY_" + std::to_string(i) + "]";
       auto [it, fresh] = t.token_to_id_.emplace(w, static_cast<int32_t>(i));
       if (!fresh)
-        return fail(strprintf("duplicate token in %s: '%s' has ids %d and %zu", kKeyTokens,
-                              w.c_str(), it->second, i));
+        return fail(fmt::format("duplicate token in {}: '{}' has ids {} and {}", kKeyTokens,
+                                w, it->second, i));
     }
 
     // Defaults as in llama.cpp, then the keys.
@@ -237,9 +239,9 @@ class TokenizerLoader {
       LC_ASSIGN_OR_RETURN(t.pre_, f_.get_string_or(kKeyPre, ""));
       const PreInfo pi = pre_info(t.pre_);
       if (!pi.known)
-        LC_LOG_WARN("%s: %s pre-tokenizer '%s'; using llama.cpp's default regexes (token ids "
+        LC_LOG_WARN("{}: {} pre-tokenizer '{}'; using llama.cpp's default regexes (token ids "
                     "may differ from the original tokenizer)",
-                    f_.path().c_str(), t.pre_.empty() ? "missing" : "unknown", t.pre_.c_str());
+                    f_.path(), t.pre_.empty() ? "missing" : "unknown", t.pre_);
       t.add_bos_ = pi.add_bos;
       t.clean_spaces_ = pi.clean_spaces;
       auto& b = static_cast<BpeTokenizer&>(t);
@@ -335,8 +337,8 @@ class TokenizerLoader {
     }
     for (int b = 0; b < 256; ++b) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-      int32_t id = t.lookup(buf);
+      const auto end = fmt::format_to_n(buf, sizeof buf, "<0x{:02X}>", b).out;
+      int32_t id = t.lookup(std::string_view(buf, static_cast<size_t>(end - buf)));
       if (id < 0) id = t.lookup(std::string(1, static_cast<char>(b)));
       t.byte_token_[static_cast<size_t>(b)] = id;
     }
@@ -366,10 +368,10 @@ class TokenizerLoader {
   }
 
   Status finish_bpe(BpeTokenizer& t) {
-    if (!f_.has(kKeyMerges)) return fail(strprintf("missing %s (required for 'gpt2')", kKeyMerges));
+    if (!f_.has(kKeyMerges)) return fail(fmt::format("missing {} (required for 'gpt2')", kKeyMerges));
     LC_ASSIGN_OR_RETURN(std::vector<std::string> merges, f_.get_string_array(kKeyMerges));
     if (merges.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      return fail(strprintf("%s has too many entries", kKeyMerges));
+      return fail(fmt::format("{} has too many entries", kKeyMerges));
     t.ranks_.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       // llama.cpp splits at the first space after the first byte; a merge without one can

@@ -1,5 +1,7 @@
 #include "train/chunked.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,8 +61,8 @@ Status PagedKv<T>::reserve(int64_t n_tokens) {
       free_.push_back(static_cast<int32_t>(storage_.size() - 1));
     }
   } catch (const std::bad_alloc&) {
-    return make_error(strprintf("out of memory allocating %zu K/V pages of %zu bytes (%lld tokens)", need,
-                                page_bytes(), (long long)n_tokens));
+    return make_error(fmt::format("out of memory allocating {} K/V pages of {} bytes ({} tokens)", need,
+                                  page_bytes(), n_tokens));
   }
   return Status::ok();
 }
@@ -118,13 +120,13 @@ Expected<std::unique_ptr<ChunkRecurrent<T>>> ChunkRecurrent<T>::create(Transform
                                                                        int64_t max_tokens, int64_t page_tokens) {
   const ModelConfig& c = model.config();
   if (max_tokens < 1 || max_tokens > c.n_ctx)
-    return make_error(strprintf("sequence length %lld must be in [1, n_ctx = %lld]", (long long)max_tokens,
-                                (long long)c.n_ctx));
+    return make_error(fmt::format("sequence length {} must be in [1, n_ctx = {}]", max_tokens,
+                                  c.n_ctx));
   if (chunk < 1 || chunk > max_tokens)
-    return make_error(strprintf("chunk %lld must be in [1, sequence length = %lld]", (long long)chunk,
-                                (long long)max_tokens));
+    return make_error(fmt::format("chunk {} must be in [1, sequence length = {}]", chunk,
+                                  max_tokens));
   if (page_tokens < 1 || page_tokens > (1 << 16))
-    return make_error(strprintf("K/V page of %lld tokens is out of range [1, 65536]", (long long)page_tokens));
+    return make_error(fmt::format("K/V page of {} tokens is out of range [1, 65536]", page_tokens));
   std::unique_ptr<ChunkRecurrent<T>> r(new ChunkRecurrent<T>(model, chunk, page_tokens));
   r->max_t_ = max_tokens;
   auto off = [&](const std::string& name) {
@@ -174,7 +176,7 @@ Expected<std::unique_ptr<ChunkRecurrent<T>>> ChunkRecurrent<T>::create(Transform
     r->dup_.resize(C * F);
     r->dsum_.resize(H * C);
   } catch (const std::bad_alloc&) {
-    return make_error(strprintf("out of memory allocating the activations of a %lld-token chunk", (long long)chunk));
+    return make_error(fmt::format("out of memory allocating the activations of a {}-token chunk", chunk));
   }
   return r;
 }

@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 namespace lc::train {
@@ -9,13 +11,13 @@ Expected<ModelConfig> resolve_config(ModelConfig c) {
   if (c.n_layer < 1 || c.n_layer > 256) return bad("n_layer must be in [1, 256]");
   if (c.n_embd < 2 || c.n_embd > 16384) return bad("n_embd must be in [2, 16384]");
   if (c.n_head < 1 || c.n_head > c.n_embd) return bad("n_head must be in [1, n_embd]");
-  if (c.n_embd % c.n_head != 0) return make_error(strprintf(
-      "model config: n_embd (%lld) must be a multiple of n_head (%lld)", (long long)c.n_embd, (long long)c.n_head));
-  if (c.head_dim() % 2 != 0) return make_error(strprintf(
-      "model config: the head size n_embd / n_head = %lld must be even (RoPE rotates pairs)", (long long)c.head_dim()));
+  if (c.n_embd % c.n_head != 0) return make_error(fmt::format(
+      "model config: n_embd ({}) must be a multiple of n_head ({})", c.n_embd, c.n_head));
+  if (c.head_dim() % 2 != 0) return make_error(fmt::format(
+      "model config: the head size n_embd / n_head = {} must be even (RoPE rotates pairs)", c.head_dim()));
   if (c.n_head_kv == 0) c.n_head_kv = c.n_head;
-  if (c.n_head_kv < 1 || c.n_head % c.n_head_kv != 0) return make_error(strprintf(
-      "model config: n_head (%lld) must be a multiple of n_head_kv (%lld)", (long long)c.n_head, (long long)c.n_head_kv));
+  if (c.n_head_kv < 1 || c.n_head % c.n_head_kv != 0) return make_error(fmt::format(
+      "model config: n_head ({}) must be a multiple of n_head_kv ({})", c.n_head, c.n_head_kv));
   if (c.n_ff == 0) c.n_ff = (c.n_embd * 8 / 3 + 31) / 32 * 32;
   if (c.n_ff < 1 || c.n_ff > (1 << 20)) return bad("n_ff must be in [1, 2^20]");
   if (c.n_vocab < 2 || c.n_vocab > (1 << 24)) return bad("n_vocab must be in [2, 2^24] (is the tokenizer empty?)");
@@ -28,11 +30,11 @@ Expected<ModelConfig> resolve_config(ModelConfig c) {
 }
 
 std::string describe(const ModelConfig& c) {
-  return strprintf("%lld layers, n_embd %lld, %lld heads (%lld kv), n_ff %lld, vocab %lld, n_ctx %lld, %s output",
-                   (long long)c.n_layer, (long long)c.n_embd, (long long)c.n_head, (long long)c.n_head_kv,
-                   (long long)c.n_ff, (long long)c.n_vocab, (long long)c.n_ctx, c.tied ? "tied" : "separate") +
-         (c.fixed_distance > 0 ? strprintf(", fixed distance %lld", (long long)c.fixed_distance) : std::string()) +
-         (c.logn_orig > 0 ? strprintf(", logn from %lld", (long long)c.logn_orig) : std::string());
+  return fmt::format("{} layers, n_embd {}, {} heads ({} kv), n_ff {}, vocab {}, n_ctx {}, {} output",
+                     c.n_layer, c.n_embd, c.n_head, c.n_head_kv,
+                     c.n_ff, c.n_vocab, c.n_ctx, c.tied ? "tied" : "separate") +
+         (c.fixed_distance > 0 ? fmt::format(", fixed distance {}", c.fixed_distance) : std::string()) +
+         (c.logn_orig > 0 ? fmt::format(", logn from {}", c.logn_orig) : std::string());
 }
 
 }  // namespace lc::train

@@ -1,5 +1,7 @@
 #include "train/curriculum.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -65,7 +67,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
   std::set<std::string> seen;
   for (const std::string& item : split_commas(spec)) {
     const std::string it = trim(item);
-    if (it.empty()) return make_error(strprintf("--curriculum '%s': empty entry", spec.c_str()));
+    if (it.empty()) return make_error(fmt::format("--curriculum '{}': empty entry", spec));
     CurriculumTask t;
     const size_t eq = it.find('=');
     t.name = trim(it.substr(0, eq));
@@ -74,12 +76,12 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
       char* end = nullptr;
       t.weight = std::strtod(w.c_str(), &end);
       if (w.empty() || *end != '\0' || !(t.weight > 0) || t.weight > 1e6)
-        return make_error(strprintf("--curriculum: weight '%s' of '%s' must be a positive number", w.c_str(), t.name.c_str()));
+        return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(strprintf("--curriculum: unknown task '%s' (bench tasks, recall, quiz, copy, repeat, induction, text)", t.name.c_str()));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text)", t.name));
     if (!seen.insert(t.name).second)
-      return make_error(strprintf("--curriculum: task '%s' is listed twice", t.name.c_str()));
+      return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
   }
   if (out.empty()) return make_error("--curriculum: no tasks");
@@ -88,7 +90,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
 
 std::string curriculum_to_string(const std::vector<CurriculumTask>& tasks) {
   std::string s;
-  for (const auto& t : tasks) s += (s.empty() ? "" : ",") + t.name + "=" + strprintf("%g", t.weight);
+  for (const auto& t : tasks) s += (s.empty() ? "" : ",") + t.name + "=" + fmt::format("{:g}", t.weight);
   return s;
 }
 
@@ -96,11 +98,11 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
                                                          const TokenData* text) {
   if (o.tasks.empty()) return make_error("curriculum: no tasks");
   if (o.min_len < 64 || o.min_len > o.max_len)
-    return make_error(strprintf("curriculum: lengths must satisfy 64 <= min_len (%lld) <= max_len (%lld)",
-                                (long long)o.min_len, (long long)o.max_len));
-  if (!(o.ramp >= 0 && o.ramp <= 1)) return make_error(strprintf("curriculum: ramp %g is not in [0, 1]", o.ramp));
+    return make_error(fmt::format("curriculum: lengths must satisfy 64 <= min_len ({}) <= max_len ({})",
+                                  o.min_len, o.max_len));
+  if (!(o.ramp >= 0 && o.ramp <= 1)) return make_error(fmt::format("curriculum: ramp {:g} is not in [0, 1]", o.ramp));
   if (!(o.lm_fraction >= 0 && o.lm_fraction <= 1))
-    return make_error(strprintf("curriculum: lm fraction %g is not in [0, 1]", o.lm_fraction));
+    return make_error(fmt::format("curriculum: lm fraction {:g} is not in [0, 1]", o.lm_fraction));
   if (tok.eos() < 0) return make_error("curriculum: the vocabulary has no end-of-sequence token");
   std::unique_ptr<Curriculum> c(new Curriculum(tok));
   c->o_ = o;
@@ -119,7 +121,7 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
   }
   if (c->plain_ids_.empty()) return make_error("curriculum: the vocabulary has no text pieces");
   if (o.alphabet < 0 || o.alphabet == 1)
-    return make_error(strprintf("curriculum: alphabet %lld must be 0 (all pieces) or at least 2", (long long)o.alphabet));
+    return make_error(fmt::format("curriculum: alphabet {} must be 0 (all pieces) or at least 2", o.alphabet));
   if (o.alphabet > 0 && o.alphabet < static_cast<int64_t>(c->plain_ids_.size())) c->plain_ids_.resize(static_cast<size_t>(o.alphabet));
   if (need_text) {
     if (text) {
@@ -129,8 +131,8 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
       c->text_tokens_ = tok.encode(tasks::join(*words, " "), false, false);
     }
     if (static_cast<int64_t>(c->text_tokens_.size()) < o.max_len + 1)
-      return make_error(strprintf("curriculum: the plain text has %zu tokens, fewer than max_len + 1 = %lld",
-                                  c->text_tokens_.size(), (long long)(o.max_len + 1)));
+      return make_error(fmt::format("curriculum: the plain text has {} tokens, fewer than max_len + 1 = {}",
+                                    c->text_tokens_.size(), o.max_len + 1));
   }
   // Each task's shortest workable length (a task with four needles needs more room than
   // min_len may give), found now rather than in the middle of a run; then it must also work at
@@ -143,12 +145,12 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
         auto s = c->draw(t.name, len, 1, tk.data(), tg.data());
         if (s && s->n_scored > 0) break;
         if (len == o.max_len)
-          return make_error(strprintf("curriculum: task %s does not fit in %lld tokens (--seq-len): %s", t.name.c_str(),
-                                      (long long)o.max_len, s ? "nothing to score" : s.error().message.c_str()));
+          return make_error(fmt::format("curriculum: task {} does not fit in {} tokens (--seq-len): {}", t.name,
+                                        o.max_len, s ? "nothing to score" : s.error().message));
       }
       auto s = c->draw(t.name, o.max_len, 1, tk.data(), tg.data());
-      if (!s) return make_error(strprintf("curriculum: task %s at %lld tokens: %s", t.name.c_str(), (long long)o.max_len,
-                                          s.error().message.c_str()));
+      if (!s) return make_error(fmt::format("curriculum: task {} at {} tokens: {}", t.name, o.max_len,
+                                            s.error().message));
     }
     c->min_len_.push_back(len);
   }
@@ -232,7 +234,7 @@ Expected<CurriculumSample> Curriculum::bench_task(const std::string& task, int64
   std::vector<int32_t> full = tok_.encode(prompt + answer_text(smp), true, false);
   // The answer must continue the prompt's tokens, as generation will.
   if (full.size() <= smp.tokens.size() || !std::equal(smp.tokens.begin(), smp.tokens.end(), full.begin()))
-    return make_error(strprintf("curriculum: task %s: the answer's tokens do not continue the prompt's", task.c_str()));
+    return make_error(fmt::format("curriculum: task {}: the answer's tokens do not continue the prompt's", task));
   full.push_back(tok_.eos());
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(full.size()) - 1, o_.max_len);
   CurriculumSample s;
@@ -369,7 +371,7 @@ Expected<CurriculumSample> Curriculum::quiz(int64_t len, uint64_t seed, int32_t*
   for (;; --n_keys) {
     fixed = n_tokens(build(n_keys, 0, &scored));
     if (fixed <= len + 1) break;
-    if (n_keys == 1) return make_error(strprintf("curriculum: a quiz of one key needs %lld tokens", (long long)fixed));
+    if (n_keys == 1) return make_error(fmt::format("curriculum: a quiz of one key needs {} tokens", fixed));
   }
   int64_t n_words = (len + 1 - fixed) / 2;
   std::string text;

@@ -1,5 +1,7 @@
 #include "train/data.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -14,9 +16,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 Expected<std::string> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return make_error(strprintf("data file '%s' cannot be opened: %s", path.c_str(), std::strerror(errno)));
+  if (!f) return make_error(fmt::format("data file '{}' cannot be opened: {}", path, std::strerror(errno)));
   std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return make_error(strprintf("data file '%s': read error", path.c_str()));
+  if (f.bad()) return make_error(fmt::format("data file '{}': read error", path));
   return s;
 }
 
@@ -26,16 +28,16 @@ Expected<DataFormat> parse_data_format(const std::string& s) {
   if (s == "auto") return DataFormat::kAuto;
   if (s == "text") return DataFormat::kText;
   if (s == "tokens") return DataFormat::kTokens;
-  return make_error(strprintf("unknown data format '%s' (auto, text, tokens)", s.c_str()));
+  return make_error(fmt::format("unknown data format '{}' (auto, text, tokens)", s));
 }
 
 Expected<TokenData> TokenData::from_tokens(std::vector<int32_t> tokens, int64_t n_vocab, std::string name) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= n_vocab)
-      return make_error(strprintf("%s: token %d at index %zu is outside the vocabulary [0, %lld)",
-                                  name.c_str(), tokens[i], i, (long long)n_vocab));
+      return make_error(fmt::format("{}: token {} at index {} is outside the vocabulary [0, {})",
+                                    name, tokens[i], i, n_vocab));
   }
-  if (tokens.size() < 2) return make_error(strprintf("%s: fewer than 2 tokens", name.c_str()));
+  if (tokens.size() < 2) return make_error(fmt::format("{}: fewer than 2 tokens", name));
   TokenData d;
   d.tokens_ = std::move(tokens);
   d.name_ = std::move(name);
@@ -50,12 +52,12 @@ Expected<TokenData> TokenData::load(const std::string& path, DataFormat fmt, con
   std::vector<int32_t> ids;
   if (fmt == DataFormat::kTokens) {
     if (bytes.size() % 4 != 0)
-      return make_error(strprintf("token file '%s': size %zu is not a multiple of 4 (little-endian int32 ids)",
-                                  path.c_str(), bytes.size()));
+      return make_error(fmt::format("token file '{}': size {} is not a multiple of 4 (little-endian int32 ids)",
+                                    path, bytes.size()));
     ids.resize(bytes.size() / 4);
     std::memcpy(ids.data(), bytes.data(), bytes.size());
   } else {
-    if (bytes.empty()) return make_error(strprintf("text file '%s' is empty", path.c_str()));
+    if (bytes.empty()) return make_error(fmt::format("text file '{}' is empty", path));
     ids = tok.encode(bytes, /*add_special=*/true, /*parse_special=*/false);
   }
   return from_tokens(std::move(ids), tok.n_vocab(), path);

@@ -1,5 +1,7 @@
 #include "train/export.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 namespace lc::train {
@@ -9,8 +11,8 @@ Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, con
   const ModelConfig& c = model.config();
   LC_ASSIGN_OR_RETURN(auto tokens, vocab.get_string_array("tokenizer.ggml.tokens"));
   if (static_cast<int64_t>(tokens.size()) != c.n_vocab)
-    return make_error(strprintf("export: vocabulary '%s' has %zu tokens but the model has %lld",
-                                vocab.path().c_str(), tokens.size(), (long long)c.n_vocab));
+    return make_error(fmt::format("export: vocabulary '{}' has {} tokens but the model has {}",
+                                  vocab.path(), tokens.size(), c.n_vocab));
   gguf::Writer w;
   w.set_string("general.architecture", "llama");
   w.set_string("general.name", name);
@@ -46,7 +48,7 @@ Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, con
   }
   LC_TRY(w.status());
   Status st = w.write(path);
-  if (!st) return make_error(strprintf("export to '%s': %s", path.c_str(), st.message().c_str()));
+  if (!st) return make_error(fmt::format("export to '{}': {}", path, st.message()));
   return Status::ok();
 }
 

@@ -1,5 +1,7 @@
 #include "train/plot.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -11,8 +13,8 @@ namespace lc::train {
 std::string loss_csv(const std::vector<StepRecord>& h) {
   std::string s = "step,loss,lr,grad_norm,tokens_per_s,elapsed_s\n";
   for (const auto& r : h)
-    s += strprintf("%lld,%.6f,%.6g,%.6g,%.1f,%.3f\n", (long long)r.step, r.loss, static_cast<double>(r.lr),
-                   r.grad_norm, r.tokens_per_s, r.elapsed_s);
+    s += fmt::format("{},{:.6f},{:.6g},{:.6g},{:.1f},{:.3f}\n", r.step, r.loss, static_cast<double>(r.lr),
+                     r.grad_norm, r.tokens_per_s, r.elapsed_s);
   return s;
 }
 
@@ -37,7 +39,7 @@ Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& tit
   for (const char* ext : {".svg", ".png"}) {
     const std::string from = tmp + ext, to = stem + ext;
     if (std::rename(from.c_str(), to.c_str()) != 0)
-      return make_error(strprintf("cannot rename '%s' to '%s': %s", from.c_str(), to.c_str(), std::strerror(errno)));
+      return make_error(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)));
   }
   return Status::ok();
 }
@@ -45,11 +47,11 @@ Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& tit
 Status write_text_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return make_error(strprintf("cannot write '%s': %s", tmp.c_str(), std::strerror(errno)));
+  if (!f) return make_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return make_error(strprintf("write error on '%s'", tmp.c_str()));
+  if (std::fclose(f) != 0 || !ok) return make_error(fmt::format("write error on '{}'", tmp));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return make_error(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(errno)));
+    return make_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
   return Status::ok();
 }
 

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -55,7 +57,7 @@ class In {
 
  private:
   Status truncated() const {
-    return make_error(strprintf("checkpoint '%s' is truncated or corrupt", path_.c_str()));
+    return make_error(fmt::format("checkpoint '{}' is truncated or corrupt", path_));
   }
   const std::string& s_;
   const std::string& path_;
@@ -65,9 +67,9 @@ class In {
 std::string format_duration(double s) {
   if (!(s >= 0) || !std::isfinite(s)) return "?";
   const long long t = static_cast<long long>(s + 0.5);
-  if (t >= 3600) return strprintf("%lldh%02lldm", t / 3600, (t / 60) % 60);
-  if (t >= 60) return strprintf("%lldm%02llds", t / 60, t % 60);
-  return strprintf("%llds", t);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
 }
 
 }  // namespace
@@ -78,18 +80,18 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
   if (o.data_path.empty() && o.curriculum.empty())
     return make_error("no training data given (--data or --curriculum)");
   if (o.seq_len < 1 || o.seq_len > (1 << 16))
-    return make_error(strprintf("sequence length %lld is out of range [1, 65536]", (long long)o.seq_len));
+    return make_error(fmt::format("sequence length {} is out of range [1, 65536]", o.seq_len));
   if (o.batch < 1 || o.batch > (1 << 16))
-    return make_error(strprintf("batch %lld is out of range [1, 65536]", (long long)o.batch));
+    return make_error(fmt::format("batch {} is out of range [1, 65536]", o.batch));
   if (o.chunk > 0 && o.model.fixed_distance > 0)
     return make_error("--fixed-distance is not supported with --chunk (the chunk-recurrent attention reads its "
                       "paged keys at their real distances)");
   if (o.chunk < 0 || o.chunk > o.seq_len)
-    return make_error(strprintf("--chunk %lld must be in [1, --seq-len = %lld] (0: the whole window at once)",
-                                (long long)o.chunk, (long long)o.seq_len));
+    return make_error(fmt::format("--chunk {} must be in [1, --seq-len = {}] (0: the whole window at once)",
+                                  o.chunk, o.seq_len));
   if (o.checkpoint_every < 0) return make_error("checkpoint interval must be >= 0");
   if (o.n_threads < 0 || o.n_threads > 1024)
-    return make_error(strprintf("thread count %d is out of range [0, 1024]", o.n_threads));
+    return make_error(fmt::format("thread count {} is out of range [0, 1024]", o.n_threads));
   if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs a checkpoint directory");
   LC_TRY(validate(o.optim));
 
@@ -98,13 +100,13 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
   if (!vocab) return make_error("vocabulary: " + vocab.error().message);
   tr->vocab_ = std::move(*vocab);
   auto tok = Tokenizer::from_gguf(*tr->vocab_);
-  if (!tok) return make_error(strprintf("vocabulary '%s': %s", o.vocab_path.c_str(), tok.error().message.c_str()));
+  if (!tok) return make_error(fmt::format("vocabulary '{}': {}", o.vocab_path, tok.error().message));
   tr->tok_ = std::move(*tok);
   o.model.n_vocab = tr->tok_->n_vocab();
   if (o.model.n_ctx == 0) o.model.n_ctx = o.seq_len;
   if (o.seq_len > o.model.n_ctx)
-    return make_error(strprintf("sequence length %lld exceeds the model context %lld", (long long)o.seq_len,
-                                (long long)o.model.n_ctx));
+    return make_error(fmt::format("sequence length {} exceeds the model context {}", o.seq_len,
+                                  o.model.n_ctx));
   LC_ASSIGN_OR_RETURN(o.model, resolve_config(o.model));
   if (!o.data_path.empty()) {
     LC_ASSIGN_OR_RETURN(tr->data_, TokenData::load(o.data_path, o.data_format, *tr->tok_));
@@ -128,8 +130,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
       for (int32_t id = 0; id < tr->tok_->n_vocab(); ++id)
         if (!std::binary_search(used.begin(), used.end(), id)) tr->frozen_rows_.push_back(id);
   } else if (tr->data_.size() < o.seq_len + 1)
-    return make_error(strprintf("data '%s' has %lld tokens; one training window needs seq_len + 1 = %lld",
-                                o.data_path.c_str(), (long long)tr->data_.size(), (long long)(o.seq_len + 1)));
+    return make_error(fmt::format("data '{}' has {} tokens; one training window needs seq_len + 1 = {}",
+                                  o.data_path, tr->data_.size(), o.seq_len + 1));
 
   tr->pool_ = std::make_unique<ThreadPool>(o.n_threads > 0 ? o.n_threads : default_thread_count());
   // Chunk-recurrent: chunked_ keeps one chunk's activations and the K/V pool; the model then
@@ -281,11 +283,11 @@ Status Trainer::save_checkpoint(const std::string& path) const {
   }
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return make_error(strprintf("cannot write checkpoint '%s': %s", tmp.c_str(), std::strerror(errno)));
+  if (!f) return make_error(fmt::format("cannot write checkpoint '{}': {}", tmp, std::strerror(errno)));
   const bool ok = std::fwrite(w.b.data(), 1, w.b.size(), f) == w.b.size();
-  if (std::fclose(f) != 0 || !ok) return make_error(strprintf("write error on checkpoint '%s'", tmp.c_str()));
+  if (std::fclose(f) != 0 || !ok) return make_error(fmt::format("write error on checkpoint '{}'", tmp));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return make_error(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(errno)));
+    return make_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
   return Status::ok();
 }
 
@@ -297,34 +299,34 @@ Status Trainer::load_weights(const std::string& path) {
   std::vector<float> row;
   for (const auto& t : m.tensors()) {
     const gguf::TensorInfo* ti = f->find_tensor(t.name);
-    if (!ti) return make_error(strprintf("--init-from '%s' has no tensor '%s'", path.c_str(), t.name.c_str()));
+    if (!ti) return make_error(fmt::format("--init-from '{}' has no tensor '{}'", path, t.name));
     bool same = ti->n_dims == static_cast<int>(t.ne.size());
     for (size_t i = 0; same && i < t.ne.size(); ++i) same = ti->ne[i] == t.ne[i];
     if (!same) {
       std::string want, have;
       for (int64_t v : t.ne) want += (want.empty() ? "" : " x ") + std::to_string(v);
       for (int i = 0; i < ti->n_dims; ++i) have += (have.empty() ? "" : " x ") + std::to_string(ti->ne[i]);
-      return make_error(strprintf("--init-from '%s': tensor '%s' is %s, this model's is %s", path.c_str(),
-                                  t.name.c_str(), have.c_str(), want.c_str()));
+      return make_error(fmt::format("--init-from '{}': tensor '{}' is {}, this model's is {}", path,
+                                    t.name, have, want));
     }
     const int64_t cols = t.ne[0], rows = static_cast<int64_t>(t.size) / cols;
     const size_t rb = row_bytes(ti->type, cols);
     if (rb == 0 || ti->n_bytes < rb * static_cast<size_t>(rows))
-      return make_error(strprintf("--init-from '%s': tensor '%s' has an unsupported type or too few bytes",
-                                  path.c_str(), t.name.c_str()));
+      return make_error(fmt::format("--init-from '{}': tensor '{}' has an unsupported type or too few bytes",
+                                    path, t.name));
     float* dst = m.params() + t.offset;
     for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row(ti->type, ti->data + r * rb, dst + r * cols, cols);
   }
   for (const auto& ti : f->tensors())
     if (!m.find(ti.name))
-      return make_error(strprintf("--init-from '%s' has tensor '%s', which this model does not (another shape?)",
-                                  path.c_str(), ti.name.c_str()));
+      return make_error(fmt::format("--init-from '{}' has tensor '{}', which this model does not (another shape?)",
+                                    path, ti.name));
   return Status::ok();
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return make_error(strprintf("checkpoint '%s' cannot be opened: %s", path.c_str(), std::strerror(errno)));
+  if (!f) return make_error(fmt::format("checkpoint '{}' cannot be opened: {}", path, std::strerror(errno)));
   const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   In r(s, path);
   char magic[8];
@@ -332,7 +334,7 @@ Status Trainer::load_checkpoint(const std::string& path) {
   uint32_t version = 0;
   LC_TRY(r.get(&version));
   if (std::memcmp(magic, kMagic, 8) != 0 || version != kVersion)
-    return make_error(strprintf("'%s' is not a longctx training checkpoint (version %u)", path.c_str(), kVersion));
+    return make_error(fmt::format("'{}' is not a longctx training checkpoint (version {})", path, kVersion));
   const ModelConfig& c = model_->config();
   const char* names[] = {"n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx"};
   const int64_t have[] = {c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_ff, c.n_vocab, c.n_ctx};
@@ -340,8 +342,8 @@ Status Trainer::load_checkpoint(const std::string& path) {
     int64_t v = 0;
     LC_TRY(r.get(&v));
     if (v != have[i])
-      return make_error(strprintf("checkpoint '%s' has %s = %lld but this run asks for %lld", path.c_str(),
-                                  names[i], (long long)v, (long long)have[i]));
+      return make_error(fmt::format("checkpoint '{}' has {} = {} but this run asks for {}", path,
+                                    names[i], v, have[i]));
   }
   float base = 0, eps = 0;
   uint8_t tied = 0;
@@ -349,18 +351,18 @@ Status Trainer::load_checkpoint(const std::string& path) {
   LC_TRY(r.get(&eps));
   LC_TRY(r.get(&tied));
   if (base != c.rope_base || eps != c.rms_eps || (tied != 0) != c.tied)
-    return make_error(strprintf("checkpoint '%s' differs from this run in rope base, rms eps or output tying",
-                                path.c_str()));
+    return make_error(fmt::format("checkpoint '{}' differs from this run in rope base, rms eps or output tying",
+                                  path));
   int64_t seq_len = 0, batch = 0;
   uint64_t seed = 0;
   LC_TRY(r.get(&seq_len));
   LC_TRY(r.get(&batch));
   LC_TRY(r.get(&seed));
   if (seq_len != o_.seq_len || batch != o_.batch || seed != o_.seed)
-    return make_error(strprintf("checkpoint '%s' was made with seq_len %lld, batch %lld, seed %llu; this run "
-                                "asks for %lld, %lld, %llu", path.c_str(), (long long)seq_len, (long long)batch,
-                                (unsigned long long)seed, (long long)o_.seq_len, (long long)o_.batch,
-                                (unsigned long long)o_.seed));
+    return make_error(fmt::format("checkpoint '{}' was made with seq_len {}, batch {}, seed {}; this run "
+                                  "asks for {}, {}, {}", path, seq_len, batch,
+                                  seed, o_.seq_len, o_.batch,
+                                  o_.seed));
   int64_t step = 0, adam_t = 0;
   LC_TRY(r.get(&step));
   LC_TRY(r.get(&adam_t));
@@ -373,14 +375,14 @@ Status Trainer::load_checkpoint(const std::string& path) {
   uint64_t n = 0;
   LC_TRY(r.get(&n));
   if (n != model_->n_params())
-    return make_error(strprintf("checkpoint '%s' holds %llu parameters, the model %zu", path.c_str(),
-                                (unsigned long long)n, model_->n_params()));
+    return make_error(fmt::format("checkpoint '{}' holds {} parameters, the model {}", path,
+                                  n, model_->n_params()));
   LC_TRY(r.get_floats(model_->params(), n));
   LC_TRY(r.get_floats(adam_->m(), n));
   LC_TRY(r.get_floats(adam_->v(), n));
   uint64_t nh = 0;
   LC_TRY(r.get(&nh));
-  if (nh > static_cast<uint64_t>(step)) return make_error(strprintf("checkpoint '%s' is corrupt", path.c_str()));
+  if (nh > static_cast<uint64_t>(step)) return make_error(fmt::format("checkpoint '{}' is corrupt", path));
   std::vector<StepRecord> hist(nh);
   for (StepRecord& h : hist) {
     LC_TRY(r.get(&h.step));
@@ -390,7 +392,7 @@ Status Trainer::load_checkpoint(const std::string& path) {
     LC_TRY(r.get(&h.tokens_per_s));
     LC_TRY(r.get(&h.elapsed_s));
   }
-  if (!r.at_end()) return make_error(strprintf("checkpoint '%s' has trailing bytes", path.c_str()));
+  if (!r.at_end()) return make_error(fmt::format("checkpoint '{}' has trailing bytes", path));
   step_ = step;
   adam_->set_t(adam_t);
   rng_ = Rng(rs);
@@ -414,9 +416,9 @@ Status Trainer::write_loss_files(const std::string& out_path) const {
   // Short enough for the chart's width: layers, width, window, batch (and chunk).
   const ModelConfig& c = model_->config();
   const std::string title =
-      strprintf("%lld layers, n_embd %lld, seq %lld x batch %lld%s", (long long)c.n_layer, (long long)c.n_embd,
-                (long long)o_.seq_len, (long long)o_.batch,
-                o_.chunk > 0 ? strprintf(", chunk %lld", (long long)o_.chunk).c_str() : "");
+      fmt::format("{} layers, n_embd {}, seq {} x batch {}{}", c.n_layer, c.n_embd,
+                  o_.seq_len, o_.batch,
+                  o_.chunk > 0 ? fmt::format(", chunk {}", o_.chunk) : "");
   return write_loss_chart(history_, title, stem + ".loss");
 }
 
@@ -424,20 +426,20 @@ Status Trainer::run() {
   if (!o_.checkpoint_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o_.checkpoint_dir, ec);
-    if (ec) return make_error(strprintf("checkpoint directory '%s': %s", o_.checkpoint_dir.c_str(), ec.message().c_str()));
+    if (ec) return make_error(fmt::format("checkpoint directory '{}': {}", o_.checkpoint_dir, ec.message()));
   }
   const int64_t total = o_.optim.steps;
   const bool tty = o_.verbose && stderr_is_terminal();
   const int64_t log_every = std::max<int64_t>(1, total / 20);
   if (o_.verbose) {
-    const std::string data = cur_ ? strprintf("curriculum %s, %lld..%lld tokens",
-                                              curriculum_to_string(cur_->options().tasks).c_str(),
-                                              (long long)cur_->options().min_len, (long long)cur_->options().max_len)
-                                  : strprintf("%lld tokens of data", (long long)data_.size());
-    std::fprintf(stderr, "train: %s; %zu parameters; %s; seq %lld x batch %lld; %d threads, OpenBLAS %s kernels%s\n",
-                 describe(model_->config()).c_str(), model_->n_params(), data.c_str(),
-                 (long long)o_.seq_len, (long long)o_.batch, pool_->size(), kernels::blas_core_name(),
-                 step_ > 0 ? strprintf("; resuming at step %lld", (long long)step_).c_str() : "");
+    const std::string data = cur_ ? fmt::format("curriculum {}, {}..{} tokens",
+                                                curriculum_to_string(cur_->options().tasks),
+                                                cur_->options().min_len, cur_->options().max_len)
+                                  : fmt::format("{} tokens of data", data_.size());
+    fmt::print(stderr, "train: {}; {} parameters; {}; seq {} x batch {}; {} threads, OpenBLAS {} kernels{}\n",
+               describe(model_->config()), model_->n_params(), data,
+               o_.seq_len, o_.batch, pool_->size(), kernels::blas_core_name(),
+               step_ > 0 ? fmt::format("; resuming at step {}", step_) : "");
   }
   const int64_t first = step_;
   const double t0 = now_seconds();
@@ -452,17 +454,17 @@ Status Trainer::run() {
     const double tps = static_cast<double>(tokens_done_) / std::max(el, 1e-9);
     const double eta = el / static_cast<double>(step_ - first) * static_cast<double>(last - step_);
     if (!std::isfinite(r.loss))
-      return make_error(strprintf("the loss diverged (%g) at step %lld: lower --lr or raise --warmup", r.loss,
-                                  (long long)r.step));
-    const std::string line = strprintf("step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  ETA %s", (long long)r.step,
-                                       (long long)total, r.loss, static_cast<double>(r.lr), tps,
-                                       format_duration(eta).c_str());
+      return make_error(fmt::format("the loss diverged ({:g}) at step {}: lower --lr or raise --warmup", r.loss,
+                                    r.step));
+    const std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  {:.0f} tok/s  ETA {}", r.step,
+                                         total, r.loss, static_cast<double>(r.lr), tps,
+                                         format_duration(eta));
     if (tty && (el - last_print >= 0.2 || step_ == last)) {
-      std::fprintf(stderr, "\r\033[Ktrain: %s", line.c_str());
+      fmt::print(stderr, "\r\033[Ktrain: {}", line);
       std::fflush(stderr);
       last_print = el;
     } else if (o_.verbose && !tty && (r.step % log_every == 0 || step_ == last)) {
-      std::fprintf(stderr, "train: %s\n", line.c_str());
+      fmt::print(stderr, "train: {}\n", line);
     }
     if (!o_.checkpoint_dir.empty() && o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0 && step_ < last) {
       LC_TRY(save_checkpoint(checkpoint_path()));
@@ -472,14 +474,14 @@ Status Trainer::run() {
       }
     }
   }
-  if (tty) std::fprintf(stderr, "\n");
+  if (tty) fmt::print(stderr, "\n");
   if (!o_.checkpoint_dir.empty()) LC_TRY(save_checkpoint(checkpoint_path()));
   if (!o_.out_path.empty()) {
     LC_TRY(export_model(o_.out_path));
     LC_TRY(write_loss_files(o_.out_path));
     if (o_.verbose) {
       const std::string stem = loss_file_stem(o_.out_path);
-      std::fprintf(stderr, "train: wrote %s, %s.loss.csv, .svg, .png\n", o_.out_path.c_str(), stem.c_str());
+      fmt::print(stderr, "train: wrote {}, {}.loss.csv, .svg, .png\n", o_.out_path, stem);
     }
   }
   return Status::ok();

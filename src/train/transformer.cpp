@@ -1,5 +1,7 @@
 #include "train/transformer.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -24,8 +26,8 @@ Expected<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   if (given.n_ctx == 0) given.n_ctx = max_tokens;
   LC_ASSIGN_OR_RETURN(ModelConfig c, resolve_config(given));
   if (max_tokens < 1 || max_tokens > c.n_ctx)
-    return make_error(strprintf("sequence length %lld must be in [1, n_ctx = %lld]", (long long)max_tokens,
-                                (long long)c.n_ctx));
+    return make_error(fmt::format("sequence length {} must be in [1, n_ctx = {}]", max_tokens,
+                                  c.n_ctx));
   std::unique_ptr<Transformer<T>> m(new Transformer<T>());
   m->c_ = c;
   m->max_t_ = max_tokens;
@@ -33,8 +35,8 @@ Expected<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   try {
     m->allocate();
   } catch (const std::bad_alloc&) {
-    return make_error(strprintf("out of memory allocating a model of %s for sequences of %lld tokens",
-                                describe(c).c_str(), (long long)max_tokens));
+    return make_error(fmt::format("out of memory allocating a model of {} for sequences of {} tokens",
+                                  describe(c), max_tokens));
   }
   m->rope_ = make_train_rope(c);
   m->rope_inv_ = grad::inverse_rope(m->rope_);
@@ -58,7 +60,7 @@ void Transformer<T>::layout() {
   output_norm_ = add("output_norm.weight", {E}, false);
   output_ = c_.tied ? tok_embd_ : add("output.weight", {E, V}, true);
   for (int64_t il = 0; il < c_.n_layer; ++il) {
-    auto nm = [&](const char* s) { return strprintf("blk.%lld.%s", (long long)il, s); };
+    auto nm = [&](const char* s) { return fmt::format("blk.{}.{}", il, s); };
     BlockOffsets L;
     L.attn_norm = add(nm("attn_norm.weight"), {E}, false);
     L.wq = add(nm("attn_q.weight"), {E, qd}, true);

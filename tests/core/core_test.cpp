@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -83,7 +85,7 @@ TEST(ThreadPool, FlushesSubnormalsInsideOnly) {
 }
 
 Expected<int> half(int x) {
-  if (x % 2) return make_error(strprintf("%d is odd", x));
+  if (x % 2) return make_error(fmt::format("{} is odd", x));
   return x / 2;
 }
 

@@ -1,4 +1,6 @@
 // Every method's table against its formula, at several (d, base, s, L0).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -25,17 +27,8 @@ const Case kCases[] = {
     {128, 1000000.0, 16.0, 32768}, {96, 10000.0, 3.5, 4096}, {80, 100000.0, 32.0, 2048},
 };
 
-std::string name(const Case& c) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "d=%lld base=%g s=%g L0=%lld", (long long)c.d, c.base, c.s,
-                (long long)c.l0);
-  return buf;
-}
-std::string num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+std::string name(const Case& c) { return fmt::format("d={} base={:g} s={:g} L0={}", c.d, c.base, c.s, c.l0); }
+std::string num(double v) { return fmt::format("{:.17g}", v); }
 double yarn_gain(double s) { return s <= 1 ? 1.0 : 0.1 * std::log(s) + 1.0; }
 
 // YaRN's band in pair indices, as the reference code computes it (floor/ceil, clamped).

@@ -1,5 +1,7 @@
 // Tokenizers built from in-memory GGUFs: hostile or inconsistent metadata must give an Error
 // (never a crash), and arbitrary input bytes must encode and decode safely.
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -29,11 +31,7 @@ Expected<std::unique_ptr<Tokenizer>> build(const gguf::Writer& w, Mem& m) {
 
 std::vector<std::string> spm_tokens() {
   std::vector<std::string> t = {"<unk>", "<s>", "</s>"};
-  char buf[8];
-  for (int b = 0; b < 256; ++b) {
-    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-    t.push_back(buf);
-  }
+  for (int b = 0; b < 256; ++b) t.push_back(fmt::format("<0x{:02X}>", b));
   for (const char* s : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab", "\xE2\x96\x81" "ab"})
     t.push_back(s);
   return t;

@@ -1,6 +1,8 @@
 // llama.cpp's tokenizer test vectors (tests/data/vocab/ggml-vocab-*.gguf with .inp/.out, as
 // test-tokenizer-0 reads them: inputs separated by "\n__ggml_vocab_test__\n", one line of ids
 // per input, add_special = false, parse_special = false).
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -193,8 +195,8 @@ TEST(VocabTest, EncodeThroughput) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto ids = tok->encode(text, false, false);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[ perf ] llama-bpe: %zu bytes -> %zu tokens in %.3f s (%.0f tokens/s)\n",
-              text.size(), ids.size(), sec, static_cast<double>(ids.size()) / sec);
+  fmt::print("[ perf ] llama-bpe: {} bytes -> {} tokens in {:.3f} s ({:.0f} tokens/s)\n",
+             text.size(), ids.size(), sec, static_cast<double>(ids.size()) / sec);
   EXPECT_LT(sec, 60.0);
   std::unique_ptr<gguf::File> file2;
   auto spm = load(kVocabDir + "ggml-vocab-llama-spm.gguf", file2);
@@ -202,8 +204,8 @@ TEST(VocabTest, EncodeThroughput) {
   const auto t1 = std::chrono::steady_clock::now();
   const auto ids2 = spm->encode(text, false, false);
   const double sec2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  std::printf("[ perf ] llama-spm: %zu bytes -> %zu tokens in %.3f s (%.0f tokens/s)\n",
-              text.size(), ids2.size(), sec2, static_cast<double>(ids2.size()) / sec2);
+  fmt::print("[ perf ] llama-spm: {} bytes -> {} tokens in {:.3f} s ({:.0f} tokens/s)\n",
+             text.size(), ids2.size(), sec2, static_cast<double>(ids2.size()) / sec2);
   EXPECT_LT(sec2, 60.0);
   // gpt-2 runs every merge (no whole-word shortcut).
   std::unique_ptr<gguf::File> file3;
@@ -212,8 +214,8 @@ TEST(VocabTest, EncodeThroughput) {
   const auto t2 = std::chrono::steady_clock::now();
   const auto ids3 = gpt2->encode(text, false, false);
   const double sec3 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
-  std::printf("[ perf ] gpt-2:     %zu bytes -> %zu tokens in %.3f s (%.0f tokens/s)\n",
-              text.size(), ids3.size(), sec3, static_cast<double>(ids3.size()) / sec3);
+  fmt::print("[ perf ] gpt-2:     {} bytes -> {} tokens in {:.3f} s ({:.0f} tokens/s)\n",
+             text.size(), ids3.size(), sec3, static_cast<double>(ids3.size()) / sec3);
   EXPECT_LT(sec3, 60.0);
 }
 

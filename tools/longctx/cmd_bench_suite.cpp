@@ -1,5 +1,7 @@
 // `longctx bench tasks | run | ppl`: the long-context benchmark suite (src/bench,
 // with its tasks from src/tasks and its plots from src/report).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -32,7 +34,7 @@ using nlohmann::json;
 
 int fail(const std::string& msg) {
   std::fflush(stdout);
-  std::fprintf(stderr, "longctx: error: %s\n", msg.c_str());
+  fmt::print(stderr, "longctx: error: {}\n", msg);
   return 1;
 }
 
@@ -96,10 +98,10 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
               uint64_t seed, int64_t max_new, int64_t obs, const std::string& tmpl_name, const std::string& out_path,
               bool show) {
   if (list) {
-    std::printf("%-16s %-9s %-18s %6s  %s\n", "task", "family", "metric", "budget", "what it measures");
+    fmt::print("{:<16} {:<9} {:<18} {:>6}  {}\n", "task", "family", "metric", "budget", "what it measures");
     for (const auto& t : tasks::task_list())
-      std::printf("%-16s %-9s %-18s %6lld  %s\n", t.name.c_str(), t.family.c_str(), tasks::metric_name(t.metric),
-                  (long long)t.new_tokens, t.description.c_str());
+      fmt::print("{:<16} {:<9} {:<18} {:6}  {}\n", t.name, t.family, tasks::metric_name(t.metric),
+                 t.new_tokens, t.description);
     return 0;
   }
   auto tasks = lc::tasks::expand_task_names(task_names.empty() ? std::vector<std::string>{"all"} : task_names);
@@ -131,7 +133,7 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
           tasks::SampleSpec spec{t, len, d, i, seed, {max_new, obs}};
           auto s = tasks::make_sample(r, spec);
           if (!s) {
-            std::fprintf(stderr, "longctx: skipped: %s\n", s.error().message.c_str());
+            fmt::print(stderr, "longctx: skipped: {}\n", s.error().message);
             continue;
           }
           ++made;
@@ -169,21 +171,21 @@ int cmd_tasks(bool list, const std::string& model_path, const std::vector<std::s
 }
 
 void print_report(const bench::RunReport& rep, const std::string& out_dir) {
-  std::printf("%-28s %-24s %8s %5s %7s %11s %10s %9s\n", "model", "method", "length", "n", "score", "prefill t/s",
-              "decode t/s", "RSS MiB");
+  fmt::print("{:<28} {:<24} {:>8} {:>5} {:>7} {:>11} {:>10} {:>9}\n", "model", "method", "length", "n", "score", "prefill t/s",
+             "decode t/s", "RSS MiB");
   for (const auto& c : rep.summary.cells) {
     if (c.task != "average") continue;
-    std::printf("%-28s %-24s %8s %5lld %7.2f %11.1f %10.2f %9.1f\n", c.model.c_str(), c.method.c_str(),
-                report::length_label(static_cast<double>(c.length)).c_str(), (long long)c.n, c.score, c.prefill_tps,
-                c.decode_tps, static_cast<double>(c.peak_rss) / (1024.0 * 1024.0));
+    fmt::print("{:<28} {:<24} {:>8} {:5} {:>7.2f} {:>11.1f} {:>10.2f} {:>9.1f}\n", c.model, c.method,
+               report::length_label(static_cast<double>(c.length)), c.n, c.score, c.prefill_tps,
+               c.decode_tps, static_cast<double>(c.peak_rss) / (1024.0 * 1024.0));
   }
   for (const auto& e : rep.summary.effective)
     if (e.task == "average")
-      std::printf("effective length (> %.1f): %s / %s: %s\n", rep.summary.threshold, e.model.c_str(), e.method.c_str(),
-                  e.length > 0 ? report::length_label(static_cast<double>(e.length)).c_str() : "none");
-  std::printf("%lld sample(s) run, %lld resumed from %s/results.jsonl, %lld skipped (length too short)\n",
-              (long long)rep.run, (long long)rep.resumed, out_dir.c_str(), (long long)rep.too_short);
-  std::printf("reports: %s/summary.csv, summary.json, effective_length.csv, *.svg, *.png\n", out_dir.c_str());
+      fmt::print("effective length (> {:.1f}): {} / {}: {}\n", rep.summary.threshold, e.model, e.method,
+                 e.length > 0 ? report::length_label(static_cast<double>(e.length)) : "none");
+  fmt::print("{} sample(s) run, {} resumed from {}/results.jsonl, {} skipped (length too short)\n",
+             rep.run, rep.resumed, out_dir, rep.too_short);
+  fmt::print("reports: {}/summary.csv, summary.json, effective_length.csv, *.svg, *.png\n", out_dir);
 }
 
 }  // namespace
@@ -380,9 +382,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           if (!model) return fail(model.error().message);
                           std::vector<int32_t> toks = (*model)->tokenizer().encode(text, true, false);
                           if (static_cast<int64_t>(toks.size()) < len)
-                            return fail(lc::strprintf("%s has %zu tokens, fewer than --length %lld (a repeated text would "
-                                                      "make later positions easier, so it is not repeated)",
-                                                      path.c_str(), toks.size(), (long long)len));
+                            return fail(fmt::format("{} has {} tokens, fewer than --length {} (a repeated text would "
+                                                    "make later positions easier, so it is not repeated)",
+                                                    path, toks.size(), len));
                           toks.resize(static_cast<size_t>(len));
                           const std::string name = ref.image ? ref.name : std::filesystem::path(mp).filename().string();
                           for (const auto& m : *ms) {
@@ -401,11 +403,11 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                             if (!c) return fail(c.error().message);
                             c->model = name;
                             c->method = m.label();
-                            std::printf("%s / %s: %lld tokens, perplexity %.3f, %.1f tokens/s\n", name.c_str(),
-                                        c->method.c_str(), (long long)c->n_tokens, c->ppl,
-                                        c->seconds > 0 ? static_cast<double>(c->n_tokens) / c->seconds : 0.0);
+                            fmt::print("{} / {}: {} tokens, perplexity {:.3f}, {:.1f} tokens/s\n", name,
+                                       c->method, c->n_tokens, c->ppl,
+                                       c->seconds > 0 ? static_cast<double>(c->n_tokens) / c->seconds : 0.0);
                             for (const auto& b : c->buckets)
-                              std::printf("  [%7lld, %7lld)  ppl %10.3f\n", (long long)b.begin, (long long)b.end, b.ppl);
+                              fmt::print("  [{:7}, {:7})  ppl {:>10.3f}\n", b.begin, b.end, b.ppl);
                             curves.push_back(std::move(*c));
                           }
                         }
@@ -414,7 +416,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         st = bench::write_ppl_plot(curves, o->out + "/ppl_vs_position");
                         report::release_plot_caches();  // nothing draws after this
                         if (!st) return fail(st.message());
-                        std::printf("reports: %s/ppl.csv, %s/ppl_vs_position.svg, .png\n", o->out.c_str(), o->out.c_str());
+                        fmt::print("reports: {}/ppl.csv, {}/ppl_vs_position.svg, .png\n", o->out, o->out);
                         return 0;
                       } catch (const std::exception& e) {
                         return fail(e.what());

@@ -1,5 +1,7 @@
 // `longctx train`: trains a Llama-architecture model from scratch on a text or token file and
 // exports it as a GGUF that `longctx run` (and llama.cpp) load (src/train).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
 
@@ -83,19 +85,19 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
     lc::train::TrainOptions o = args->o;
     auto fmt = lc::train::parse_data_format(args->data_format);
     if (!fmt) {
-      std::fprintf(stderr, "longctx: error: --data-format: %s\n", fmt.error().message.c_str());
+      fmt::print(stderr, "longctx: error: --data-format: {}\n", fmt.error().message);
       return 1;
     }
     o.data_format = *fmt;
     o.model.tied = args->output == "tied";
     auto tr = lc::train::Trainer::create(o);
     if (!tr) {
-      std::fprintf(stderr, "longctx: error: %s\n", tr.error().message.c_str());
+      fmt::print(stderr, "longctx: error: {}\n", tr.error().message);
       return 1;
     }
     lc::Status st = (*tr)->run();
     if (!st) {
-      std::fprintf(stderr, "longctx: error: %s\n", st.message().c_str());
+      fmt::print(stderr, "longctx: error: {}\n", st.message());
       return 1;
     }
     return 0;

@@ -1,6 +1,8 @@
 // `longctx make-vocab`: trains a byte-level BPE vocabulary on text files and/or on the text of
 // the synthetic curriculum, and writes it as a vocabulary-only GGUF for `longctx train --vocab`
 // (src/tokenizer/bpe_train.h).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -23,7 +25,7 @@ struct VocabArgs {
 };
 
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "longctx: error: %s\n", msg.c_str());
+  fmt::print(stderr, "longctx: error: {}\n", msg);
   return 1;
 }
 
@@ -96,8 +98,8 @@ std::vector<RegisteredCommand> add_vocab_commands(CLI::App* app) {
     if (!vocab) return fail("make-vocab: " + vocab.error().message);
     if (lc::Status st = lc::write_bpe_vocab(*vocab, "longctx BPE vocabulary", a->out); !st)
       return fail("make-vocab: " + st.message());
-    std::fprintf(stderr, "wrote %s: %zu tokens, %zu merges\n", a->out.c_str(), vocab->tokens.size(),
-                 vocab->merges.size());
+    fmt::print(stderr, "wrote {}: {} tokens, {} merges\n", a->out, vocab->tokens.size(),
+               vocab->merges.size());
     return 0;
   };
   return {cmd};

@@ -1,5 +1,7 @@
 // longctx: the command-line front end. Subcommands: run, chat, info, tokenize, perplexity,
 // bench speed, bench press, make-model.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -41,16 +43,16 @@ using lc::Status;
 
 int fail(const std::string& msg) {
   std::fflush(stdout);
-  std::fprintf(stderr, "longctx: error: %s\n", msg.c_str());
+  fmt::print(stderr, "longctx: error: {}\n", msg);
   return 1;
 }
 
 Expected<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return lc::make_error(lc::strprintf("%s: cannot open prompt file", path.c_str()));
+  if (!in) return lc::make_error(fmt::format("{}: cannot open prompt file", path));
   std::ostringstream ss;
   ss << in.rdbuf();
-  if (in.bad()) return lc::make_error(lc::strprintf("%s: read error", path.c_str()));
+  if (in.bad()) return lc::make_error(fmt::format("{}: read error", path));
   return ss.str();
 }
 
@@ -74,19 +76,19 @@ Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
 }
 
 void print_summary(const lc::RequestStats& st, const lc::Context& ctx) {
-  std::fprintf(stderr,
-               "\n\nprompt:     %6lld tokens in %8.3f s = %9.2f tokens/s\n"
-               "generation: %6lld tokens in %8.3f s = %9.2f tokens/s\n"
-               "memory:     peak RSS %.1f MiB, KV cache %.2f MiB in use (%.2f MiB resident, %.2f MiB spilled; "
-               "%lld tokens seen, %zu bytes/token), activations %.2f MiB\n",
-               (long long)st.n_prompt, st.t_prompt, st.t_prompt > 0 ? st.n_prompt / st.t_prompt : 0.0,
-               (long long)st.n_gen, st.t_gen, st.t_gen > 0 ? st.n_gen / st.t_gen : 0.0,
-               mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().memory().in_use_bytes)),
-               mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
-               mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), (long long)ctx.n_past(),
-               ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
-  std::fprintf(stderr, "method:     rope %s, attention %s\n", ctx.rope_plan().describe().c_str(),
-               ctx.attention().spec().c_str());
+  fmt::print(stderr,
+             "\n\nprompt:     {:6} tokens in {:>8.3f} s = {:>9.2f} tokens/s\n"
+             "generation: {:6} tokens in {:>8.3f} s = {:>9.2f} tokens/s\n"
+             "memory:     peak RSS {:.1f} MiB, KV cache {:.2f} MiB in use ({:.2f} MiB resident, {:.2f} MiB spilled; "
+             "{} tokens seen, {} bytes/token), activations {:.2f} MiB\n",
+             st.n_prompt, st.t_prompt, st.t_prompt > 0 ? st.n_prompt / st.t_prompt : 0.0,
+             st.n_gen, st.t_gen, st.t_gen > 0 ? st.n_gen / st.t_gen : 0.0,
+             mib(lc::peak_rss_bytes()), mib(static_cast<int64_t>(ctx.kv().memory().in_use_bytes)),
+             mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
+             mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), ctx.n_past(),
+             ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
+  fmt::print(stderr, "method:     rope {}, attention {}\n", ctx.rope_plan().describe(),
+             ctx.attention().spec());
 }
 
 // Streams generated text to stdout as it comes.
@@ -165,10 +167,10 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   print_summary(*st, (*session)->context());
   if (!prompt_cache.empty()) {
     if (Status s = (*session)->save(prompt_cache); !s) return fail("--prompt-cache: " + s.message());
-    std::fprintf(stderr, "prompt cache: %lld prompt tokens reused, %lld evaluated; saved %s\n", (long long)st->n_reused,
-                 (long long)st->n_prompt, prompt_cache.c_str());
+    fmt::print(stderr, "prompt cache: {} prompt tokens reused, {} evaluated; saved {}\n", st->n_reused,
+               st->n_prompt, prompt_cache);
   }
-  if (!qttt_spec.empty()) std::fprintf(stderr, "%s\n", lc::qttt_summary(st->qttt).c_str());
+  if (!qttt_spec.empty()) fmt::print(stderr, "{}\n", lc::qttt_summary(st->qttt));
   return 0;
 }
 
@@ -188,8 +190,8 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
   auto session = make_session(**model, co, "");
   if (!session) return fail(session.error().message);
   if (Status s = (*session)->check_multi_turn(); !s) return fail(s.message());
-  std::fprintf(stderr, "chat template: %s. Type a message; an empty line or Ctrl-D ends.\n",
-               lc::chat_template_name(tmpl));
+  fmt::print(stderr, "chat template: {}. Type a message; an empty line or Ctrl-D ends.\n",
+             lc::chat_template_name(tmpl));
   lc::Sampler sampler(*sp);
   std::vector<lc::ChatMessage> msgs;
   if (!system.empty()) msgs.push_back({"system", system});
@@ -198,7 +200,7 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
   go.n_predict = n_predict;
   std::string line;
   for (;;) {
-    std::fprintf(stderr, "\n> ");
+    fmt::print(stderr, "\n> ");
     if (!std::getline(std::cin, line) || line.empty()) break;
     msgs.push_back({"user", line});
     // The whole conversation, re-rendered; the Session evaluates what the cache does not hold.
@@ -228,11 +230,11 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
   const lc::HParams& hp = (*model)->hparams();
-  if (per_layer > hp.n_head) return fail(lc::strprintf("--per-layer %lld exceeds the %lld heads per layer",
-                                                        (long long)per_layer, (long long)hp.n_head));
+  if (per_layer > hp.n_head) return fail(fmt::format("--per-layer {} exceeds the {} heads per layer",
+                                                      per_layer, hp.n_head));
   if (total > hp.n_layer * hp.n_head)
-    return fail(lc::strprintf("--total %lld exceeds the model's %lld heads", (long long)total,
-                              (long long)(hp.n_layer * hp.n_head)));
+    return fail(fmt::format("--total {} exceeds the model's {} heads", total,
+                            hp.n_layer * hp.n_head));
   lc::AttnShape as{hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.head_dim_v, 0.0f};
   auto cal = lc::make_lychee_calibrator(as, far);
   if (!cal) return fail(cal.error().message);
@@ -241,8 +243,8 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
   if (!cp) return fail(cp.error().message);
   const auto ids = (*model)->tokenizer().encode(*text, true, false);
   if (static_cast<int64_t>(ids.size()) <= far)
-    return fail(lc::strprintf("the calibration prompt has %zu tokens; it needs more than --far %lld",
-                              ids.size(), (long long)far));
+    return fail(fmt::format("the calibration prompt has {} tokens; it needs more than --far {}",
+                            ids.size(), far));
   cp->n_ctx = std::max<int64_t>(cp->n_ctx, static_cast<int64_t>(ids.size()));
   auto ctx = lc::Context::create(**model, *cp, std::move(*cal));
   if (!ctx) return fail(ctx.error().message);
@@ -253,13 +255,13 @@ int cmd_calibrate(const CommonOpts& co, const std::string& file, int64_t far, in
   s = lc::save_retrieval_heads(out, rh);
   if (!s) return fail(s.message());
   for (int64_t il = 0; il < hp.n_layer; ++il) {
-    std::printf("layer %lld:", (long long)il);
+    fmt::print("layer {}:", il);
     for (int32_t h : rh.heads[static_cast<size_t>(il)])
-      std::printf(" %d (far mass %.3f)", h, stats->stats().mean(il, h));
-    std::printf("\n");
+      fmt::print(" {} (far mass {:.3f})", h, stats->stats().mean(il, h));
+    fmt::print("\n");
   }
-  std::fprintf(stderr, "wrote %s; use --attn lychee:%sheads=%s\n", out.c_str(), total > 0 ? "share=head," : "",
-               out.c_str());
+  fmt::print(stderr, "wrote {}; use --attn lychee:{}heads={}\n", out, total > 0 ? "share=head," : "",
+             out);
   return 0;
 }
 
@@ -270,43 +272,43 @@ int cmd_info(const std::string& path) {
   const lc::HParams& hp = m.hparams();
   const lc::Tokenizer& tok = m.tokenizer();
   const auto& f = m.file();
-  std::printf("file:            %s (GGUF v%u, %.2f MiB, %zu tensors, %zu metadata keys)\n", path.c_str(),
-              f.version(), mib(static_cast<int64_t>(f.file_size())), f.tensors().size(), f.metadata().size());
-  if (auto n = f.get_string("general.name")) std::printf("name:            %s\n", n->c_str());
-  std::printf("architecture:    %s\n", lc::arch_name(hp.arch));
-  std::printf("n_vocab:         %lld\nn_ctx_train:     %lld\nn_embd:          %lld\nn_layer:         %lld\n",
-              (long long)hp.n_vocab, (long long)hp.n_ctx_train, (long long)hp.n_embd, (long long)hp.n_layer);
-  std::printf("n_head:          %lld\nn_head_kv:       %lld (GQA %lld)\nhead_dim:        %lld (v %lld)\nn_ff:            %lld\n",
-              (long long)hp.n_head, (long long)hp.n_head_kv, (long long)hp.n_gqa(), (long long)hp.head_dim,
-              (long long)hp.head_dim_v, (long long)hp.n_ff);
-  std::printf("rms_eps:         %g\n", hp.rms_eps);
-  std::printf("rope:            %s pairs, n_rot %lld, base %g, scaling %s (freq_scale %g, orig ctx %lld)%s\n",
-              hp.rope_kind == lc::RopeKind::kNorm ? "adjacent" : "neox", (long long)hp.n_rot, hp.rope_base,
-              lc::rope_scaling_name(hp.rope_scaling), hp.rope_freq_scale, (long long)hp.rope_orig_ctx,
-              m.rope_freq_factors().empty() ? "" : ", rope_freqs tensor present");
+  fmt::print("file:            {} (GGUF v{}, {:.2f} MiB, {} tensors, {} metadata keys)\n", path,
+             f.version(), mib(static_cast<int64_t>(f.file_size())), f.tensors().size(), f.metadata().size());
+  if (auto n = f.get_string("general.name")) fmt::print("name:            {}\n", *n);
+  fmt::print("architecture:    {}\n", lc::arch_name(hp.arch));
+  fmt::print("n_vocab:         {}\nn_ctx_train:     {}\nn_embd:          {}\nn_layer:         {}\n",
+             hp.n_vocab, hp.n_ctx_train, hp.n_embd, hp.n_layer);
+  fmt::print("n_head:          {}\nn_head_kv:       {} (GQA {})\nhead_dim:        {} (v {})\nn_ff:            {}\n",
+             hp.n_head, hp.n_head_kv, hp.n_gqa(), hp.head_dim,
+             hp.head_dim_v, hp.n_ff);
+  fmt::print("rms_eps:         {:g}\n", hp.rms_eps);
+  fmt::print("rope:            {} pairs, n_rot {}, base {:g}, scaling {} (freq_scale {:g}, orig ctx {}){}\n",
+             hp.rope_kind == lc::RopeKind::kNorm ? "adjacent" : "neox", hp.n_rot, hp.rope_base,
+             lc::rope_scaling_name(hp.rope_scaling), hp.rope_freq_scale, hp.rope_orig_ctx,
+             m.rope_freq_factors().empty() ? "" : ", rope_freqs tensor present");
   if (hp.fixed_distance > 0 || hp.logn_orig > 0)
-    std::printf("long context:    trained distance ceiling %lld, logn from %lld (defaults: --attn fixed:distance=%lld, "
-                "--rope logn:orig=%lld; 0: none)\n",
-                (long long)hp.fixed_distance, (long long)hp.logn_orig, (long long)hp.fixed_distance,
-                (long long)hp.logn_orig);
-  std::printf("output:          %s\n", m.tied_output() ? "tied to token_embd" : "separate output.weight");
-  std::printf("tokenizer:       %s (pre %s), %d tokens, bos %d, eos %d, add_bos %s, add_eos %s\n",
-              tok.model_name().c_str(), tok.pre_name().empty() ? "-" : tok.pre_name().c_str(), tok.n_vocab(),
-              tok.bos(), tok.eos(), tok.add_bos() ? "yes" : "no", tok.add_eos() ? "yes" : "no");
-  std::printf("chat template:   %s\n", lc::chat_template_name(lc::detect_chat_template(f, tok)));
+    fmt::print("long context:    trained distance ceiling {}, logn from {} (defaults: --attn fixed:distance={}, "
+               "--rope logn:orig={}; 0: none)\n",
+               hp.fixed_distance, hp.logn_orig, hp.fixed_distance,
+               hp.logn_orig);
+  fmt::print("output:          {}\n", m.tied_output() ? "tied to token_embd" : "separate output.weight");
+  fmt::print("tokenizer:       {} (pre {}), {} tokens, bos {}, eos {}, add_bos {}, add_eos {}\n",
+             tok.model_name(), tok.pre_name().empty() ? "-" : tok.pre_name(), tok.n_vocab(),
+             tok.bos(), tok.eos(), tok.add_bos() ? "yes" : "no", tok.add_eos() ? "yes" : "no");
+  fmt::print("chat template:   {}\n", lc::chat_template_name(lc::detect_chat_template(f, tok)));
   std::map<std::string, std::pair<int, size_t>> by_type;
   for (const auto& t : f.tensors()) {
     auto& e = by_type[lc::dtype_name(t.type)];
     e.first++;
     e.second += t.n_bytes;
   }
-  std::printf("weights:         %.2f MiB:", mib(static_cast<int64_t>(m.weight_bytes())));
-  for (const auto& [name, e] : by_type) std::printf(" %s x%d (%.2f MiB)", name.c_str(), e.first, mib(static_cast<int64_t>(e.second)));
-  std::printf("\n\ntensors:\n");
+  fmt::print("weights:         {:.2f} MiB:", mib(static_cast<int64_t>(m.weight_bytes())));
+  for (const auto& [name, e] : by_type) fmt::print(" {} x{} ({:.2f} MiB)", name, e.first, mib(static_cast<int64_t>(e.second)));
+  fmt::print("\n\ntensors:\n");
   for (const auto& t : f.tensors()) {
     std::string shape;
     for (int d = 0; d < t.n_dims; ++d) shape += (d ? ", " : "") + std::to_string(t.ne[d]);
-    std::printf("  %-32s %-6s [%s] %zu bytes\n", t.name.c_str(), lc::dtype_name(t.type), shape.c_str(), t.n_bytes);
+    fmt::print("  {:<32} {:<6} [{}] {} bytes\n", t.name, lc::dtype_name(t.type), shape, t.n_bytes);
   }
   return 0;
 }
@@ -324,13 +326,13 @@ int cmd_tokenize(const CommonOpts& co, const std::string& prompt, const std::str
   const lc::Tokenizer& tok = (*model)->tokenizer();
   auto ids = tok.encode(text, !no_bos, parse_special);
   if (ids_only) {
-    std::printf("[");
-    for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? ", " : "", ids[i]);
-    std::printf("]\n");
+    fmt::print("[");
+    for (size_t i = 0; i < ids.size(); ++i) fmt::print("{}{}", i ? ", " : "", ids[i]);
+    fmt::print("]\n");
     return 0;
   }
-  for (int32_t id : ids) std::printf("%6d -> '%s'\n", id, tok.token_to_piece(id, true).c_str());
-  std::fprintf(stderr, "%zu tokens\n", ids.size());
+  for (int32_t id : ids) fmt::print("{:6} -> '{}'\n", id, tok.token_to_piece(id, true));
+  fmt::print(stderr, "{} tokens\n", ids.size());
   return 0;
 }
 
@@ -348,18 +350,18 @@ int cmd_perplexity(const CommonOpts& co, const std::string& file, int64_t chunk)
   if (!session) return fail(session.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
   auto ids = tok.encode(*text, true, false);
-  std::fprintf(stderr, "perplexity: %zu tokens, chunks of %lld\n", ids.size(), (long long)chunk);
+  fmt::print(stderr, "perplexity: {} tokens, chunks of {}\n", ids.size(), chunk);
   const double t0 = lc::now_seconds();
   auto r = lc::perplexity((*session)->context(), ids, chunk, [](int64_t i, double ppl) {
-    std::printf("[%lld]%.4f,", (long long)(i + 1), ppl);
+    fmt::print("[{}]{:.4f},", i + 1, ppl);
     std::fflush(stdout);
   });
   if (!r) return fail(r.error().message);
   const double dt = lc::now_seconds() - t0;
-  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r->ppl, r->ppl_err);
-  std::fprintf(stderr, "%lld chunks, %lld scored tokens, %.2f s (%.1f tokens/s), peak RSS %.1f MiB\n",
-               (long long)r->n_chunks, (long long)r->n_scored, dt, r->n_chunks * chunk / dt,
-               mib(lc::peak_rss_bytes()));
+  fmt::print("\nFinal estimate: PPL = {:.4f} +/- {:.5f}\n", r->ppl, r->ppl_err);
+  fmt::print(stderr, "{} chunks, {} scored tokens, {:.2f} s ({:.1f} tokens/s), peak RSS {:.1f} MiB\n",
+             r->n_chunks, r->n_scored, dt, r->n_chunks * chunk / dt,
+             mib(lc::peak_rss_bytes()));
   return 0;
 }
 
@@ -405,7 +407,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   auto report = [&](const SpeedRow& row) {
     rows.push_back(row);
     if (output == "md")
-      std::fprintf(stderr, "%s %s: %.2f t/s\n", row.attn.c_str(), row.t.name.c_str(), row.t.mean());
+      fmt::print(stderr, "{} {}: {:.2f} t/s\n", row.attn, row.t.name, row.t.mean());
   };
   if (interleave) {
     // Repetitions go round the backends: repetition r of every backend runs before repetition
@@ -508,17 +510,17 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
                    {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss},
                    {"vs_first", vs_first[ri]}});
     }
-    std::printf("%s\n", j.dump(1).c_str());
+    fmt::print("{}\n", j.dump(1));
   } else {
-    std::printf("| model | weights | threads | attn | test | t/s | vs first | KV B/token | KV in use | peak RSS |\n"
-                "|---|---|---:|---|---|---:|---:|---:|---:|---:|\n");
+    fmt::print("| model | weights | threads | attn | test | t/s | vs first | KV B/token | KV in use | peak RSS |\n"
+               "|---|---|---:|---|---|---:|---:|---:|---:|---:|\n");
     for (size_t ri = 0; ri < rows.size(); ++ri) {
       const SpeedRow& r = rows[ri];
-      std::printf("| %s | %s | %d | %s | %s | %.2f ± %.2f | %.2fx | %zu | %.1f MiB | %.1f MiB |\n", model_name.c_str(),
-                  type_str.c_str(), threads, r.attn.c_str(), r.t.name.c_str(), r.t.mean(), r.t.stddev(),
-                  vs_first[ri], r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
+      fmt::print("| {} | {} | {} | {} | {} | {:.2f} ± {:.2f} | {:.2f}x | {} | {:.1f} MiB | {:.1f} MiB |\n", model_name,
+                 type_str, threads, r.attn, r.t.name, r.t.mean(), r.t.stddev(),
+                 vs_first[ri], r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
     }
-    if (!fill_attn.empty()) std::printf("\ncache filled to each depth with --fill-attn %s (not timed)\n", fill_attn.c_str());
+    if (!fill_attn.empty()) fmt::print("\ncache filled to each depth with --fill-attn {} (not timed)\n", fill_attn);
   }
   return 0;
 }
@@ -535,8 +537,8 @@ int cmd_bench_press(const CommonOpts& co, const std::vector<int64_t>& lens, int6
   if (!model) return fail(model.error().message);
   const std::string press_name = co.kv_press.empty() ? "none" : co.kv_press;
   if (header)
-    std::printf("| press | context | KV before (MiB) | KV after (MiB) | KV in use (MiB) | prefill (s) | compression (s) | "
-                "decode (tok/s) | peak RSS (MiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fmt::print("| press | context | KV before (MiB) | KV after (MiB) | KV in use (MiB) | prefill (s) | compression (s) | "
+               "decode (tok/s) | peak RSS (MiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int64_t L : lens) {
     auto cpe = co.ctx_params();
     if (!cpe) return fail(cpe.error().message);
@@ -578,10 +580,10 @@ int cmd_bench_press(const CommonOpts& co, const std::vector<int64_t>& lens, int6
       if (!s) return fail(s.message());
     }
     const double t_dec = lc::now_seconds() - t0;
-    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f |\n", press_name.c_str(), (long long)L,
-                mib(static_cast<int64_t>(before)), mib(static_cast<int64_t>(after)),
-                mib(static_cast<int64_t>(mem.in_use_bytes)), t_prefill - c.press_seconds(), c.press_seconds(),
-                static_cast<double>(n_gen) / t_dec, mib(lc::peak_rss_bytes()));
+    fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.0f} |\n", press_name, L,
+               mib(static_cast<int64_t>(before)), mib(static_cast<int64_t>(after)),
+               mib(static_cast<int64_t>(mem.in_use_bytes)), t_prefill - c.press_seconds(), c.press_seconds(),
+               static_cast<double>(n_gen) / t_dec, mib(lc::peak_rss_bytes()));
     std::fflush(stdout);
   }
   return 0;
@@ -591,10 +593,10 @@ int cmd_make_model(const std::string& shape, const std::string& type, const std:
                    const std::string& out, uint64_t seed, int64_t layers) {
   if (shape != "smollm2-135m") return fail("--shape: only smollm2-135m is known");
   auto t = lc::dtype_from_name(type);
-  if (!t || !lc::kernels::can_quantize(*t)) return fail(lc::strprintf("--type: cannot write '%s' weights", type.c_str()));
+  if (!t || !lc::kernels::can_quantize(*t)) return fail(fmt::format("--type: cannot write '{}' weights", type));
   lc::RandomModelSpec spec = lc::smollm2_135m_spec();
   if (layers != 0) {
-    if (layers < 1 || layers > 1024) return fail(lc::strprintf("--layers: %lld is not in 1..1024", (long long)layers));
+    if (layers < 1 || layers > 1024) return fail(fmt::format("--layers: {} is not in 1..1024", layers));
     spec.n_layer = layers;
   }
   spec.weight_type = *t;
@@ -602,7 +604,7 @@ int cmd_make_model(const std::string& shape, const std::string& type, const std:
   spec.seed = seed;
   Status s = lc::write_random_model(spec, out);
   if (!s) return fail(s.message());
-  std::fprintf(stderr, "wrote %s\n", out.c_str());
+  fmt::print(stderr, "wrote {}\n", out);
   return 0;
 }
 
