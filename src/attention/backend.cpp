@@ -1,5 +1,7 @@
 #include "attention/backend.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 namespace lc {
@@ -11,28 +13,28 @@ AttentionBackend::AttentionBackend(const AttnShape& s) : shape_(s) {
 Status AttentionBackend::attach(KvCache& kv) {
   if (kv.n_layer() != shape_.n_layer || kv.n_head_kv() != shape_.n_head_kv ||
       kv.head_dim() != shape_.head_dim || kv.head_dim_v() != shape_.head_dim_v)
-    return make_error(strprintf("attention %s: the KV cache shape (layers %lld, KV heads %lld, head_dim %lld/%lld) "
-                                "does not match the model's (%lld, %lld, %lld/%lld)",
-                                spec().c_str(), (long long)kv.n_layer(), (long long)kv.n_head_kv(),
-                                (long long)kv.head_dim(), (long long)kv.head_dim_v(), (long long)shape_.n_layer,
-                                (long long)shape_.n_head_kv, (long long)shape_.head_dim,
-                                (long long)shape_.head_dim_v));
+    return make_error(fmt::format("attention {}: the KV cache shape (layers {}, KV heads {}, head_dim {}/{}) "
+                                  "does not match the model's ({}, {}, {}/{})",
+                                  spec(), kv.n_layer(), kv.n_head_kv(),
+                                  kv.head_dim(), kv.head_dim_v(), shape_.n_layer,
+                                  shape_.n_head_kv, shape_.head_dim,
+                                  shape_.head_dim_v));
   return Status::ok();
 }
 
 Status AttentionBackend::check_call(int64_t il, int64_t n, const KvCache& kv) const {
   if (il < 0 || il >= shape_.n_layer)
-    return make_error(strprintf("attention: layer %lld out of range [0, %lld)", (long long)il,
-                                (long long)shape_.n_layer));
+    return make_error(fmt::format("attention: layer {} out of range [0, {})", il,
+                                  shape_.n_layer));
   if (n < 1) return make_error("attention: no queries");
   if (kv.n_head_kv() != shape_.n_head_kv || kv.head_dim() != shape_.head_dim ||
       kv.head_dim_v() != shape_.head_dim_v)
     return make_error("attention: KV cache shape differs from the backend's (call attach first)");
   for (int64_t h = 0; h < shape_.n_head_kv; ++h)
     if (kv.n_tokens(il, h) < n)
-      return make_error(strprintf("attention: layer %lld KV head %lld holds %lld tokens but the chunk has %lld "
-                                  "queries: append the chunk's keys before forward()",
-                                  (long long)il, (long long)h, (long long)kv.n_tokens(il, h), (long long)n));
+      return make_error(fmt::format("attention: layer {} KV head {} holds {} tokens but the chunk has {} "
+                                    "queries: append the chunk's keys before forward()",
+                                    il, h, kv.n_tokens(il, h), n));
   return Status::ok();
 }
 

@@ -3,6 +3,8 @@
 // l' = l e^{m-m'} + sum_j e^{s_j-m'}, o' = o e^{m-m'} + sum_j e^{s_j-m'} v_j), so no n x n
 // score matrix exists. A tile is up to 64 query rows (tokens x the heads of one GQA group)
 // against one KV block: each block is loaded once per tile. The default method.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -214,7 +216,7 @@ namespace {
 class DenseBackend final : public ExecBackend {
  public:
   DenseBackend(const AttnShape& s, int64_t split) : ExecBackend(s) { split_ = split; }
-  std::string spec() const override { return split_ == kDefaultSplit ? "dense" : strprintf("dense:split=%lld", (long long)split_); }
+  std::string spec() const override { return split_ == kDefaultSplit ? "dense" : fmt::format("dense:split={}", split_); }
   AttentionCaps caps() const override { return exact_caps(); }
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {

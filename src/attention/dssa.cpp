@@ -8,6 +8,8 @@
 // A query attends the initial blocks (`sinks` tokens, rounded up to blocks), the top-k
 // blocks by s(b), and its local window (`local` tokens, extended down to a block boundary).
 // Queries that see no more than `switch` tokens attend densely.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -27,9 +29,9 @@ class DssaBackend final : public ExecBackend {
         heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {}
 
   std::string spec() const override {
-    return strprintf("dssa:switch=%lld,block=%lld,kernel=%lld,stride=%lld,topk=%lld,sinks=%lld,local=%lld",
-                     (long long)switch_, (long long)block_, (long long)kernel_, (long long)stride_,
-                     (long long)topk_, (long long)sinks_, (long long)local_);
+    return fmt::format("dssa:switch={},block={},kernel={},stride={},topk={},sinks={},local={}",
+                       switch_, block_, kernel_, stride_,
+                       topk_, sinks_, local_);
   }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,

@@ -18,6 +18,8 @@
 // the GQA group), plus the near keys and the far keys of the last, incomplete page, exactly.
 // The last `tail` tokens of each call (the decoded token; the question at the end of a prompt)
 // choose alone; earlier tokens choose per tile of up to 64 query rows.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -38,9 +40,9 @@ class FixedBackend final : public ExecBackend {
   }
 
   std::string spec() const override {
-    std::string s = strprintf("fixed:distance=%lld", (long long)distance_);
-    if (budget_ > 0) s += strprintf(",budget=%lld,page=%lld,tail=%lld", (long long)budget_, (long long)page_, (long long)tail_);
-    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    std::string s = fmt::format("fixed:distance={}", distance_);
+    if (budget_ > 0) s += fmt::format(",budget={},page={},tail={}", budget_, page_, tail_);
+    if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
   }
 
@@ -242,8 +244,8 @@ Expected<BackendPtr> make_fixed(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   if (budget > 0 && budget < page)
-    return make_error(strprintf("fixed: budget=%lld is less than one page (page=%lld); give budget=0 for all far "
-                                "keys or at least one page", (long long)budget, (long long)page));
+    return make_error(fmt::format("fixed: budget={} is less than one page (page={}); give budget=0 for all far "
+                                  "keys or at least one page", budget, page));
   if (distance < 1)
     return make_error("fixed: give distance=N (the model was not trained with a distance ceiling, so there is no "
                       "default: its GGUF has no longctx.attention.fixed_distance)");

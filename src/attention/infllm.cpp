@@ -12,6 +12,8 @@
 // "attention received from the following local tokens", computed without rotation and kept
 // as running sums, so it does not depend on how prefill is chunked). Memory blocks live in the
 // paged cache (they may be spilled to disk with --kv-spill).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -33,10 +35,10 @@ class InfLlmBackend final : public ExecBackend {
   }
 
   std::string spec() const override {
-    std::string s = strprintf("infllm:sinks=%lld,local=%lld,block=%lld,reps=%lld,topk=%lld,chunk=%lld",
-                              (long long)n_init_, (long long)n_local_, (long long)block_, (long long)reps_,
-                              (long long)topk_, (long long)chunk_);
-    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    std::string s = fmt::format("infllm:sinks={},local={},block={},reps={},topk={},chunk={}",
+                                n_init_, n_local_, block_, reps_,
+                                topk_, chunk_);
+    if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
   }
 

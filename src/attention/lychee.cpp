@@ -23,6 +23,8 @@
 //   few heads for the whole model (`longctx calibrate --total N`).
 #include "attention/lychee.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -56,12 +58,12 @@ class LycheeBackend final : public ExecBackend {
   }
 
   std::string spec() const override {
-    std::string s = strprintf("lychee:budget=%lld,block=%lld,sinks=%lld,local=%lld,retrieval=%lld",
-                              (long long)budget_, (long long)block_, (long long)sinks_, (long long)local_,
-                              (long long)n_ret_);
+    std::string s = fmt::format("lychee:budget={},block={},sinks={},local={},retrieval={}",
+                                budget_, block_, sinks_, local_,
+                                n_ret_);
     if (!file_.empty()) s += ",heads=" + file_;
     if (head_share_) s += ",share=head";
-    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
   }
 
@@ -278,7 +280,7 @@ class Calibrator final : public LycheeCalibrator {
     stats_.far_mass.assign(static_cast<size_t>(s.n_layer * s.n_head), 0.0);
     stats_.n_rows.assign(static_cast<size_t>(s.n_layer * s.n_head), 0);
   }
-  std::string spec() const override { return strprintf("lychee-calibrate:far=%lld", (long long)stats_.far); }
+  std::string spec() const override { return fmt::format("lychee-calibrate:far={}", stats_.far); }
   const LycheeHeadStats& stats() const override { return stats_; }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
@@ -342,7 +344,7 @@ class Calibrator final : public LycheeCalibrator {
 }  // namespace
 
 Expected<std::unique_ptr<LycheeCalibrator>> make_lychee_calibrator(const AttnShape& shape, int64_t far) {
-  if (far < 1) return make_error(strprintf("lychee calibration: far distance %lld must be >= 1", (long long)far));
+  if (far < 1) return make_error(fmt::format("lychee calibration: far distance {} must be >= 1", far));
   return std::unique_ptr<LycheeCalibrator>(new Calibrator(shape, far));
 }
 
@@ -381,23 +383,23 @@ RetrievalHeads pick_retrieval_heads_total(const LycheeHeadStats& s, int64_t tota
 
 Status save_retrieval_heads(const std::string& path, const RetrievalHeads& h) {
   std::ofstream f(path);
-  if (!f) return make_error(strprintf("cannot write retrieval heads to '%s'", path.c_str()));
+  if (!f) return make_error(fmt::format("cannot write retrieval heads to '{}'", path));
   f << "longctx-retrieval-heads 1\n" << "n_layer " << h.n_layer << " n_head " << h.n_head << "\n";
   for (int64_t il = 0; il < h.n_layer; ++il) {
     f << "layer " << il << ":";
     for (int32_t x : h.heads[static_cast<size_t>(il)]) f << " " << x;
     f << "\n";
   }
-  if (!f) return make_error(strprintf("error writing retrieval heads to '%s'", path.c_str()));
+  if (!f) return make_error(fmt::format("error writing retrieval heads to '{}'", path));
   return Status::ok();
 }
 
 Expected<RetrievalHeads> load_retrieval_heads(const std::string& path) {
   std::ifstream f(path);
-  if (!f) return make_error(strprintf("cannot read retrieval heads file '%s'", path.c_str()));
+  if (!f) return make_error(fmt::format("cannot read retrieval heads file '{}'", path));
   auto bad = [&](const std::string& why) {
-    return make_error(strprintf("retrieval heads file '%s': %s (expected 'longctx-retrieval-heads 1', "
-                                "'n_layer L n_head H', then 'layer i: h h ...' per layer)", path.c_str(), why.c_str()));
+    return make_error(fmt::format("retrieval heads file '{}': {} (expected 'longctx-retrieval-heads 1', "
+                                  "'n_layer L n_head H', then 'layer i: h h ...' per layer)", path, why));
   };
   std::string magic, w1, w2;
   int version = 0;
@@ -410,17 +412,17 @@ Expected<RetrievalHeads> load_retrieval_heads(const std::string& path) {
   std::string line;
   std::getline(f, line);
   for (int64_t il = 0; il < r.n_layer; ++il) {
-    if (!std::getline(f, line)) return bad(strprintf("missing layer %lld", (long long)il));
+    if (!std::getline(f, line)) return bad(fmt::format("missing layer {}", il));
     std::istringstream ls(line);
     std::string word, idx;
     if (!(ls >> word >> idx) || word != "layer" || idx != std::to_string(il) + ":")
-      return bad(strprintf("line for layer %lld is '%s'", (long long)il, line.c_str()));
+      return bad(fmt::format("line for layer {} is '{}'", il, line));
     int64_t h;
     while (ls >> h) {
-      if (h < 0 || h >= r.n_head) return bad(strprintf("head %lld of layer %lld out of range", (long long)h, (long long)il));
+      if (h < 0 || h >= r.n_head) return bad(fmt::format("head {} of layer {} out of range", h, il));
       r.heads[static_cast<size_t>(il)].push_back(static_cast<int32_t>(h));
     }
-    if (!ls.eof()) return bad(strprintf("line for layer %lld has a non-number", (long long)il));
+    if (!ls.eof()) return bad(fmt::format("line for layer {} has a non-number", il));
     auto& v = r.heads[static_cast<size_t>(il)];
     std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -453,15 +455,15 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
                          "keeps the blocks it chose in its last retrieval layer (default: head with a heads file "
                          "that leaves a layer without retrieval heads, else layer)"));
   if (!share.empty() && share != "layer" && share != "head")
-    return make_error(strprintf("attention method 'lychee': share=%s, expected 'layer' or 'head'", share.c_str()));
+    return make_error(fmt::format("attention method 'lychee': share={}, expected 'layer' or 'head'", share));
   LC_TRY(spec.finish());
   RetrievalHeads heads;
   if (!file.empty()) {
     LC_ASSIGN_OR_RETURN(heads, load_retrieval_heads(file));
     if (heads.n_layer != s.n_layer || heads.n_head != s.n_head)
-      return make_error(strprintf("attention method 'lychee': heads file '%s' is for %lld layers x %lld heads, "
-                                  "the model has %lld x %lld", file.c_str(), (long long)heads.n_layer,
-                                  (long long)heads.n_head, (long long)s.n_layer, (long long)s.n_head));
+      return make_error(fmt::format("attention method 'lychee': heads file '{}' is for {} layers x {} heads, "
+                                    "the model has {} x {}", file, heads.n_layer,
+                                    heads.n_head, s.n_layer, s.n_head));
   } else {
     heads.n_layer = s.n_layer;
     heads.n_head = s.n_head;

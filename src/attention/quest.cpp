@@ -27,6 +27,8 @@
 //
 // Pages of one KV head are the outer loop, the query heads (and tokens) that selected a page
 // the inner one: a page is loaded once for the whole GQA group.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -50,9 +52,9 @@ class QuestBackend final : public ExecBackend {
   }
 
   std::string spec() const override {
-    std::string s = strprintf("quest:budget=%lld,page=%lld,dense_layers=%lld,share=%d", (long long)budget_,
-                              (long long)page_, (long long)dense_layers_, share_ ? 1 : 0);
-    if (split_ != kDefaultSplit) s += strprintf(",split=%lld", (long long)split_);
+    std::string s = fmt::format("quest:budget={},page={},dense_layers={},share={}", budget_,
+                                page_, dense_layers_, share_ ? 1 : 0);
+    if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
   }
 
@@ -352,8 +354,8 @@ Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   if (budget < 2 * page)
-    return make_error(strprintf("attention method 'quest': budget %lld must hold at least two pages of %lld tokens",
-                                (long long)budget, (long long)page));
+    return make_error(fmt::format("attention method 'quest': budget {} must hold at least two pages of {} tokens",
+                                  budget, page));
   return BackendPtr(new QuestBackend(s, budget, page, dense_layers, share, split));
 }
 

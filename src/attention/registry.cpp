@@ -1,4 +1,6 @@
 // The registry of attention methods: one line per method.
+#include <fmt/format.h>
+
 #include <string>
 
 #include "attention/methods.h"
@@ -30,10 +32,10 @@ const Entry kMethods[] = {
 Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_view text, const AttnShape& s) {
   if (s.n_layer < 1 || s.n_head < 1 || s.n_head_kv < 1 || s.head_dim < 1 || s.head_dim_v < 1 ||
       s.n_head % s.n_head_kv != 0)
-    return make_error(strprintf("attention: invalid shape (layers %lld, heads %lld, KV heads %lld, head_dim %lld/%lld); "
-                                "n_head must be a multiple of n_head_kv",
-                                (long long)s.n_layer, (long long)s.n_head, (long long)s.n_head_kv,
-                                (long long)s.head_dim, (long long)s.head_dim_v));
+    return make_error(fmt::format("attention: invalid shape (layers {}, heads {}, KV heads {}, head_dim {}/{}); "
+                                  "n_head must be a multiple of n_head_kv",
+                                  s.n_layer, s.n_head, s.n_head_kv,
+                                  s.head_dim, s.head_dim_v));
   // The default: dense, or the distance ceiling a model was trained with.
   const std::string dflt = s.fixed_distance > 0 ? "fixed" : "dense";
   LC_ASSIGN_OR_RETURN(MethodSpec spec, MethodSpec::parse(text.empty() ? std::string_view(dflt) : text));
@@ -41,7 +43,7 @@ Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_v
     if (spec.name() == e.name) return e.make(spec, s);
   std::string list;
   for (const auto& e : kMethods) list += (list.empty() ? "" : ", ") + std::string(e.name);
-  return make_error(strprintf("unknown attention method '%s' (accepted: %s)", spec.name().c_str(), list.c_str()));
+  return make_error(fmt::format("unknown attention method '{}' (accepted: {})", spec.name(), list));
 }
 
 std::vector<MethodInfo> attention_method_info() {

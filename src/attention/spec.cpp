@@ -1,5 +1,7 @@
 #include "attention/spec.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -11,8 +13,8 @@ Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
   const size_t colon = text.find(':');
   s.name_ = std::string(text.substr(0, colon));
   if (s.name_.empty())
-    return make_error(strprintf("attention spec '%.*s' has no method name (expected name:key=value,...)",
-                                (int)text.size(), text.data()));
+    return make_error(fmt::format("attention spec '{}' has no method name (expected name:key=value,...)",
+                                  text));
   if (colon == std::string_view::npos) return s;
   std::string_view rest = text.substr(colon + 1);
   while (!rest.empty()) {
@@ -22,11 +24,11 @@ Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0)
-      return make_error(strprintf("attention method '%s': '%.*s' is not key=value", s.name_.c_str(),
-                                  (int)item.size(), item.data()));
+      return make_error(fmt::format("attention method '{}': '{}' is not key=value", s.name_,
+                                    item));
     std::string key(item.substr(0, eq));
     if (s.kv_.count(key))
-      return make_error(strprintf("attention method '%s': key '%s' given twice", s.name_.c_str(), key.c_str()));
+      return make_error(fmt::format("attention method '{}': key '{}' given twice", s.name_, key));
     s.kv_[key] = std::string(item.substr(eq + 1));
   }
   return s;
@@ -42,8 +44,8 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
   if (it->second.empty() || *end != '\0' || errno != 0 || v < min || v > max)
-    return make_error(strprintf("attention method '%s': key '%s' expects an integer in [%lld, %lld], got '%s'",
-                                name_.c_str(), key, (long long)min, (long long)max, it->second.c_str()));
+    return make_error(fmt::format("attention method '{}': key '{}' expects an integer in [{}, {}], got '{}'",
+                                  name_, key, min, max, it->second));
   *out = v;
   return Status::ok();
 }
@@ -56,8 +58,8 @@ Status MethodSpec::get_float(const char* key, double* out, double min, double ma
   char* end = nullptr;
   const double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max)
-    return make_error(strprintf("attention method '%s': key '%s' expects a number in [%g, %g], got '%s'",
-                                name_.c_str(), key, min, max, it->second.c_str()));
+    return make_error(fmt::format("attention method '{}': key '{}' expects a number in [{:g}, {:g}], got '{}'",
+                                  name_, key, min, max, it->second));
   *out = v;
   return Status::ok();
 }
@@ -71,8 +73,8 @@ Status MethodSpec::get_bool(const char* key, bool* out, const char* help) {
   if (v == "1" || v == "true" || v == "on") *out = true;
   else if (v == "0" || v == "false" || v == "off") *out = false;
   else
-    return make_error(strprintf("attention method '%s': key '%s' expects 0/1/true/false, got '%s'",
-                                name_.c_str(), key, v.c_str()));
+    return make_error(fmt::format("attention method '{}': key '{}' expects 0/1/true/false, got '{}'",
+                                  name_, key, v));
   return Status::ok();
 }
 
@@ -91,8 +93,8 @@ Status MethodSpec::finish() const {
     if (ok) continue;
     std::string list;
     for (const auto& a : accepted_) list += (list.empty() ? "" : ", ") + a;
-    return make_error(strprintf("attention method '%s': unknown key '%s' (accepted: %s)", name_.c_str(),
-                                k.c_str(), list.empty() ? "none" : list.c_str()));
+    return make_error(fmt::format("attention method '{}': unknown key '{}' (accepted: {})", name_,
+                                  k, list.empty() ? "none" : list));
   }
   return Status::ok();
 }

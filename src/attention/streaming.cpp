@@ -15,6 +15,8 @@
 // Eviction happens after the attention of a layer, a block at a time (when at least one KV
 // block of tokens lies outside sinks + window - 1), so compaction costs O(window/block) row
 // moves per token; tokens kept as slack are never attended.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -29,7 +31,7 @@ class StreamingBackend final : public ExecBackend {
       : ExecBackend(s), n_sink_(sinks), window_(window) {}
 
   std::string spec() const override {
-    return strprintf("streaming:sinks=%lld,window=%lld", (long long)n_sink_, (long long)window_);
+    return fmt::format("streaming:sinks={},window={}", n_sink_, window_);
   }
   AttentionCaps caps() const override {
     AttentionCaps c{spec()};
@@ -55,8 +57,8 @@ class StreamingBackend final : public ExecBackend {
     const int32_t* kp = kv.positions(il, 0);
     for (int64_t h = 1; h < kv.n_head_kv(); ++h)
       if (kv.n_tokens(il, h) != N || kv.positions(il, h)[0] != kp[0] || kv.positions(il, h)[N - 1] != kp[N - 1])
-        return make_error(strprintf("streaming: the KV heads of layer %lld hold different tokens; streaming "
-                                    "needs the same tokens in every head", (long long)il));
+        return make_error(fmt::format("streaming: the KV heads of layer {} hold different tokens; streaming "
+                                      "needs the same tokens in every head", il));
     // Per query: window start ws[t] and re-assigned position for the sink scores.
     ws_.resize(static_cast<size_t>(n));
     sink_qpos_.resize(static_cast<size_t>(n));
@@ -67,9 +69,9 @@ class StreamingBackend final : public ExecBackend {
       ws_[static_cast<size_t>(t)] = ws;
       if (ws < vis) {
         if (kp[vis - 1] - kp[ws] != vis - 1 - ws)
-          return make_error(strprintf("streaming: positions of the window of layer %lld are not contiguous "
-                                      "(%d..%d over %lld tokens); StreamingLLM needs positions n_past + t",
-                                      (long long)il, kp[ws], kp[vis - 1], (long long)(vis - ws)));
+          return make_error(fmt::format("streaming: positions of the window of layer {} are not contiguous "
+                                        "({}..{} over {} tokens); StreamingLLM needs positions n_past + t",
+                                        il, kp[ws], kp[vis - 1], vis - ws));
         sink_qpos_[static_cast<size_t>(t)] = static_cast<int32_t>(S + (pos[t] - kp[ws]));
       } else {
         sink_qpos_[static_cast<size_t>(t)] = pos[t];

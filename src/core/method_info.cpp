@@ -1,5 +1,7 @@
 #include "core/method_info.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "core/status.h"
@@ -14,7 +16,7 @@ void add_method_key(std::vector<MethodKey>& keys, MethodKey k) {
 
 std::string method_number(double x) {
   if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<long long>(x));
-  return strprintf("%g", x);
+  return fmt::format("{:g}", x);
 }
 
 std::string method_integer(int64_t x) { return std::to_string(static_cast<long long>(x)); }

@@ -68,8 +68,6 @@ class [[nodiscard]] Expected {
   std::variant<T, Error> v_;
 };
 
-// printf-style message builder, kept for code not yet moved to {fmt}; new code uses fmt::format.
-std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline Error make_error(std::string msg) { return Error{std::move(msg), ErrorCode::kGeneric}; }
 inline Error make_error(ErrorCode code, std::string msg) { return Error{std::move(msg), code}; }
 

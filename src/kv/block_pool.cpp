@@ -1,5 +1,7 @@
 #include "kv/block_pool.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -29,11 +31,11 @@ Expected<std::unique_ptr<BlockPool>> BlockPool::create(size_t block_bytes, int64
                                                        const std::string& spill_dir) {
   if (block_bytes == 0) return make_error("kv block pool: block size is 0 bytes");
   if (budget_bytes < 0)
-    return make_error(strprintf("kv budget %lld bytes is negative", (long long)budget_bytes));
+    return make_error(fmt::format("kv budget {} bytes is negative", budget_bytes));
   if (budget_bytes > 0 && static_cast<size_t>(budget_bytes) < (block_bytes + 63) / 64 * 64)
-    return make_error(strprintf("kv budget of %lld bytes is smaller than one KV block (%zu bytes): "
-                                "raise --kv-budget or lower --kv-block",
-                                (long long)budget_bytes, block_bytes));
+    return make_error(fmt::format("kv budget of {} bytes is smaller than one KV block ({} bytes): "
+                                  "raise --kv-budget or lower --kv-block",
+                                  budget_bytes, block_bytes));
   auto p = std::unique_ptr<BlockPool>(new BlockPool());
   p->block_bytes_ = (block_bytes + 63) / 64 * 64;  // every block 64-byte aligned
   p->budget_ = budget_bytes;
@@ -43,8 +45,8 @@ Expected<std::unique_ptr<BlockPool>> BlockPool::create(size_t block_bytes, int64
     path.push_back('\0');
     const int fd = ::mkstemp(path.data());
     if (fd < 0)
-      return make_error(strprintf("--kv-spill %s: cannot create a spill file there: %s",
-                                  spill_dir.c_str(), std::strerror(errno)));
+      return make_error(fmt::format("--kv-spill {}: cannot create a spill file there: {}",
+                                    spill_dir, std::strerror(errno)));
     // Unlinked at once: the file lives as long as the descriptor, so no exit path (error,
     // signal, kill) leaves it behind.
     ::unlink(path.data());
@@ -74,7 +76,7 @@ Status BlockPool::grow_ram() {
     const int64_t cap = budget_ / static_cast<int64_t>(block_bytes_);
     n = std::min(n, cap - ram_slots_total_);
     if (n <= 0)
-      return make_error(strprintf("kv budget of %lld bytes reached", (long long)budget_));
+      return make_error(fmt::format("kv budget of {} bytes reached", budget_));
   }
   const size_t bytes = static_cast<size_t>(n) * block_bytes_;
   // Slabs of a huge page or more are aligned to huge pages and advised to use them: the sparse
@@ -87,8 +89,8 @@ Status BlockPool::grow_ram() {
   void* mem = std::aligned_alloc(align, alloc);
   if (mem && huge) ::madvise(mem, alloc, MADV_HUGEPAGE);
   if (!mem)
-    return make_error(strprintf("out of memory allocating %zu bytes of KV blocks (set --kv-budget "
-                                "and --kv-spill to bound RAM)", bytes));
+    return make_error(fmt::format("out of memory allocating {} bytes of KV blocks (set --kv-budget "
+                                  "and --kv-spill to bound RAM)", bytes));
   slabs_.emplace_back(mem);
   auto* base = static_cast<uint8_t*>(mem);
   for (int64_t i = 0; i < n; ++i) {
@@ -106,11 +108,11 @@ Status BlockPool::grow_file() {
   const off_t off = static_cast<off_t>(file_slots_total_) * static_cast<off_t>(block_bytes_);
   const int rc = ::posix_fallocate(spill_fd_, off, static_cast<off_t>(bytes));
   if (rc != 0)
-    return make_error(strprintf("--kv-spill: cannot reserve %zu more bytes in the spill file in %s: %s",
-                                bytes, spill_path_.c_str(), std::strerror(rc)));
+    return make_error(fmt::format("--kv-spill: cannot reserve {} more bytes in the spill file in {}: {}",
+                                  bytes, spill_path_, std::strerror(rc)));
   void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, spill_fd_, off);
   if (m == MAP_FAILED)
-    return make_error(strprintf("--kv-spill: cannot map the spill file: %s", std::strerror(errno)));
+    return make_error(fmt::format("--kv-spill: cannot map the spill file: {}", std::strerror(errno)));
   segments_.push_back({static_cast<uint8_t*>(m), bytes});
   auto* base = static_cast<uint8_t*>(m);
   for (size_t i = 0; i < per_seg; ++i) file_ptr_.push_back(base + i * block_bytes_);
@@ -146,8 +148,8 @@ Status BlockPool::spill_one() {
     }
     return Status::ok();
   }
-  return make_error(strprintf("kv budget of %lld bytes is smaller than one KV block (%zu bytes)",
-                              (long long)budget_, block_bytes_));
+  return make_error(fmt::format("kv budget of {} bytes is smaller than one KV block ({} bytes)",
+                                budget_, block_bytes_));
 }
 
 Expected<int32_t> BlockPool::allocate() {
@@ -158,7 +160,7 @@ Expected<int32_t> BlockPool::allocate() {
     } else if (can_spill()) {
       LC_TRY(spill_one());
     } else {
-      return make_error(strprintf("kv budget of %lld bytes reached", (long long)budget_));
+      return make_error(fmt::format("kv budget of {} bytes reached", budget_));
     }
   }
   int32_t id;
@@ -222,8 +224,8 @@ void BlockPool::poison_free() {
 
 Expected<int64_t> parse_byte_size(std::string_view text) {
   auto bad = [&]() {
-    return make_error(strprintf("size '%.*s' is not a byte size (expected e.g. 4096, 64K, 512M, 2G, "
-                                "1.5GiB; K/M/G/T are powers of 1024)", (int)text.size(), text.data()));
+    return make_error(fmt::format("size '{}' is not a byte size (expected e.g. 4096, 64K, 512M, 2G, "
+                                  "1.5GiB; K/M/G/T are powers of 1024)", text));
   };
   std::string s(text);
   size_t i = 0;

@@ -1,5 +1,7 @@
 #include "kv/kv_cache.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <istream>
@@ -31,34 +33,34 @@ constexpr uint32_t kStateMagic = 0x4b56434cu;  // "LCVK"
 Expected<DType> parse_kv_type(std::string_view name) {
   auto t = dtype_from_name(name);
   if (!t || !kv_type_ok(*t))
-    return make_error(strprintf("kv cache type '%.*s' is not supported (accepted: f32, f16, bf16, q8_0)",
-                                (int)name.size(), name.data()));
+    return make_error(fmt::format("kv cache type '{}' is not supported (accepted: f32, f16, bf16, q8_0)",
+                                  name));
   return *t;
 }
 
 Expected<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& in) {
   KvCacheConfig cfg = in;
   if (cfg.n_layer < 1 || cfg.n_head_kv < 1 || cfg.head_dim < 1 || cfg.head_dim_v < 1)
-    return make_error(strprintf("kv cache shape is invalid: n_layer=%lld n_head_kv=%lld head_dim=%lld "
-                                "head_dim_v=%lld (all must be >= 1)",
-                                (long long)cfg.n_layer, (long long)cfg.n_head_kv,
-                                (long long)cfg.head_dim, (long long)cfg.head_dim_v));
+    return make_error(fmt::format("kv cache shape is invalid: n_layer={} n_head_kv={} head_dim={} "
+                                  "head_dim_v={} (all must be >= 1)",
+                                  cfg.n_layer, cfg.n_head_kv,
+                                  cfg.head_dim, cfg.head_dim_v));
   if (cfg.block_tokens < 1 || cfg.block_tokens > 65536)
-    return make_error(strprintf("--kv-block %lld is out of range [1, 65536]", (long long)cfg.block_tokens));
+    return make_error(fmt::format("--kv-block {} is out of range [1, 65536]", cfg.block_tokens));
   for (auto [t, dim, flag] : {std::tuple{cfg.type_k, cfg.head_dim, "--kv-type-k"},
                               std::tuple{cfg.type_v, cfg.head_dim_v, "--kv-type-v"}}) {
     if (!kv_type_ok(t))
-      return make_error(strprintf("%s %s is not supported (accepted: f32, f16, bf16, q8_0)", flag,
-                                  dtype_name(t)));
+      return make_error(fmt::format("{} {} is not supported (accepted: f32, f16, bf16, q8_0)", flag,
+                                    dtype_name(t)));
     if (dim % traits(t).block_size != 0)
-      return make_error(strprintf("%s %s needs a head size that is a multiple of %lld, got %lld", flag,
-                                  dtype_name(t), (long long)traits(t).block_size, (long long)dim));
+      return make_error(fmt::format("{} {} needs a head size that is a multiple of {}, got {}", flag,
+                                    dtype_name(t), traits(t).block_size, dim));
   }
   if (cfg.rope.n_rot < 0 || cfg.rope.n_rot > cfg.head_dim || cfg.rope.n_rot % 2 != 0 ||
       static_cast<int64_t>(cfg.rope.inv_freq.size()) < cfg.rope.n_rot / 2)
-    return make_error(strprintf("kv cache: rope table with n_rot=%lld and %zu frequencies does not fit "
-                                "head_dim %lld", (long long)cfg.rope.n_rot, cfg.rope.inv_freq.size(),
-                                (long long)cfg.head_dim));
+    return make_error(fmt::format("kv cache: rope table with n_rot={} and {} frequencies does not fit "
+                                  "head_dim {}", cfg.rope.n_rot, cfg.rope.inv_freq.size(),
+                                  cfg.head_dim));
   if (!cfg.spill_dir.empty()) cfg.policy = KvBudgetPolicy::kSpill;
   if (cfg.policy == KvBudgetPolicy::kSpill && cfg.spill_dir.empty())
     return make_error("kv budget policy 'spill' needs a directory (--kv-spill DIR)");
@@ -126,7 +128,7 @@ Status KvCache::read_state(std::istream& in) {
   clear();
   auto bad = [&](const char* what) {
     clear();
-    return make_error(ErrorCode::kBadFile, strprintf("kv cache state: %s", what));
+    return make_error(ErrorCode::kBadFile, fmt::format("kv cache state: {}", what));
   };
   uint32_t magic = 0;
   int64_t n_layer = 0, n_head_kv = 0, d = 0, dv = 0, B = 0;
@@ -137,17 +139,17 @@ Status KvCache::read_state(std::istream& in) {
     return bad("truncated header");
   if (n_layer != cfg_.n_layer || n_head_kv != cfg_.n_head_kv || d != cfg_.head_dim || dv != cfg_.head_dim_v)
     return make_error(ErrorCode::kInvalidArgument,
-                      strprintf("kv cache state: saved for %lld layers x %lld KV heads x head_dim %lld/%lld, but this "
-                                "model has %lld x %lld x %lld/%lld", (long long)n_layer, (long long)n_head_kv,
-                                (long long)d, (long long)dv, (long long)cfg_.n_layer, (long long)cfg_.n_head_kv,
-                                (long long)cfg_.head_dim, (long long)cfg_.head_dim_v));
+                      fmt::format("kv cache state: saved for {} layers x {} KV heads x head_dim {}/{}, but this "
+                                  "model has {} x {} x {}/{}", n_layer, n_head_kv,
+                                  d, dv, cfg_.n_layer, cfg_.n_head_kv,
+                                  cfg_.head_dim, cfg_.head_dim_v));
   if (B != cfg_.block_tokens || tk != static_cast<int32_t>(cfg_.type_k) || tv != static_cast<int32_t>(cfg_.type_v))
     return make_error(ErrorCode::kInvalidArgument,
-                      strprintf("kv cache state: saved with --kv-block %lld and K/V types %s/%s; this cache has "
-                                "--kv-block %lld, %s/%s (give the same settings)", (long long)B,
-                                dtype_traits(static_cast<uint32_t>(tk)) ? dtype_traits(static_cast<uint32_t>(tk))->name : "?",
-                                dtype_traits(static_cast<uint32_t>(tv)) ? dtype_traits(static_cast<uint32_t>(tv))->name : "?",
-                                (long long)cfg_.block_tokens, dtype_name(cfg_.type_k), dtype_name(cfg_.type_v)));
+                      fmt::format("kv cache state: saved with --kv-block {} and K/V types {}/{}; this cache has "
+                                  "--kv-block {}, {}/{} (give the same settings)", B,
+                                  dtype_traits(static_cast<uint32_t>(tk)) ? dtype_traits(static_cast<uint32_t>(tk))->name : "?",
+                                  dtype_traits(static_cast<uint32_t>(tv)) ? dtype_traits(static_cast<uint32_t>(tv))->name : "?",
+                                  cfg_.block_tokens, dtype_name(cfg_.type_k), dtype_name(cfg_.type_v)));
   std::vector<int64_t> appended(static_cast<size_t>(n_layer));
   std::vector<RopeTable> ropes(static_cast<size_t>(n_layer));
   for (int64_t il = 0; il < n_layer; ++il) {
@@ -222,28 +224,28 @@ Status KvCache::ensure_room(int64_t il, int64_t needed) {
   int64_t held = 0;
   for (const auto& hd : heads_) held = std::max(held, hd.n);
   if (cfg_.budget_is_default)
-    return make_error(ErrorCode::kContextFull, strprintf(
-        "the KV cache has reached the memory it may take (%lld bytes, 3/4 of the memory available when it was "
-        "made, the bound of a growing context -c 0): %lld tokens are cached. Give --kv-budget and --kv-spill DIR "
+    return make_error(ErrorCode::kContextFull, fmt::format(
+        "the KV cache has reached the memory it may take ({} bytes, 3/4 of the memory available when it was "
+        "made, the bound of a growing context -c 0): {} tokens are cached. Give --kv-budget and --kv-spill DIR "
         "to spill to disk, use an evicting attention method (e.g. --attn streaming), or a smaller KV type "
         "(--kv-type-k/-v f16, q8_0)",
-        (long long)cfg_.budget_bytes, (long long)held));
-  return make_error(ErrorCode::kContextFull, strprintf(
-      "KV cache budget reached (--kv-budget %lld bytes): %lld tokens fit per KV head "
-      "(%lld blocks of %lld tokens, %zu bytes each, shared by %lld layers x %lld KV heads); "
-      "%lld tokens are cached. Raise --kv-budget, set --kv-spill DIR, or use an evicting "
+        cfg_.budget_bytes, held));
+  return make_error(ErrorCode::kContextFull, fmt::format(
+      "KV cache budget reached (--kv-budget {} bytes): {} tokens fit per KV head "
+      "({} blocks of {} tokens, {} bytes each, shared by {} layers x {} KV heads); "
+      "{} tokens are cached. Raise --kv-budget, set --kv-spill DIR, or use an evicting "
       "attention method (e.g. --attn streaming)",
-      (long long)cfg_.budget_bytes, (long long)tokens_that_fit(),
-      (long long)(cfg_.budget_bytes / static_cast<int64_t>(pool_->block_bytes())),
-      (long long)cfg_.block_tokens, pool_->block_bytes(), (long long)cfg_.n_layer,
-      (long long)cfg_.n_head_kv, (long long)held));
+      cfg_.budget_bytes, tokens_that_fit(),
+      cfg_.budget_bytes / static_cast<int64_t>(pool_->block_bytes()),
+      cfg_.block_tokens, pool_->block_bytes(), cfg_.n_layer,
+      cfg_.n_head_kv, held));
 }
 
 Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, const int32_t* pos,
                        int32_t seq_id) {
   if (il < 0 || il >= cfg_.n_layer)
-    return make_error(strprintf("kv append: layer %lld out of range [0, %lld)", (long long)il,
-                                (long long)cfg_.n_layer));
+    return make_error(fmt::format("kv append: layer {} out of range [0, {})", il,
+                                  cfg_.n_layer));
   if (n <= 0) return Status::ok();
   const int64_t H = cfg_.n_head_kv, d = cfg_.head_dim, dv = cfg_.head_dim_v, B = cfg_.block_tokens;
   if (cfg_.rope_provider) {
@@ -271,8 +273,8 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
     auto id = pool_->allocate();
     if (!id) {
       for (int32_t f : fresh) pool_->release(f);
-      return make_error(id.error().message + strprintf(" (appending %lld tokens to layer %lld)",
-                                                       (long long)n, (long long)il));
+      return make_error(id.error().message + fmt::format(" (appending {} tokens to layer {})",
+                                                         n, il));
     }
     fresh.push_back(*id);
   }
@@ -310,13 +312,13 @@ void KvCache::free_tail_blocks(Head& hd) {
 
 Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
   if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
-    return make_error(strprintf("kv retain: layer %lld head %lld out of range", (long long)il, (long long)h));
+    return make_error(fmt::format("kv retain: layer {} head {} out of range", il, h));
   Head& hd = head(il, h);
   for (size_t i = 0; i < keep.size(); ++i) {
     if (keep[i] < 0 || keep[i] >= hd.n || (i > 0 && keep[i] <= keep[i - 1]))
-      return make_error(strprintf("kv retain: keep indices of layer %lld head %lld must be ascending, "
-                                  "unique and in [0, %lld); index %zu is %d",
-                                  (long long)il, (long long)h, (long long)hd.n, i, keep[i]));
+      return make_error(fmt::format("kv retain: keep indices of layer {} head {} must be ascending, "
+                                    "unique and in [0, {}); index {} is {}",
+                                    il, h, hd.n, i, keep[i]));
   }
   const int64_t m = static_cast<int64_t>(keep.size());
   if (m == hd.n) return Status::ok();
@@ -368,12 +370,12 @@ void KvCache::rewrite_keys(Head& hd, int64_t first, int64_t count, Fn&& fn) {
 
 Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta) {
   if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
-    return make_error(strprintf("kv shift: layer %lld head %lld out of range", (long long)il, (long long)h));
+    return make_error(fmt::format("kv shift: layer {} head {} out of range", il, h));
   Head& hd = head(il, h);
   if (first < 0 || count < 0 || first + count > hd.n)
-    return make_error(strprintf("kv shift: tokens [%lld, %lld) are outside the %lld of layer %lld head %lld",
-                                (long long)first, (long long)(first + count), (long long)hd.n,
-                                (long long)il, (long long)h));
+    return make_error(fmt::format("kv shift: tokens [{}, {}) are outside the {} of layer {} head {}",
+                                  first, first + count, hd.n,
+                                  il, h));
   if (delta == 0 || count == 0) return Status::ok();
   const RopeTable& rt = rope_[static_cast<size_t>(il)];
   rewrite_keys(hd, first, count, [&](float* row, int64_t i) {

@@ -2,6 +2,8 @@
 // deterministic ties, per-layer / head-wise budgets, compaction, chains and the registry.
 #include "kv/press.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -36,7 +38,7 @@ std::string join(const std::vector<std::string>& v) {
 }
 std::string fmt_num(double x) {
   if (x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<long long>(x));
-  return strprintf("%g", x);
+  return fmt::format("{:g}", x);
 }
 }  // namespace
 
@@ -50,11 +52,11 @@ Expected<Args> Args::parse(std::string_view name, std::string_view params) {
     std::string_view part = params.substr(i, j - i);
     const size_t eq = part.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == part.size())
-      return make_error(strprintf("kv press %s: expected key=value, got \"%.*s\"", a.name_.c_str(),
-                                  static_cast<int>(part.size()), part.data()));
+      return make_error(fmt::format("kv press {}: expected key=value, got \"{}\"", a.name_,
+                                    part));
     std::string key(part.substr(0, eq));
     for (const auto& [k, v] : a.kv_)
-      if (k == key) return make_error(strprintf("kv press %s: key %s given twice", a.name_.c_str(), key.c_str()));
+      if (k == key) return make_error(fmt::format("kv press {}: key {} given twice", a.name_, key));
     a.kv_.emplace_back(std::move(key), std::string(part.substr(eq + 1)));
     i = j + 1;
   }
@@ -89,9 +91,9 @@ Expected<double> Args::number(std::string_view key, double def, double lo, doubl
   char* end = nullptr;
   const double x = std::strtod(v->c_str(), &end);
   if (v->empty() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
-    return make_error(strprintf("kv press %s: %.*s=%s: expected a number in [%s, %s]", name_.c_str(),
-                                static_cast<int>(key.size()), key.data(), v->c_str(), fmt_num(lo).c_str(),
-                                fmt_num(hi).c_str()));
+    return make_error(fmt::format("kv press {}: {}={}: expected a number in [{}, {}]", name_,
+                                  key, *v, fmt_num(lo),
+                                  fmt_num(hi)));
   return x;
 }
 
@@ -103,9 +105,9 @@ Expected<int64_t> Args::integer(std::string_view key, int64_t def, int64_t lo, i
   int64_t x = 0;
   const auto r = std::from_chars(v->data(), v->data() + v->size(), x);
   if (v->empty() || r.ec != std::errc() || r.ptr != v->data() + v->size() || x < lo || x > hi)
-    return make_error(strprintf("kv press %s: %.*s=%s: expected an integer in [%lld, %lld]", name_.c_str(),
-                                static_cast<int>(key.size()), key.data(), v->c_str(), (long long)lo,
-                                (long long)hi));
+    return make_error(fmt::format("kv press {}: {}={}: expected an integer in [{}, {}]", name_,
+                                  key, *v, lo,
+                                  hi));
   return x;
 }
 
@@ -117,8 +119,8 @@ Expected<std::string> Args::choice(std::string_view key, std::string_view def,
   const std::string* v = find(key);
   if (!v) return std::string(def);
   if (std::find(options.begin(), options.end(), *v) == options.end())
-    return make_error(strprintf("kv press %s: %.*s=%s: expected one of %s", name_.c_str(),
-                                static_cast<int>(key.size()), key.data(), v->c_str(), join(options).c_str()));
+    return make_error(fmt::format("kv press {}: {}={}: expected one of {}", name_,
+                                  key, *v, join(options)));
   return *v;
 }
 
@@ -131,8 +133,8 @@ Expected<std::string> Args::text(std::string_view key, std::string_view def, con
 Status Args::finish() const {
   for (size_t i = 0; i < kv_.size(); ++i)
     if (!used_[i])
-      return make_error(strprintf("kv press %s: unknown key \"%s\" (accepted: %s)", name_.c_str(),
-                                  kv_[i].first.c_str(), join(accepted_).c_str()));
+      return make_error(fmt::format("kv press {}: unknown key \"{}\" (accepted: {})", name_,
+                                    kv_[i].first, join(accepted_)));
   return Status::ok();
 }
 
@@ -232,14 +234,14 @@ class ScoredPress final : public KvPress {
 
   std::string spec() const override {
     std::string s = name_ + ":";
-    if (o_.budget >= 0) s += strprintf("budget=%lld,", (long long)o_.budget);
+    if (o_.budget >= 0) s += fmt::format("budget={},", o_.budget);
     else if (o_.ratio >= 0) s += "ratio=" + fmt_num(o_.ratio) + ",";
-    s += strprintf("n_sink=%lld,window=%lld,reduce=%s", (long long)o_.n_sink, (long long)o_.window,
-                   o_.reduce_max ? "max" : "mean");
+    s += fmt::format("n_sink={},window={},reduce={}", o_.n_sink, o_.window,
+                     o_.reduce_max ? "max" : "mean");
     if (o_.schedule.per_chunk) s += ",chunk=1";
     if (o_.schedule.decode_interval > 0)
-      s += strprintf(",interval=%lld,target=%lld", (long long)o_.schedule.decode_interval,
-                     (long long)o_.schedule.decode_target);
+      s += fmt::format(",interval={},target={}", o_.schedule.decode_interval,
+                       o_.schedule.decode_target);
     s += o_.schedule.query_aware ? ",query=aware" : ",query=agnostic";
     if (o_.reposition) s += ",reposition=1";
     if (o_.alloc == Alloc::kPyramid) s += ",beta=" + fmt_num(o_.beta);
@@ -257,10 +259,10 @@ class ScoredPress final : public KvPress {
     // exact for dense and naive, not for a backend that attends a subset (quest, infllm, dssa,
     // lychee) or scores at re-assigned positions (streaming).
     if (scorer_->observer() && !attn.exact)
-      return make_error(strprintf("kv press %s: it accumulates the attention of the forward pass as dense softmax, "
-                                  "but --attn %.*s attends a subset of the tokens or re-assigns their positions "
-                                  "(use --attn dense, or %s:source=window)",
-                                  name_.c_str(), static_cast<int>(attn.spec.size()), attn.spec.data(), name_.c_str()));
+      return make_error(fmt::format("kv press {}: it accumulates the attention of the forward pass as dense softmax, "
+                                    "but --attn {} attends a subset of the tokens or re-assigns their positions "
+                                    "(use --attn dense, or {}:source=window)",
+                                    name_, attn.spec, name_));
     return Status::ok();
   }
 
@@ -300,13 +302,13 @@ Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::v
   if (!o_.schedule.covers(c.phase)) return Status::ok();
   KvCache& kv = *c.kv;
   if (il < 0 || il >= kv.n_layer())
-    return make_error(strprintf("kv press %s: layer %lld out of range", name_.c_str(), (long long)il));
+    return make_error(fmt::format("kv press {}: layer {} out of range", name_, il));
   if (kv.n_head_kv() != shape_.n_head_kv || kv.head_dim() != shape_.head_dim)
-    return make_error(strprintf("kv press %s: the cache has %lld KV heads of dim %lld, the press was made for %lld of dim %lld",
-                                name_.c_str(), (long long)kv.n_head_kv(), (long long)kv.head_dim(),
-                                (long long)shape_.n_head_kv, (long long)shape_.head_dim));
+    return make_error(fmt::format("kv press {}: the cache has {} KV heads of dim {}, the press was made for {} of dim {}",
+                                  name_, kv.n_head_kv(), kv.head_dim(),
+                                  shape_.n_head_kv, shape_.head_dim));
   if (scorer_->n_obs() > 0 && c.n_obs > 0 && (!c.queries || !c.query_pos))
-    return make_error(strprintf("kv press %s: n_obs=%lld but no queries given", name_.c_str(), (long long)c.n_obs));
+    return make_error(fmt::format("kv press {}: n_obs={} but no queries given", name_, c.n_obs));
   const int64_t target = layer_target(c, il);
   if (target < 0) return Status::ok();
   const int64_t Hkv = kv.n_head_kv();
@@ -335,7 +337,7 @@ Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::v
   const int64_t g = shape_.n_head / shape_.n_head_kv;
   if (sc.by_kv_head.empty()) {
     if (static_cast<int64_t>(sc.by_query_head.size()) != shape_.n_head)
-      return make_error(strprintf("kv press %s: the scorer returned no scores", name_.c_str()));
+      return make_error(fmt::format("kv press {}: the scorer returned no scores", name_));
     sc.by_kv_head.resize(static_cast<size_t>(Hkv));
     for (int64_t h = 0; h < Hkv; ++h) {
       auto& r = sc.by_kv_head[static_cast<size_t>(h)];
@@ -604,8 +606,8 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
       std::vector<std::string> scorers;
       for (const RegistryEntry& e : registry())
         if (e.scorer) scorers.emplace_back(e.name);
-      return make_error(strprintf("kv press adakv: inner=%s: expected a scorer (%s)", scorer_name.c_str(),
-                                  join(scorers).c_str()));
+      return make_error(fmt::format("kv press adakv: inner={}: expected a scorer ({})", scorer_name,
+                                    join(scorers)));
     }
   }
   const ScorerFactory* f = find_scorer(scorer_name);
@@ -615,14 +617,14 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
       if (!names.empty()) names += ", ";
       names += n;
     }
-    return make_error(strprintf("kv press \"%s\": unknown press (accepted: %s)", sname.c_str(), names.c_str()));
+    return make_error(fmt::format("kv press \"{}\": unknown press (accepted: {})", sname, names));
   }
   LC_ASSIGN_OR_RETURN(std::unique_ptr<PressScorer> scorer, (*f)(a, shape));
 
   Options o;
   o.alloc = alloc;
   if (a.has("ratio") && a.has("budget"))
-    return make_error(strprintf("kv press %s: give ratio= or budget=, not both", sname.c_str()));
+    return make_error(fmt::format("kv press {}: give ratio= or budget=, not both", sname));
   LC_ASSIGN_OR_RETURN(o.budget, a.integer("budget", -1, 1, INT32_MAX,
                                           "tokens kept per KV head of each layer (pyramidkv, adakv: on average), "
                                           "at least n_sink + window; not with ratio="));
@@ -648,7 +650,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
                                                           "tokens per KV head the decoding compression keeps (with "
                                                           "interval=), at least n_sink + window"));
   if ((o.schedule.decode_interval > 0) != (o.schedule.decode_target > 0))
-    return make_error(strprintf("kv press %s: decoding compression needs both interval= and target=", sname.c_str()));
+    return make_error(fmt::format("kv press {}: decoding compression needs both interval= and target=", sname));
   LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}, kQueryHelp));
   o.schedule.query_aware = q == "aware";
   LC_ASSIGN_OR_RETURN(int64_t rep, a.integer("reposition", sname == "streaming_llm" ? 1 : 0, 0, 1,
@@ -673,16 +675,16 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   if (o.ratio < 0 && o.budget < 0 && o.schedule.decode_interval == 0) o.ratio = 0.5;
   o.schedule.after_prefill = o.ratio >= 0 || o.budget >= 0;
   if (o.schedule.per_chunk && !o.schedule.after_prefill)
-    return make_error(strprintf("kv press %s: chunk=1 needs ratio= or budget=", sname.c_str()));
+    return make_error(fmt::format("kv press {}: chunk=1 needs ratio= or budget=", sname));
   if (scorer->lookahead() > 0 && (o.schedule.per_chunk || o.schedule.decode_interval > 0 || !o.schedule.after_prefill))
-    return make_error(strprintf("kv press %s: the draft looks ahead once, after the prompt: chunk= and interval= are "
-                                "not supported", sname.c_str()));
+    return make_error(fmt::format("kv press {}: the draft looks ahead once, after the prompt: chunk= and interval= are "
+                                  "not supported", sname));
   if (o.schedule.decode_interval > 0 && o.schedule.decode_target < o.n_sink + o.window)
-    return make_error(strprintf("kv press %s: target=%lld is below n_sink + window = %lld", sname.c_str(),
-                                (long long)o.schedule.decode_target, (long long)(o.n_sink + o.window)));
+    return make_error(fmt::format("kv press {}: target={} is below n_sink + window = {}", sname,
+                                  o.schedule.decode_target, o.n_sink + o.window));
   if (o.budget >= 0 && o.budget < o.n_sink + o.window)
-    return make_error(strprintf("kv press %s: budget=%lld is below n_sink + window = %lld", sname.c_str(),
-                                (long long)o.budget, (long long)(o.n_sink + o.window)));
+    return make_error(fmt::format("kv press {}: budget={} is below n_sink + window = {}", sname,
+                                  o.budget, o.n_sink + o.window));
   return std::unique_ptr<KvPress>(std::make_unique<ScoredPress>(sname, o, std::move(scorer), shape));
 }
 
@@ -722,8 +724,8 @@ std::vector<PressMethodInfo> kv_press_method_info() {
 
 Expected<std::unique_ptr<KvPress>> make_kv_press(std::string_view spec, const PressShape& shape) {
   if (shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_head % shape.n_head_kv != 0 || shape.head_dim <= 0)
-    return make_error(strprintf("kv press: bad shape (n_head %lld, n_head_kv %lld, head_dim %lld)",
-                                (long long)shape.n_head, (long long)shape.n_head_kv, (long long)shape.head_dim));
+    return make_error(fmt::format("kv press: bad shape (n_head {}, n_head_kv {}, head_dim {})",
+                                  shape.n_head, shape.n_head_kv, shape.head_dim));
   if (spec.empty()) return make_error("kv press: empty spec (expected NAME[:key=value,...][+NAME...])");
   std::vector<std::unique_ptr<KvPress>> parts;
   size_t i = 0;

@@ -10,6 +10,8 @@
 // Differences from the authors' code: the statistics come from the observation window the
 // model keeps (obs=64 last queries), and the softmax runs over every held token (sinks
 // included; they are protected anyway).
+#include <fmt/format.h>
+
 #include <cfloat>
 
 #include "kv/press_impl.h"
@@ -23,8 +25,8 @@ class ExpectedAttention final : public PressScorer {
       : obs_(obs), n_future_(n_future), cov_(cov), vnorm_(vnorm), eps_(eps) {}
   std::string name() const override { return "expected_attention"; }
   std::string params() const override {
-    return strprintf("obs=%lld,n_future=%lld,cov=%d,vnorm=%d,epsilon=%g", (long long)obs_, (long long)n_future_,
-                     cov_ ? 1 : 0, vnorm_ ? 1 : 0, eps_);
+    return fmt::format("obs={},n_future={},cov={},vnorm={},epsilon={:g}", obs_, n_future_,
+                       cov_ ? 1 : 0, vnorm_ ? 1 : 0, eps_);
   }
   int64_t n_obs() const override { return obs_; }
   int64_t default_window() const override { return 0; }

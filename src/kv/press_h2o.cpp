@@ -10,6 +10,8 @@
 // source=window: the sum runs over the observation window queries only (the last obs=64
 // prompt tokens), per query head; the framework reduces over the group.
 #include "kv/press_impl.h"
+
+#include <fmt/format.h>
 #include "kv/press_observer.h"
 
 namespace lc::press {
@@ -21,7 +23,7 @@ class H2o final : public PressScorer {
       : obs_(obs), forward_(forward), acc_(shape) {}
   std::string name() const override { return "h2o"; }
   std::string params() const override {
-    return strprintf("obs=%lld,source=%s", (long long)obs_, forward_ ? "forward" : "window");
+    return fmt::format("obs={},source={}", obs_, forward_ ? "forward" : "window");
   }
   int64_t n_obs() const override { return forward_ ? 0 : obs_; }
   int64_t default_window() const override { return obs_; }

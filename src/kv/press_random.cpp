@@ -4,6 +4,8 @@
 // heads are scored in, on threads, or on what was evicted before, so runs are reproducible.
 #include "kv/press_impl.h"
 
+#include <fmt/format.h>
+
 namespace lc::press {
 namespace {
 
@@ -18,7 +20,7 @@ class RandomScorer final : public PressScorer {
  public:
   explicit RandomScorer(uint64_t seed) : seed_(seed) {}
   std::string name() const override { return "random"; }
-  std::string params() const override { return strprintf("seed=%llu", (unsigned long long)seed_); }
+  std::string params() const override { return fmt::format("seed={}", seed_); }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
     out.by_kv_head.resize(static_cast<size_t>(s.n_head_kv));
     for (int64_t h = 0; h < s.n_head_kv; ++h) {

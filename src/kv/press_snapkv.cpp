@@ -14,6 +14,8 @@
 // away; see Context). The draft's output approximates what the answer will attend, so the
 // scores look at the future rather than only at the end of the prompt. Defaults as the
 // authors': max-pool kernel 7, max over the GQA group.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <string>
@@ -30,8 +32,8 @@ class SnapKv final : public PressScorer {
       : name_(std::move(name)), obs_(obs), lookahead_(lookahead), kernel_(kernel), max_pool_(max_pool) {}
   std::string name() const override { return name_; }
   std::string params() const override {
-    std::string s = strprintf("obs=%lld,kernel=%lld,pool=%s", (long long)obs_, (long long)kernel_, max_pool_ ? "max" : "avg");
-    if (name_ == "speckv") s += strprintf(",lookahead=%lld", (long long)lookahead_);
+    std::string s = fmt::format("obs={},kernel={},pool={}", obs_, kernel_, max_pool_ ? "max" : "avg");
+    if (name_ == "speckv") s += fmt::format(",lookahead={}", lookahead_);
     return s;
   }
   // SpecKV's queries: the last obs prompt tokens and the lookahead tokens after them.
@@ -89,7 +91,7 @@ Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape&) {
   LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 64, 1, 1 << 20, kObsHelp));
   LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 5, 1, 1025, kKernelHelp));
   if (kernel % 2 == 0)
-    return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
+    return make_error(fmt::format("kv press {}: kernel={}: expected an odd size", a.name(), kernel));
   LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "avg", {"avg", "max"}, kPoolHelp));
   return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("snapkv", obs, 0, kernel, pool == "max"));
 }
@@ -101,7 +103,7 @@ Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape&) {
                                             "queries of them also score, tokens"));
   LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 7, 1, 1025, kKernelHelp));
   if (kernel % 2 == 0)
-    return make_error(strprintf("kv press %s: kernel=%lld: expected an odd size", a.name().c_str(), (long long)kernel));
+    return make_error(fmt::format("kv press {}: kernel={}: expected an odd size", a.name(), kernel));
   LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "max", {"avg", "max"}, kPoolHelp));
   return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("speckv", obs, la, kernel, pool == "max"));
 }

@@ -1,6 +1,8 @@
 // SpecPC: parameters, the draft-attention scores and the selection (see press_spec.h).
 #include "kv/press_spec.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -137,18 +139,18 @@ Expected<PromptCompression> parse_specpc(Args& a) {
                                                 "how the scores combine over draft layers, heads and queries"));
   p.reduce_max = red == "max";
   if (p.budget >= 0 && p.budget < p.window)
-    return make_error(strprintf("kv press specpc: budget=%lld is below window = %lld", (long long)p.budget,
-                                (long long)p.window));
+    return make_error(fmt::format("kv press specpc: budget={} is below window = {}", p.budget,
+                                  p.window));
   return p;
 }
 
 std::string specpc_spec(const PromptCompression& p, bool aware) {
   std::string s = "specpc:";
-  if (p.budget >= 0) s += strprintf("budget=%lld,", (long long)p.budget);
-  else s += strprintf("ratio=%g,", p.ratio);
-  s += strprintf("window=%lld,lookahead=%lld,kernel=%lld,neighbours=%lld,start_layer=%lld,weighted=%d,reduce=%s,query=%s",
-                 (long long)p.window, (long long)p.lookahead, (long long)p.kernel, (long long)p.neighbours,
-                 (long long)p.start_layer, p.weighted ? 1 : 0, p.reduce_max ? "max" : "sum", aware ? "aware" : "agnostic");
+  if (p.budget >= 0) s += fmt::format("budget={},", p.budget);
+  else s += fmt::format("ratio={:g},", p.ratio);
+  s += fmt::format("window={},lookahead={},kernel={},neighbours={},start_layer={},weighted={},reduce={},query={}",
+                   p.window, p.lookahead, p.kernel, p.neighbours,
+                   p.start_layer, p.weighted ? 1 : 0, p.reduce_max ? "max" : "sum", aware ? "aware" : "agnostic");
   return s;
 }
 

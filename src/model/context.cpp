@@ -1,5 +1,7 @@
 #include "model/context.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -58,12 +60,12 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   const bool grow = p.n_ctx == 0;
   if (grow) p.n_ctx = kGrowingContext;
   if (p.n_ctx < 1 || p.n_ctx > (int64_t{1} << 31))
-    return make_error(strprintf("context size %lld is out of range", (long long)p.n_ctx));
+    return make_error(fmt::format("context size {} is out of range", p.n_ctx));
   if (p.n_batch < 1 || p.n_batch > 65536)
-    return make_error(strprintf("batch size %lld is out of range [1, 65536]", (long long)p.n_batch));
+    return make_error(fmt::format("batch size {} is out of range [1, 65536]", p.n_batch));
   p.n_batch = std::min(p.n_batch, p.n_ctx);
   if (p.n_threads < 0 || p.n_threads > 1024)
-    return make_error(strprintf("thread count %d is out of range", p.n_threads));
+    return make_error(fmt::format("thread count {} is out of range", p.n_threads));
   RopeModelInfo ri;
   ri.gguf = llama_cpp_rope_params(hp, model.rope_freq_factors());
   ri.n_ctx_train = hp.n_ctx_train;
@@ -71,7 +73,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   // --rope (e.g. `none`, the plain rope) is taken as given.
   const bool own_rope = p.rope.empty() || p.rope == "gguf";
   const std::string rope_spec =
-      own_rope && hp.logn_orig > 0 ? strprintf("logn:orig=%lld", (long long)hp.logn_orig) : p.rope;
+      own_rope && hp.logn_orig > 0 ? fmt::format("logn:orig={}", hp.logn_orig) : p.rope;
   auto plan = make_rope_plan(rope_spec, ri);
   if (!plan) return make_error("--rope: " + plan.error().message);
   auto c = std::unique_ptr<Context>(new Context(model, p));
@@ -131,8 +133,8 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     c->up_.resize(nb * static_cast<size_t>(hp.n_ff));
     c->pos_.resize(nb);
   } catch (const std::bad_alloc&) {
-    return make_error(strprintf("out of memory allocating activations for batch size %lld",
-                                (long long)p.n_batch));
+    return make_error(fmt::format("out of memory allocating activations for batch size {}",
+                                  p.n_batch));
   }
   return c;
 }
@@ -168,8 +170,8 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
   if (in.empty()) return make_error("decode: no tokens");
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i] < 0 || in[i] >= hp_.n_vocab)
-      return make_error(strprintf("token id %d at index %zu is outside the vocabulary [0, %lld)", in[i], i,
-                                  (long long)hp_.n_vocab));
+      return make_error(fmt::format("token id {} at index {} is outside the vocabulary [0, {})", in[i], i,
+                                    hp_.n_vocab));
   }
   const DecodeCall call{in.size() > 1 || context_part, context_part, which};
   std::span<const int32_t> tokens = in;
@@ -187,9 +189,9 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n_past_ + n > params_.n_ctx) {
-    return make_error(ErrorCode::kContextFull, strprintf("%lld tokens do not fit: %lld already in the context of %lld "
+    return make_error(ErrorCode::kContextFull, fmt::format("{} tokens do not fit: {} already in the context of {} "
                                 "(raise --ctx-size)",
-                                (long long)n, (long long)n_past_, (long long)params_.n_ctx));
+                                n, n_past_, params_.n_ctx));
   }
   n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
@@ -207,7 +209,7 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
     if (call.prompt && i + m < n)
       for (ForwardHooks* h : hooks_) LC_TRY(h->after_chunk(*this));
     if (on_chunk_ && !on_chunk_(i + m, n) && i + m < n)
-      return make_error(ErrorCode::kCancelled, strprintf("cancelled after %lld of %lld tokens", (long long)(i + m), (long long)n));
+      return make_error(ErrorCode::kCancelled, fmt::format("cancelled after {} of {} tokens", i + m, n));
   }
   for (ForwardHooks* h : hooks_) LC_TRY(call.prompt ? h->after_prompt(*this, call) : h->after_token(*this));
   return Status::ok();
@@ -340,7 +342,7 @@ Status Context::load_state(std::istream& in) {
     clear_query_weights();
     return st;
   };
-  auto bad = [&](const char* what) { return fail(make_error(ErrorCode::kBadFile, strprintf("saved context: %s", what))); };
+  auto bad = [&](const char* what) { return fail(make_error(ErrorCode::kBadFile, fmt::format("saved context: {}", what))); };
   uint32_t magic = 0;
   int64_t n_past = 0, n_outputs = 0;
   uint8_t has_press = 0;
@@ -351,8 +353,8 @@ Status Context::load_state(std::istream& in) {
   if (!get(in, n_past) || n_past < 0 || n_past > params_.n_ctx) {
     if (n_past > params_.n_ctx)
       return make_error(ErrorCode::kContextFull,
-                        strprintf("the saved session holds %lld tokens but the context holds %lld (raise --ctx-size)",
-                                  (long long)n_past, (long long)params_.n_ctx));
+                        fmt::format("the saved session holds {} tokens but the context holds {} (raise --ctx-size)",
+                                    n_past, params_.n_ctx));
     return bad("truncated header");
   }
   if (!get_array(in, tokens, max_tokens) || static_cast<int64_t>(tokens.size()) != n_past) return bad("bad token list");

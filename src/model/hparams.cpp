@@ -1,5 +1,7 @@
 #include "model/hparams.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 namespace lc {
@@ -32,8 +34,8 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   } else if (hp.arch_str == "qwen3") {
     hp.arch = Arch::kQwen3;
   } else {
-    return make_error(strprintf("%s: unsupported architecture '%s' (supported: llama, qwen2, qwen3)",
-                                f.path().c_str(), hp.arch_str.c_str()));
+    return make_error(fmt::format("{}: unsupported architecture '{}' (supported: llama, qwen2, qwen3)",
+                                  f.path(), hp.arch_str));
   }
   const std::string a = hp.arch_str + ".";
   auto u32 = [&](const char* k) { return f.get_u32(a + k); };
@@ -51,7 +53,7 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   LC_ASSIGN_OR_RETURN(uint32_t logn_orig, f.get_u32_or("longctx.attention.logn_orig", 0));
   hp.logn_orig = logn_orig;
   auto bad = [&](const char* what) {
-    return make_error(strprintf("%s: invalid hyper-parameters: %s", f.path().c_str(), what));
+    return make_error(fmt::format("{}: invalid hyper-parameters: {}", f.path(), what));
   };
   if (hp.n_embd <= 0 || hp.n_embd > (1 << 16)) return bad("embedding_length out of range");
   if (hp.n_layer <= 0 || hp.n_layer > 1024) return bad("block_count out of range");
@@ -86,8 +88,8 @@ Expected<HParams> read_hparams(const gguf::File& f) {
   } else if (scaling == "yarn") {
     hp.rope_scaling = RopeScalingType::kYarn;
   } else {
-    return make_error(strprintf("%s: unsupported rope.scaling.type '%s' (supported: none, linear, yarn)",
-                                f.path().c_str(), scaling.c_str()));
+    return make_error(fmt::format("{}: unsupported rope.scaling.type '{}' (supported: none, linear, yarn)",
+                                  f.path(), scaling));
   }
   LC_ASSIGN_OR_RETURN(float factor, f.get_f32_or(a + "rope.scaling.factor", 0.0f));
   if (factor == 0.0f) {

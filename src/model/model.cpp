@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <fmt/format.h>
+
 #include "kernels/kernels.h"
 
 namespace lc {
@@ -9,18 +11,18 @@ Expected<TensorView> Model::matrix(const std::string& name, int64_t n_in, int64_
   const gguf::TensorInfo* t = file_->find_tensor(name);
   if (!t) {
     if (!required) return TensorView{};
-    return make_error(strprintf("%s: missing tensor '%s'", file_->path().c_str(), name.c_str()));
+    return make_error(fmt::format("{}: missing tensor '{}'", file_->path(), name));
   }
   if (t->n_dims > 2 || t->ne[0] != n_in || t->ne[1] != n_out) {
-    return make_error(strprintf(
-        "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
-        file_->path().c_str(), name.c_str(), (long long)t->ne[0], (long long)t->ne[1],
-        (long long)t->ne[2], (long long)t->ne[3], (long long)n_in, (long long)n_out));
+    return make_error(fmt::format(
+        "{}: tensor '{}' has shape [{}, {}, {}, {}], expected [{}, {}]",
+        file_->path(), name, t->ne[0], t->ne[1],
+        t->ne[2], t->ne[3], n_in, n_out));
   }
   if (!kernels::matmul_supports(t->type)) {
-    return make_error(strprintf("%s: tensor '%s' has type %s, which longctx cannot multiply "
-                                "(supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)",
-                                file_->path().c_str(), name.c_str(), dtype_name(t->type)));
+    return make_error(fmt::format("{}: tensor '{}' has type {}, which longctx cannot multiply "
+                                  "(supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)",
+                                  file_->path(), name, dtype_name(t->type)));
   }
   return t->view();
 }
@@ -29,17 +31,17 @@ Expected<const float*> Model::vec(const std::string& name, int64_t n, bool requi
   const gguf::TensorInfo* t = file_->find_tensor(name);
   if (!t) {
     if (!required) return static_cast<const float*>(nullptr);
-    return make_error(strprintf("%s: missing tensor '%s'", file_->path().c_str(), name.c_str()));
+    return make_error(fmt::format("{}: missing tensor '{}'", file_->path(), name));
   }
   if (t->n_dims != 1 || t->ne[0] != n) {
-    return make_error(strprintf("%s: tensor '%s' has shape [%lld, %lld], expected [%lld]",
-                                file_->path().c_str(), name.c_str(), (long long)t->ne[0],
-                                (long long)t->ne[1], (long long)n));
+    return make_error(fmt::format("{}: tensor '{}' has shape [{}, {}], expected [{}]",
+                                  file_->path(), name, t->ne[0],
+                                  t->ne[1], n));
   }
   if (t->type == DType::F32) return reinterpret_cast<const float*>(t->data);
   if (t->type != DType::F16 && t->type != DType::BF16) {
-    return make_error(strprintf("%s: tensor '%s' has type %s, expected f32, f16 or bf16",
-                                file_->path().c_str(), name.c_str(), dtype_name(t->type)));
+    return make_error(fmt::format("{}: tensor '{}' has type {}, expected f32, f16 or bf16",
+                                  file_->path(), name, dtype_name(t->type)));
   }
   owned_.emplace_back(static_cast<size_t>(n));
   kernels::dequantize_row(t->type, t->data, owned_.back().data(), n);
@@ -57,8 +59,8 @@ Status Model::bind(const std::string& path) {
   if (tied_) output_ = tok_embd_;
   if (const gguf::TensorInfo* rf = file_->find_tensor("rope_freqs.weight")) {
     if (rf->type != DType::F32 || rf->n_dims != 1 || rf->ne[0] != hp.n_rot / 2) {
-      return make_error(strprintf("%s: tensor 'rope_freqs.weight' must be f32 of shape [%lld]",
-                                  path.c_str(), (long long)(hp.n_rot / 2)));
+      return make_error(fmt::format("{}: tensor 'rope_freqs.weight' must be f32 of shape [{}]",
+                                    path, hp.n_rot / 2));
     }
     const float* p = reinterpret_cast<const float*>(rf->data);
     rope_freqs_.assign(p, p + hp.n_rot / 2);
@@ -68,7 +70,7 @@ Status Model::bind(const std::string& path) {
   layers_.resize(static_cast<size_t>(hp.n_layer));
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     LayerWeights& L = layers_[static_cast<size_t>(il)];
-    auto nm = [&](const char* s) { return strprintf("blk.%lld.%s", (long long)il, s); };
+    auto nm = [&](const char* s) { return fmt::format("blk.{}.{}", il, s); };
     LC_ASSIGN_OR_RETURN(L.attn_norm, vec(nm("attn_norm.weight"), hp.n_embd, true));
     LC_ASSIGN_OR_RETURN(L.wq, matrix(nm("attn_q.weight"), hp.n_embd, q_dim, true));
     LC_ASSIGN_OR_RETURN(L.wk, matrix(nm("attn_k.weight"), hp.n_embd, k_dim, true));
@@ -108,8 +110,8 @@ Expected<std::unique_ptr<Model>> Model::from_file(std::unique_ptr<gguf::File> fi
   m->hp_.n_vocab = m->tok_->n_vocab();
   if (const gguf::TensorInfo* te = m->file_->find_tensor("token_embd.weight")) {
     if (te->ne[1] != m->hp_.n_vocab) {
-      return make_error(strprintf("%s: token_embd.weight has %lld rows but the tokenizer has %lld tokens",
-                                  path.c_str(), (long long)te->ne[1], (long long)m->hp_.n_vocab));
+      return make_error(fmt::format("{}: token_embd.weight has {} rows but the tokenizer has {} tokens",
+                                    path, te->ne[1], m->hp_.n_vocab));
     }
   }
   LC_TRY(m->bind(path));

@@ -1,5 +1,7 @@
 #include "model/press_runner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/binary_io.h"
@@ -34,8 +36,8 @@ Expected<std::unique_ptr<PressRunner>> PressRunner::create(const Model& model, c
   auto r = std::unique_ptr<PressRunner>(new PressRunner(std::move(*press), model, p));
   LC_TRY(r->attach_backend(backend));
   if (r->press_->needs_draft() && !p.draft)
-    return make_error(strprintf("--kv-press %s needs a draft model: give --draft DRAFT.gguf (a small model with the "
-                                "same vocabulary as %s)", p.kv_press.c_str(), p.model_name.c_str()));
+    return make_error(fmt::format("--kv-press {} needs a draft model: give --draft DRAFT.gguf (a small model with the "
+                                  "same vocabulary as {})", p.kv_press, p.model_name));
   return r;
 }
 
@@ -195,8 +197,8 @@ constexpr uint32_t kPressStateMagic = 0x5250434cu;  // "LCPR"
 Status PressRunner::save(std::ostream& out) const {
   if (observer_)
     return make_error(ErrorCode::kUnsupported,
-                      strprintf("cannot save a session with --kv-press %s: its attention statistics of the forward "
-                                "passes are not part of the cache", press_->spec().c_str()));
+                      fmt::format("cannot save a session with --kv-press {}: its attention statistics of the forward "
+                                  "passes are not part of the cache", press_->spec()));
   bin::put(out, kPressStateMagic);
   bin::put_vec(out, prompt_kept_);
   bin::put<int64_t>(out, n_generated_);

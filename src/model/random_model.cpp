@@ -1,5 +1,7 @@
 #include "model/random_model.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <vector>
 
@@ -85,7 +87,7 @@ RandomModelSpec smollm2_135m_spec() { return RandomModelSpec{}; }
 
 Status write_random_model(const RandomModelSpec& s, const std::string& out_path) {
   if (!kernels::can_quantize(s.weight_type))
-    return make_error(strprintf("cannot write weights of type %s", dtype_name(s.weight_type)));
+    return make_error(fmt::format("cannot write weights of type {}", dtype_name(s.weight_type)));
   if (s.n_embd % traits(s.weight_type).block_size != 0 || s.n_ff % traits(s.weight_type).block_size != 0)
     return make_error("embedding and feed-forward sizes must be multiples of the weight type's block size");
   LC_ASSIGN_OR_RETURN(auto vocab, gguf::File::open(s.vocab_path));
@@ -116,7 +118,7 @@ Status write_random_model(const RandomModelSpec& s, const std::string& out_path)
   w.add_tensor("output_norm.weight", DType::F32, {E}, make_norm(rng, E));
   if (!s.tied) w.add_tensor("output.weight", t, {E, n_vocab}, make_matrix(rng, t, E, n_vocab, 3 * sd));
   for (int64_t il = 0; il < s.n_layer; ++il) {
-    auto nm = [&](const char* x) { return strprintf("blk.%lld.%s", (long long)il, x); };
+    auto nm = [&](const char* x) { return fmt::format("blk.{}.{}", il, x); };
     w.add_tensor(nm("attn_norm.weight"), DType::F32, {E}, make_norm(rng, E));
     w.add_tensor(nm("attn_q.weight"), t, {E, s.n_head * head_dim}, make_matrix(rng, t, E, s.n_head * head_dim, 1.5f * sd));
     w.add_tensor(nm("attn_k.weight"), t, {E, s.n_head_kv * head_dim}, make_matrix(rng, t, E, s.n_head_kv * head_dim, 1.5f * sd));

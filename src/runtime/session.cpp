@@ -1,5 +1,7 @@
 #include "runtime/session.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -66,8 +68,8 @@ Status check_prompt(const std::vector<int32_t>& tokens, const Context& ctx) {
     return make_error(ErrorCode::kInvalidArgument, "the prompt is empty and the model adds no BOS token");
   if (static_cast<int64_t>(tokens.size()) > ctx.n_ctx())
     return make_error(ErrorCode::kContextFull,
-                      strprintf("the prompt has %zu tokens but the context holds %lld (raise --ctx-size)",
-                                tokens.size(), (long long)ctx.n_ctx()));
+                      fmt::format("the prompt has {} tokens but the context holds {} (raise --ctx-size)",
+                                  tokens.size(), ctx.n_ctx()));
   return Status::ok();
 }
 
@@ -232,7 +234,7 @@ Status Session::generate(Sampler& sampler, const GenerateOptions& g, const Token
     if (ctx_->n_past() >= ctx_->n_ctx()) {
       (void)finish();
       return make_error(ErrorCode::kContextFull,
-                        strprintf("context full after %lld tokens (raise --ctx-size)", (long long)ctx_->n_ctx()));
+                        fmt::format("context full after {} tokens (raise --ctx-size)", ctx_->n_ctx()));
     }
     if (Status s = ctx_->decode(std::span<const int32_t>(&id, 1), Logits::kLast); !s) {
       (void)finish();
@@ -258,12 +260,12 @@ constexpr uint32_t kSessionVersion = 1;
 // What a saved session must agree on with the Session that loads it.
 std::string session_identity(const Model& m, const Context& ctx) {
   const HParams& hp = m.hparams();
-  return strprintf("arch %s, n_vocab %lld, n_layer %lld, n_embd %lld, n_head %lld/%lld, head_dim %lld, weights %zu "
-                   "bytes; rope %s; attention %s; press %s",
-                   arch_name(hp.arch), (long long)hp.n_vocab, (long long)hp.n_layer, (long long)hp.n_embd,
-                   (long long)hp.n_head, (long long)hp.n_head_kv, (long long)hp.head_dim, m.weight_bytes(),
-                   ctx.rope_plan().describe().c_str(), ctx.attention().spec().c_str(),
-                   ctx.press() ? ctx.press()->spec().c_str() : "none");
+  return fmt::format("arch {}, n_vocab {}, n_layer {}, n_embd {}, n_head {}/{}, head_dim {}, weights {} "
+                     "bytes; rope {}; attention {}; press {}",
+                     arch_name(hp.arch), hp.n_vocab, hp.n_layer, hp.n_embd,
+                     hp.n_head, hp.n_head_kv, hp.head_dim, m.weight_bytes(),
+                     ctx.rope_plan().describe(), ctx.attention().spec(),
+                     ctx.press() ? ctx.press()->spec().c_str() : "none");
 }
 }  // namespace
 
@@ -271,7 +273,7 @@ Status Session::save(const std::string& path) const {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return make_error(ErrorCode::kIo, strprintf("%s: cannot write the session file", tmp.c_str()));
+    if (!out) return make_error(ErrorCode::kIo, fmt::format("{}: cannot write the session file", tmp));
     const std::string id = session_identity(model_, *ctx_);
     out.write(reinterpret_cast<const char*>(&kSessionMagic), sizeof kSessionMagic);
     out.write(reinterpret_cast<const char*>(&kSessionVersion), sizeof kSessionVersion);
@@ -288,12 +290,12 @@ Status Session::save(const std::string& path) const {
     out.flush();
     if (!out) {
       std::remove(tmp.c_str());
-      return make_error(ErrorCode::kIo, strprintf("%s: write error (disk full?)", tmp.c_str()));
+      return make_error(ErrorCode::kIo, fmt::format("{}: write error (disk full?)", tmp));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    return make_error(ErrorCode::kIo, strprintf("%s: cannot replace the session file", path.c_str()));
+    return make_error(ErrorCode::kIo, fmt::format("{}: cannot replace the session file", path));
   }
   return Status::ok();
 }
@@ -304,37 +306,37 @@ Status Session::load(const std::string& path) {
   ctx_->clear_query_weights();
   history_.clear();
   std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kIo, strprintf("%s: cannot open the session file", path.c_str()));
+  if (!in) return make_error(ErrorCode::kIo, fmt::format("{}: cannot open the session file", path));
   uint32_t magic = 0, version = 0;
   uint64_t id_len = 0, n_hist = 0;
   in.read(reinterpret_cast<char*>(&magic), sizeof magic);
   in.read(reinterpret_cast<char*>(&version), sizeof version);
   if (!in || magic != kSessionMagic)
-    return make_error(ErrorCode::kBadFile, strprintf("%s: not a longctx session file", path.c_str()));
+    return make_error(ErrorCode::kBadFile, fmt::format("{}: not a longctx session file", path));
   if (version != kSessionVersion)
-    return make_error(ErrorCode::kBadFile, strprintf("%s: session file version %u, this build reads version %u",
-                                                     path.c_str(), version, kSessionVersion));
+    return make_error(ErrorCode::kBadFile, fmt::format("{}: session file version {}, this build reads version {}",
+                                                       path, version, kSessionVersion));
   in.read(reinterpret_cast<char*>(&id_len), sizeof id_len);
-  if (!in || id_len > 4096) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  if (!in || id_len > 4096) return make_error(ErrorCode::kBadFile, fmt::format("{}: truncated session file", path));
   std::string id(static_cast<size_t>(id_len), '\0');
   in.read(id.data(), static_cast<std::streamsize>(id_len));
   const std::string mine = session_identity(model_, *ctx_);
-  if (!in) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  if (!in) return make_error(ErrorCode::kBadFile, fmt::format("{}: truncated session file", path));
   if (id != mine)
     return make_error(ErrorCode::kInvalidArgument,
-                      strprintf("%s: the session was saved with another model or other methods (%s); this one has %s",
-                                path.c_str(), id.c_str(), mine.c_str()));
+                      fmt::format("{}: the session was saved with another model or other methods ({}); this one has {}",
+                                  path, id, mine));
   in.read(reinterpret_cast<char*>(&n_hist), sizeof n_hist);
   if (!in || n_hist > static_cast<uint64_t>(ctx_->n_ctx()))
-    return make_error(ErrorCode::kBadFile, strprintf("%s: bad history length", path.c_str()));
+    return make_error(ErrorCode::kBadFile, fmt::format("{}: bad history length", path));
   std::vector<int32_t> hist(static_cast<size_t>(n_hist));
   in.read(reinterpret_cast<char*>(hist.data()), static_cast<std::streamsize>(n_hist * sizeof(int32_t)));
-  if (!in) return make_error(ErrorCode::kBadFile, strprintf("%s: truncated session file", path.c_str()));
+  if (!in) return make_error(ErrorCode::kBadFile, fmt::format("{}: truncated session file", path));
   history_.clear();
   if (Status s = ctx_->load_state(in); !s) return make_error(s.code(), path + ": " + s.message());
   if (hist.size() < static_cast<size_t>(ctx_->n_past())) {
     ctx_->clear();
-    return make_error(ErrorCode::kBadFile, strprintf("%s: the history is shorter than the cache", path.c_str()));
+    return make_error(ErrorCode::kBadFile, fmt::format("{}: the history is shorter than the cache", path));
   }
   history_ = std::move(hist);
   return Status::ok();
