@@ -19,6 +19,7 @@ Status AttentionBackend::attach(KvCache& kv) {
                                   kv.head_dim(), kv.head_dim_v(), shape_.n_layer,
                                   shape_.n_head_kv, shape_.head_dim,
                                   shape_.head_dim_v));
+  kv.set_evictor(nullptr);  // a cache serves one backend: the evictor of the one before goes
   return Status::ok();
 }
 

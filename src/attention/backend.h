@@ -73,7 +73,8 @@ class AttentionBackend {
   virtual AttentionCaps caps() const { return AttentionCaps{spec()}; }
 
   // Checks the cache against the method (shapes, block sizes) and installs what the method
-  // needs from it (an evictor). Call once after the cache is created.
+  // needs from it (an evictor). Call once after the cache is created, and again to hand the
+  // cache to another backend: attaching removes the evictor the backend before installed.
   virtual Status attach(KvCache& kv);
 
   // q: [n, n_head, head_dim] pre-RoPE; pos: [n]; out: [n, n_head, head_dim_v].

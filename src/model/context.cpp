@@ -394,7 +394,6 @@ Status Context::set_attention(std::string_view spec) {
   auto attn = make_attention_backend(spec, as);
   if (!attn) return make_error("--attn: " + attn.error().message);
   for (ForwardHooks* h : hooks_) LC_TRY(h->attach_backend(**attn));
-  kv_->set_evictor(nullptr);  // the old backend's, if it had one, goes with it
   LC_TRY((*attn)->attach(*kv_));
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);

@@ -20,9 +20,11 @@ struct ScopedTimer {
 }  // namespace
 
 PressRunner::PressRunner(std::unique_ptr<KvPress> press, const Model& model, const ContextParams& p)
-    : press_(std::move(press)), params_(p), n_layer_(model.hparams().n_layer) {
+    : press_(std::move(press)), n_layer_(model.hparams().n_layer) {
   const HParams& hp = model.hparams();
   observer_ = press_->observer();
+  // The draft's context is made on its first call, with this context's size and batch.
+  if (press_->needs_draft() && p.draft) draft_ = std::make_unique<DraftRunner>(*p.draft, p.draft_name, p);
   window_.resize(hp.n_layer, hp.n_head * hp.head_dim, press_->n_obs());
 }
 
@@ -47,11 +49,6 @@ Status PressRunner::attach_backend(AttentionBackend& backend) {
   // The observer normalises with the dense backend's row log-sum-exp (one pass instead of two).
   backend.keep_row_lse(observer_ != nullptr);
   return Status::ok();
-}
-
-DraftRunner& PressRunner::draft() {
-  if (!draft_) draft_ = std::make_unique<DraftRunner>(*params_.draft, params_.draft_name, params_);
-  return *draft_;
 }
 
 // Query-agnostic presses compress the context part only; the question after it stays whole.
@@ -141,7 +138,7 @@ Status PressRunner::lookahead_compress(Context& ctx) {
   const QueryWindow saved = window_;
   {
     ScopedTimer timer{t_press_};  // the draft and the lookahead forward (compress() times itself)
-    LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft().generate(ctx.tokens(), la, 0));
+    LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_->generate(ctx.tokens(), la, 0));
     in_lookahead_ = true;  // the draft's tokens are not attention the model really computed
     Status st = ctx.evaluate_scratch(drafted);
     in_lookahead_ = false;
@@ -172,7 +169,7 @@ Status PressRunner::select_prompt(std::span<const int32_t> prompt, std::vector<i
     return Status::ok();
   }
   const int64_t la = pc.lookahead;
-  DraftRunner& d = draft();
+  DraftRunner& d = *draft_;
   LC_TRY(d.generate(prompt, la, pc.window + la - 1).status());
   const HParams& dh = d.context().model().hparams();
   const PressShape ds{dh.n_layer, dh.n_head, dh.n_head_kv, dh.head_dim, dh.head_dim_v, 0.0f};

@@ -54,12 +54,10 @@ class PressRunner final : public ForwardHooks {
   Status compress(Context& ctx, PressPhase phase);
   Status lookahead_compress(Context& ctx);
   Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
-  DraftRunner& draft();
 
   std::unique_ptr<KvPress> press_;
   AttentionObserver* observer_ = nullptr;  // the press's feed of the real attention (H2O)
-  std::unique_ptr<DraftRunner> draft_;   // made on first use
-  ContextParams params_;                 // the context's settings, for the draft's context
+  std::unique_ptr<DraftRunner> draft_;  // speckv, specpc: the draft model
   int64_t n_layer_ = 0;
   QueryWindow window_;
   bool active_ = false;        // this prompt is compressed (query-agnostic: its context part)
