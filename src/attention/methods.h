@@ -13,14 +13,9 @@ namespace lc {
 
 using BackendPtr = std::unique_ptr<AttentionBackend>;
 
-Expected<BackendPtr> make_naive(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_dense(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_streaming(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_infllm(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_dssa(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s);
-Expected<BackendPtr> make_fixed(MethodSpec& spec, const AttnShape& s);
+// make_<name> of every method in the registry list (<name>.cpp).
+#define LC_ATTENTION(name, help, paper) Expected<BackendPtr> make_##name(MethodSpec& spec, const AttnShape& s);
+#include "attention/attention_list.h"
 
 // Base of the backends built on attn::Runner: owns the rotated query copies.
 class ExecBackend : public AttentionBackend {

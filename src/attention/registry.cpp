@@ -1,4 +1,4 @@
-// The registry of attention methods: one line per method.
+// The registry of attention methods, generated from attention/attention_list.h (one line per method).
 #include <fmt/format.h>
 
 #include <string>
@@ -12,19 +12,12 @@ struct Entry {
   const char* name;
   Expected<BackendPtr> (*make)(MethodSpec&, const AttnShape&);
   const char* help;
+  const char* paper;
 };
 
 const Entry kMethods[] = {
-    {"dense", make_dense, "exact attention, tiled with an online softmax over the paged cache (default)"},
-    {"naive", make_naive, "exact attention with materialised double-precision scores (tests only)"},
-    {"streaming", make_streaming, "StreamingLLM: sinks + recent window, positions re-assigned"},
-    {"quest", make_quest, "Quest: top pages by min/max key bounds"},
-    {"infllm", make_infllm, "InfLLM: sinks + local + retrieved memory blocks at a fixed distance"},
-    {"dssa", make_dssa, "DSSA / InfLLM-v2: dense below switch, block-sparse above"},
-    {"fixed", make_fixed,
-     "exact attention with keys further than distance=N scored at that distance (LM-Infinite's ceiling); "
-     "default for models trained with it (their GGUF gives N)"},
-    {"lychee", make_lychee, "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others"},
+#define LC_ATTENTION(name, help, paper) {#name, make_##name, help, paper},
+#include "attention/attention_list.h"
 };
 
 }  // namespace
@@ -50,7 +43,7 @@ std::vector<MethodInfo> attention_method_info() {
   std::vector<MethodInfo> out;
   const AttnShape shape{2, 4, 2, 64, 64, 0.0f, 64};
   for (const auto& e : kMethods) {
-    MethodInfo m{e.name, e.help, "", {}};
+    MethodInfo m{e.name, e.help, e.paper, {}};
     auto spec = MethodSpec::parse(e.name);
     if (spec) {
       (void)e.make(*spec, shape);  // reads every key with its default

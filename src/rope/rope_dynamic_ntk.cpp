@@ -58,6 +58,8 @@ const RopeMethodDef& method_dynamic_ntk() {
   static const RopeMethodDef def{
       "dynamic-ntk",
       "NTK base recomputed from the current length n > L0: b' = b*((s*n/L0)-(s-1))^(d/(d-2))",
+      "emozilla, \"Dynamically Scaled RoPE further increases performance of long context LLaMA "
+      "with zero fine-tuning\", r/LocalLLaMA, 2023 (transformers' dynamic NTK)",
       {{"factor", KeyKind::kFactor, nullptr, "scale s"},
        {"orig", KeyKind::kPositiveInt, kDefaultCtxTrain, "original context L0"},
        {"base", KeyKind::kPositive, kDefaultBase, "rope base b"}},

@@ -15,6 +15,7 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 const RopeMethodDef& method_gguf() {
   static const RopeMethodDef def{
       "gguf", "the model's own rope from its GGUF metadata, as llama.cpp computes it (default)",
+      "the model's own metadata (rope.freq_base, rope.scaling.*), computed as llama.cpp's ggml_rope_ext does",
       {}, &make};
   return def;
 }

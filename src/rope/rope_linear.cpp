@@ -18,7 +18,9 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 
 const RopeMethodDef& method_linear() {
   static const RopeMethodDef def{
-      "linear", "position interpolation: theta_i / s (Chen et al. 2023, PI)",
+      "linear", "position interpolation: theta_i / s",
+      "Chen et al., \"Extending Context Window of Large Language Models via Positional "
+      "Interpolation\", arXiv 2306.15595, 2023",
       {{"factor", KeyKind::kFactor, nullptr, "scale s = L'/L0"},
        {"base", KeyKind::kPositive, kDefaultBase, "rope base b"}},
       &make};

@@ -43,6 +43,7 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 const RopeMethodDef& method_llama3() {
   static const RopeMethodDef def{
       "llama3", "Llama 3.1 rule: keep wavelengths < L0/high, divide > L0/low by s, blend between",
+      "Llama Team, \"The Llama 3 Herd of Models\", arXiv 2407.21783, 2024 (rope_scaling type llama3)",
       {{"factor", KeyKind::kFactor, "8", "scale s"},
        {"orig", KeyKind::kPositiveInt, "8192", "original context L0 (Llama 3: 8192)"},
        {"low", KeyKind::kPositive, "1", "low_freq_factor"},

@@ -33,6 +33,8 @@ namespace rope_detail {
 const RopeMethodDef& method_logn() {
   static const RopeMethodDef def{
       "logn", "q at 1-based position n scaled by max(1, ln n / ln L0); composes: SPEC+logn",
+      "attention-logit scaling with log n (seeds/000, critical scaling beta_n ~ log n); Qwen's "
+      "logn attention (Bai et al., \"Qwen Technical Report\", arXiv 2309.16609, 2023)",
       {{"orig", KeyKind::kPositiveInt, kDefaultCtxTrain, "training context L0 (>= 2)"}},
       nullptr};
   return def;

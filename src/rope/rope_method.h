@@ -1,6 +1,6 @@
 // Internal to src/rope: how a method declares its keys and builds its scaling, and the
 // formulas several methods share. A method is one file defining one RopeMethodDef plus one
-// line in the registry (rope_registry.cpp).
+// line in the registry list (rope_list.h).
 #pragma once
 
 #include <cstdint>
@@ -55,23 +55,16 @@ using RopeFactory = Expected<std::unique_ptr<RopeScaling>> (*)(const RopeArgs& a
 
 struct RopeMethodDef {
   const char* name;
-  const char* summary;  // one line: what it does and where it comes from
+  const char* summary;  // one line: what it does
+  const char* paper;    // where it comes from
   std::vector<KeyDef> keys;
   RopeFactory make;
 };
 
-// The method definitions (one file each).
-const RopeMethodDef& method_gguf();
-const RopeMethodDef& method_none();
-const RopeMethodDef& method_linear();
-const RopeMethodDef& method_ntk();
-const RopeMethodDef& method_dynamic_ntk();
-const RopeMethodDef& method_yarn();
-const RopeMethodDef& method_llama3();
-const RopeMethodDef& method_mrrope_uni();
-const RopeMethodDef& method_mrrope_pro();
-// logn is not a position method: it only declares its keys (rope_logn.cpp).
-const RopeMethodDef& method_logn();
+// The method definitions (one file each), declared from the registry list.
+#define LC_ROPE_METHOD(ident) const RopeMethodDef& method_##ident();
+#define LC_ROPE_COMPONENT(ident) const RopeMethodDef& method_##ident();
+#include "rope/rope_list.h"
 
 // A scaling whose table does not depend on the current length: computed once.
 class StaticRopeScaling final : public RopeScaling {

@@ -29,8 +29,8 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 const RopeMethodDef& method_mrrope_pro() {
   static const RopeMethodDef def{
       "mrrope-pro",
-      "MrRoPE-Pro: divisor s^(q(q+1)/(n(n+1))), q = i-low, n = high-low across YaRN's band "
-      "(MrRoPE, ICLR 2026)",
+      "MrRoPE-Pro: divisor s^(q(q+1)/(n(n+1))), q = i-low, n = high-low across YaRN's band",
+      "\"MrRoPE: Mixed-radix Rotary Position Embedding\", ICLR 2026 (seeds/000)",
       mrrope_keys(), &make};
   return def;
 }

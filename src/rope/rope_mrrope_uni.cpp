@@ -25,7 +25,8 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 const RopeMethodDef& method_mrrope_uni() {
   static const RopeMethodDef def{
       "mrrope-uni",
-      "MrRoPE-Uni: divisor s^((i-low)/(high-low)) across YaRN's band (MrRoPE, ICLR 2026)",
+      "MrRoPE-Uni: divisor s^((i-low)/(high-low)) across YaRN's band",
+      "\"MrRoPE: Mixed-radix Rotary Position Embedding\", ICLR 2026 (seeds/000)",
       mrrope_keys(), &make};
   return def;
 }

@@ -18,7 +18,8 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 
 const RopeMethodDef& method_none() {
   static const RopeMethodDef def{
-      "none", "plain RoPE, theta_i = base^(-2i/d), no scaling (Su et al. 2021, RoFormer)",
+      "none", "plain RoPE, theta_i = base^(-2i/d), no scaling",
+      "Su et al., \"RoFormer: Enhanced Transformer with Rotary Position Embedding\", arXiv 2104.09864, 2021",
       {{"base", KeyKind::kPositive, kDefaultBase, "rope base b (rope_theta)"}},
       &make};
   return def;

@@ -27,7 +27,9 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 
 const RopeMethodDef& method_ntk() {
   static const RopeMethodDef def{
-      "ntk", "NTK-aware base change: b' = b * s^(d/(d-2)) (bloc97 2023)",
+      "ntk", "NTK-aware base change: b' = b * s^(d/(d-2))",
+      "bloc97, \"NTK-Aware Scaled RoPE allows LLaMA models to have extended (8k+) context size "
+      "without any fine-tuning\", r/LocalLLaMA, 2023",
       {{"factor", KeyKind::kFactor, nullptr, "scale s = L'/L0"},
        {"base", KeyKind::kPositive, kDefaultBase, "rope base b before scaling"}},
       &make};

@@ -1,4 +1,4 @@
-// The `--rope` spec parser and the method registry: one line per method in registry().
+// The `--rope` spec parser and the method registry, generated from rope/rope_list.h.
 #include <fmt/format.h>
 
 #include <charconv>
@@ -16,13 +16,21 @@ using rope_detail::KeyKind;
 using rope_detail::RopeArgs;
 using rope_detail::RopeMethodDef;
 
+// The position methods.
 const std::vector<const RopeMethodDef*>& registry() {
   static const std::vector<const RopeMethodDef*> r = {
-      &rope_detail::method_gguf(),       &rope_detail::method_none(),
-      &rope_detail::method_linear(),     &rope_detail::method_ntk(),
-      &rope_detail::method_dynamic_ntk(), &rope_detail::method_yarn(),
-      &rope_detail::method_llama3(),     &rope_detail::method_mrrope_uni(),
-      &rope_detail::method_mrrope_pro(),
+#define LC_ROPE_METHOD(ident) &rope_detail::method_##ident(),
+#include "rope/rope_list.h"
+  };
+  return r;
+}
+
+// Every definition: the position methods, then the '+' components (logn).
+const std::vector<const RopeMethodDef*>& all_definitions() {
+  static const std::vector<const RopeMethodDef*> r = {
+#define LC_ROPE_METHOD(ident) &rope_detail::method_##ident(),
+#define LC_ROPE_COMPONENT(ident) &rope_detail::method_##ident(),
+#include "rope/rope_list.h"
   };
   return r;
 }
@@ -264,17 +272,14 @@ Expected<RopePlan> make_rope_plan(std::string_view spec, const RopeModelInfo& in
 
 std::vector<std::string> rope_method_names() {
   std::vector<std::string> names;
-  for (const RopeMethodDef* d : registry()) names.emplace_back(d->name);
-  names.emplace_back(rope_detail::method_logn().name);
+  for (const RopeMethodDef* d : all_definitions()) names.emplace_back(d->name);
   return names;
 }
 
 std::vector<MethodInfo> rope_method_info() {
-  std::vector<const RopeMethodDef*> all = registry();
-  all.push_back(&rope_detail::method_logn());
   std::vector<MethodInfo> out;
-  for (const RopeMethodDef* d : all) {
-    MethodInfo m{d->name, d->summary, "", {}};
+  for (const RopeMethodDef* d : all_definitions()) {
+    MethodInfo m{d->name, d->summary, d->paper, {}};
     for (const KeyDef& k : d->keys) {
       MethodKey mk;
       mk.name = k.name;
@@ -300,9 +305,7 @@ std::string rope_spec_help() {
   std::string s =
       "--rope SPEC: SPEC = COMPONENT['+'COMPONENT], COMPONENT = NAME[:key=value,...];\n"
       "one position method and/or logn; empty = gguf. Methods:\n";
-  std::vector<const RopeMethodDef*> all = registry();
-  all.push_back(&rope_detail::method_logn());
-  for (const RopeMethodDef* d : all) {
+  for (const RopeMethodDef* d : all_definitions()) {
     s += fmt::format("  {:<12} {}\n", d->name, d->summary);
     for (const KeyDef& k : d->keys) {
       std::string def = k.default_value == nullptr ? "required"

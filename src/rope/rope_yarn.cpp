@@ -58,8 +58,8 @@ Expected<std::unique_ptr<RopeScaling>> make(const RopeArgs& args, const RopeMode
 const RopeMethodDef& method_yarn() {
   static const RopeMethodDef def{
       "yarn",
-      "NTK-by-parts ramp between alpha and beta turns over L0, cos/sin * (0.1 ln s + 1) "
-      "(Peng et al. 2023, YaRN)",
+      "NTK-by-parts ramp between alpha and beta turns over L0, cos/sin * (0.1 ln s + 1)",
+      "Peng et al., \"YaRN: Efficient Context Window Extension of Large Language Models\", ICLR 2024",
       {{"factor", KeyKind::kFactor, nullptr, "scale s = L'/L0"},
        {"orig", KeyKind::kPositiveInt, kDefaultCtxTrain, "original context L0"},
        {"base", KeyKind::kPositive, kDefaultBase, "rope base b"},

@@ -51,6 +51,18 @@ TEST(MethodInfo, EveryKeyHasAHelpLine) {
   EXPECT_GT(n_keys, 150u);
 }
 
+// Every method of every registry names the paper (or the source) it comes from, and the help
+// line says what it does without repeating the citation.
+TEST(MethodInfo, EveryMethodCitesItsPaper) {
+  const std::vector<std::pair<std::string, std::vector<MethodInfo>>> kinds = {
+      {"rope", rope_method_info()}, {"attention", attention_method_info()}, {"press", press_info()}};
+  for (const auto& [kind, methods] : kinds)
+    for (const auto& m : methods) {
+      EXPECT_GE(m.paper.size(), 20u) << kind << " " << m.name << ": paper '" << m.paper << "'";
+      EXPECT_EQ(m.paper.find('\n'), std::string::npos) << kind << " " << m.name;
+    }
+}
+
 // An integer bound is written exactly, however large (not 9.22337e+18).
 TEST(MethodInfo, IntegerRangesAreExact) {
   EXPECT_EQ(method_integer(INT64_MAX), "9223372036854775807");
