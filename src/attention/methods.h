@@ -7,7 +7,7 @@
 
 #include "attention/backend.h"
 #include "attention/exec.h"
-#include "attention/spec.h"
+#include "core/method_spec.h"
 
 namespace lc {
 

@@ -32,12 +32,6 @@ namespace report = lc::report;
 namespace tasks = lc::tasks;
 using nlohmann::json;
 
-int fail(const std::string& msg) {
-  std::fflush(stdout);
-  fmt::print(stderr, "longctx: error: {}\n", msg);
-  return 1;
-}
-
 bench::ModelRef model_ref(const std::string& path) {
   if (!path.empty()) return {"", path, nullptr, 0};
   auto img = embedded_model();

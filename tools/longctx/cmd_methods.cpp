@@ -1,4 +1,4 @@
-// `longctx methods`: every rope scaling, attention backend and KV press with its keys, read off
+// `longctx methods`: every rope scaling, attention backend, KV press and reader with its keys, read off
 // the registries' own parsers; `--markdown` writes docs/methods.md.
 #include <fmt/format.h>
 
@@ -10,6 +10,7 @@
 #include "command.h"
 #include "core/method_info.h"
 #include "kv/press.h"
+#include "readers/reader.h"
 #include "rope/rope_scaling.h"
 
 namespace {
@@ -71,6 +72,7 @@ int run_methods(bool markdown) {
   print_kind("RoPE scalings", "--rope NAME:key=value,...[+logn]", lc::rope_method_info(), markdown);
   print_kind("Attention backends", "--attn NAME:key=value,...", lc::attention_method_info(), markdown);
   print_kind("KV presses", "--kv-press NAME:key=value,...[+NAME...]", presses, markdown);
+  print_kind("Readers", "--reader NAME:key=value,... (longctx read)", lc::readers::reader_method_info(), markdown);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "command.h"
+#include "options.h"
 #include "gguf/gguf.h"
 #include "tokenizer/bpe_train.h"
 #include "tokenizer/tokenizer.h"
@@ -23,11 +24,6 @@ struct VocabArgs {
   int64_t size = 2048, samples = 2000, seq_len = 1024, min_count = 2;
   uint64_t seed = 1;
 };
-
-int fail(const std::string& msg) {
-  fmt::print(stderr, "longctx: error: {}\n", msg);
-  return 1;
-}
 
 // Curriculum sequences rendered with from_vocab's tokenizer and decoded back to text (control
 // tokens dropped): the text the tasks are made of, whatever vocabulary renders them later.

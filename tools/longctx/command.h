@@ -22,3 +22,6 @@ std::vector<RegisteredCommand> add_methods_commands(CLI::App* app);
 
 // `longctx make-vocab` (a byte-level BPE vocabulary for train --vocab): cmd_vocab.cpp.
 std::vector<RegisteredCommand> add_vocab_commands(CLI::App* app);
+
+// `longctx read` (reading agents over a long document): cmd_read.cpp.
+std::vector<RegisteredCommand> add_read_commands(CLI::App* app);

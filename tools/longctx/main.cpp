@@ -41,12 +41,6 @@ using lc::Expected;
 using lc::Status;
 
 
-int fail(const std::string& msg) {
-  std::fflush(stdout);
-  fmt::print(stderr, "longctx: error: {}\n", msg);
-  return 1;
-}
-
 Expected<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return lc::make_error(fmt::format("{}: cannot open prompt file", path));
@@ -64,15 +58,6 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   size_t i = 0;
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
   return i;
-}
-
-Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
-  if (o.verbose) lc::set_log_level(lc::LogLevel::kInfo);
-  if (o.model.empty()) {
-    auto img = embedded_model();
-    return lc::Model::load_memory(img.data(), img.size(), kEmbeddedModelName);
-  }
-  return lc::Model::load(o.model);
 }
 
 void print_summary(const lc::RequestStats& st, const lc::Context& ctx) {
@@ -742,6 +727,7 @@ int main(int argc, char** argv) {
   for (auto& c : add_train_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_vocab_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_methods_commands(&app)) extra.push_back(std::move(c));
+  for (auto& c : add_read_commands(&app)) extra.push_back(std::move(c));
 
   std::string mm_shape = "smollm2-135m", mm_type = "f16", mm_vocab, mm_out;
   uint64_t mm_seed = 42;

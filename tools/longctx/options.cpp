@@ -1,8 +1,12 @@
 #include "options.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
+#include <cstdio>
 
 #include "attention/backend.h"
+#include "core/log.h"
 #include "embedded_model.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
@@ -137,4 +141,19 @@ lc::Expected<lc::SamplerParams> SamplingOpts::params() const {
                     : static_cast<uint64_t>(seed);
   LC_TRY(lc::validate(q));
   return q;
+}
+
+int fail(const std::string& msg) {
+  std::fflush(stdout);
+  fmt::print(stderr, "longctx: error: {}\n", msg);
+  return 1;
+}
+
+lc::Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o) {
+  if (o.verbose) lc::set_log_level(lc::LogLevel::kInfo);
+  if (o.model.empty()) {
+    auto img = embedded_model();
+    return lc::Model::load_memory(img.data(), img.size(), kEmbeddedModelName);
+  }
+  return lc::Model::load(o.model);
 }

@@ -37,6 +37,11 @@ struct CommonOpts {
   lc::Expected<lc::ContextParams> ctx_params() const;
 };
 
+// Prints "longctx: error: MSG" to stderr (after flushing stdout) and returns exit code 1.
+int fail(const std::string& msg);
+// The model of -m, or the embedded model without it; --verbose turns on info logging.
+lc::Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o);
+
 struct SamplingOpts {
   lc::SamplerParams p;
   int64_t seed = -1;

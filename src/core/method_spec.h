@@ -1,4 +1,4 @@
-// Parsing of method specs "name:key=value,key=value" (--attn). A factory reads its keys with
+// Parsing of method specs "name:key=value,key=value" (--attn, --reader). A factory reads its keys with
 // get_*(); finish() rejects keys no one read, listing the accepted ones, so a typo is an error
 // that names the method and the key instead of a silently ignored setting.
 #pragma once
@@ -16,7 +16,8 @@ namespace lc {
 
 class MethodSpec {
  public:
-  static Expected<MethodSpec> parse(std::string_view text);
+  // kind names the registry in errors ("attention method 'x': ...", "reader 'x': ...").
+  static Expected<MethodSpec> parse(std::string_view text, std::string_view kind = "attention method");
   const std::string& name() const { return name_; }
 
   // Each reads key if present (else keeps *out, the default) and records it as accepted, with
@@ -32,6 +33,7 @@ class MethodSpec {
   const std::vector<MethodKey>& keys() const { return keys_; }
 
  private:
+  std::string kind_;
   std::string name_;
   std::map<std::string, std::string> kv_;
   std::vector<std::string> accepted_;

@@ -1,4 +1,4 @@
-#include "attention/spec.h"
+#include "core/method_spec.h"
 
 #include <fmt/format.h>
 
@@ -8,13 +8,14 @@
 
 namespace lc {
 
-Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
+Expected<MethodSpec> MethodSpec::parse(std::string_view text, std::string_view kind) {
   MethodSpec s;
+  s.kind_ = std::string(kind);
   const size_t colon = text.find(':');
   s.name_ = std::string(text.substr(0, colon));
   if (s.name_.empty())
-    return make_error(fmt::format("attention spec '{}' has no method name (expected name:key=value,...)",
-                                  text));
+    return make_error(fmt::format("{} spec '{}' has no method name (expected name:key=value,...)",
+                                  kind, text));
   if (colon == std::string_view::npos) return s;
   std::string_view rest = text.substr(colon + 1);
   while (!rest.empty()) {
@@ -24,11 +25,11 @@ Expected<MethodSpec> MethodSpec::parse(std::string_view text) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0)
-      return make_error(fmt::format("attention method '{}': '{}' is not key=value", s.name_,
+      return make_error(fmt::format("{} '{}': '{}' is not key=value", s.kind_, s.name_,
                                     item));
     std::string key(item.substr(0, eq));
     if (s.kv_.count(key))
-      return make_error(fmt::format("attention method '{}': key '{}' given twice", s.name_, key));
+      return make_error(fmt::format("{} '{}': key '{}' given twice", s.kind_, s.name_, key));
     s.kv_[key] = std::string(item.substr(eq + 1));
   }
   return s;
@@ -44,8 +45,8 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
   if (it->second.empty() || *end != '\0' || errno != 0 || v < min || v > max)
-    return make_error(fmt::format("attention method '{}': key '{}' expects an integer in [{}, {}], got '{}'",
-                                  name_, key, min, max, it->second));
+    return make_error(fmt::format("{} '{}': key '{}' expects an integer in [{}, {}], got '{}'",
+                                  kind_, name_, key, min, max, it->second));
   *out = v;
   return Status::ok();
 }
@@ -58,8 +59,8 @@ Status MethodSpec::get_float(const char* key, double* out, double min, double ma
   char* end = nullptr;
   const double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max)
-    return make_error(fmt::format("attention method '{}': key '{}' expects a number in [{:g}, {:g}], got '{}'",
-                                  name_, key, min, max, it->second));
+    return make_error(fmt::format("{} '{}': key '{}' expects a number in [{:g}, {:g}], got '{}'",
+                                  kind_, name_, key, min, max, it->second));
   *out = v;
   return Status::ok();
 }
@@ -73,8 +74,8 @@ Status MethodSpec::get_bool(const char* key, bool* out, const char* help) {
   if (v == "1" || v == "true" || v == "on") *out = true;
   else if (v == "0" || v == "false" || v == "off") *out = false;
   else
-    return make_error(fmt::format("attention method '{}': key '{}' expects 0/1/true/false, got '{}'",
-                                  name_, key, v));
+    return make_error(fmt::format("{} '{}': key '{}' expects 0/1/true/false, got '{}'",
+                                  kind_, name_, key, v));
   return Status::ok();
 }
 
@@ -93,7 +94,7 @@ Status MethodSpec::finish() const {
     if (ok) continue;
     std::string list;
     for (const auto& a : accepted_) list += (list.empty() ? "" : ", ") + a;
-    return make_error(fmt::format("attention method '{}': unknown key '{}' (accepted: {})", name_,
+    return make_error(fmt::format("{} '{}': unknown key '{}' (accepted: {})", kind_, name_,
                                   k, list.empty() ? "none" : list));
   }
   return Status::ok();

@@ -1,0 +1,165 @@
+#include "readers/reader.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "readers/document.h"
+#include "readers/readers_impl.h"
+
+namespace lc::readers {
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\n' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
+  return std::string(s);
+}
+
+std::string extract_boxed(std::string_view reply) {
+  const size_t at = reply.rfind("\\boxed{");
+  if (at == std::string_view::npos) return trim(reply);
+  size_t i = at + 7;
+  int depth = 1;
+  const size_t start = i;
+  for (; i < reply.size(); ++i) {
+    if (reply[i] == '{') ++depth;
+    if (reply[i] == '}' && --depth == 0) return trim(reply.substr(start, i - start));
+  }
+  return trim(reply.substr(start));  // unclosed: what follows the brace
+}
+
+Fit fit_window(int64_t window_key, int64_t chunk_key, int64_t memory_key, int64_t model_window) {
+  Fit f;
+  f.window = window_key > 0 ? window_key : model_window;
+  f.chunk = chunk_key > 0 ? chunk_key : f.window * 5000 / 8192;
+  f.memory = memory_key > 0 ? memory_key : f.window * 1024 / 8192;
+  return f;
+}
+
+int64_t ReaderEnv::count_tokens(std::string_view text) const {
+  return static_cast<int64_t>(model_.tokenizer().encode(text, false, false).size());
+}
+
+Expected<std::string> ReaderEnv::call(const Template& t, const std::map<std::string, std::string>& values,
+                                      int64_t max_tokens, int64_t chunk) {
+  if (stats_.calls >= max_calls_)
+    return make_error(ErrorCode::kTooShort,
+                      fmt::format("reader: reached its cap of {} model calls (calls=) before the read ended; "
+                                  "raise calls= or use larger chunks",
+                                  max_calls_));
+  CallRecord rec;
+  rec.step = t.name;
+  rec.chunk = chunk;
+  auto reply = model_.call(render(t, values), t.prefix, max_tokens, t.stop, rec.cost);
+  if (!reply) return make_error(reply.error().code, fmt::format("reader step {}: {}", t.name, reply.error().message));
+  ++stats_.calls;
+  stats_.prompt_tokens += rec.cost.n_prompt;
+  stats_.gen_tokens += rec.cost.n_gen;
+  rec.reply = *reply;
+  if (log_) log_(rec);
+  return reply;
+}
+
+namespace {
+
+constexpr const char* kCheckpointFormat = "longctx-reader-checkpoint-1";
+
+nlohmann::json stats_json(const ReadStats& s) {
+  return {{"chunks", s.chunks},         {"calls", s.calls},         {"doc_tokens", s.doc_tokens},
+          {"prompt_tokens", s.prompt_tokens}, {"gen_tokens", s.gen_tokens}, {"candidates", s.candidates}};
+}
+
+Status write_checkpoint(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return make_error(ErrorCode::kIo, fmt::format("--checkpoint: cannot write {}", tmp));
+    out << j.dump() << '\n';
+    if (!out) return make_error(ErrorCode::kIo, fmt::format("--checkpoint: write error on {}", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return make_error(ErrorCode::kIo, fmt::format("--checkpoint: cannot rename {} to {}: {}", tmp, path, ec.message()));
+  return Status::ok();
+}
+
+Expected<nlohmann::json> read_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, fmt::format("--resume: cannot open checkpoint {}", path));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kCheckpointFormat)
+    return make_error(ErrorCode::kBadFile, fmt::format("--resume: {} is not a reader checkpoint", path));
+  return j;
+}
+
+}  // namespace
+
+Expected<ReadResult> read_document(Reader& reader, ModelCaller& model, const TemplateSource& templates,
+                                   const std::string& path, const std::string& question, const ReadOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (trim(question).empty()) return make_error(ErrorCode::kInvalidArgument, "reader: the question is empty");
+  ReaderEnv env(model, templates, reader.max_calls());
+  if (opt.log) env.set_log(opt.log);
+  LC_TRY(reader.prepare(env, question));
+  LC_ASSIGN_OR_RETURN(ChunkStream doc, ChunkStream::open(path, model.tokenizer(), reader.chunk_tokens()));
+
+  nlohmann::json ck = {{"format", kCheckpointFormat}, {"reader", reader.spec()},  {"question", question},
+                       {"document", path},            {"doc_bytes", doc.bytes_total()}};
+  int64_t skip = 0;
+  if (opt.resume && !opt.checkpoint.empty() && std::filesystem::exists(opt.checkpoint)) {
+    LC_ASSIGN_OR_RETURN(nlohmann::json j, read_checkpoint(opt.checkpoint));
+    for (const char* k : {"reader", "question", "doc_bytes"})
+      if (j[k] != ck[k])
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("--resume: checkpoint {} was made with another {} ({} there, {} now)",
+                                      opt.checkpoint, k, j[k].dump(), ck[k].dump()));
+    try {
+      skip = j.at("chunks_done").get<int64_t>();
+      LC_TRY(reader.restore(j.at("state").get<std::vector<std::string>>()));
+      const auto& s = j.at("stats");
+      ReadStats& st = env.stats();
+      st.calls = s.at("calls").get<int64_t>();
+      st.prompt_tokens = s.at("prompt_tokens").get<int64_t>();
+      st.gen_tokens = s.at("gen_tokens").get<int64_t>();
+      st.candidates = s.at("candidates").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      return make_error(ErrorCode::kBadFile, fmt::format("--resume: checkpoint {} is malformed: {}", opt.checkpoint, e.what()));
+    }
+    env.stats().resumed_chunks = skip;
+  }
+
+  for (;;) {
+    if (opt.cancel != nullptr && opt.cancel->load(std::memory_order_relaxed))
+      return make_error(ErrorCode::kCancelled, "reader: cancelled");
+    LC_ASSIGN_OR_RETURN(Chunk c, doc.next());
+    if (c.n_tokens == 0) break;
+    ReadStats& st = env.stats();
+    st.chunks = c.index + 1;
+    st.doc_tokens = doc.tokens_read();
+    if (c.index >= skip) {
+      LC_TRY(reader.read_chunk(env, question, c.index, c.text));
+      if (!opt.checkpoint.empty()) {
+        ck["chunks_done"] = c.index + 1;
+        ck["state"] = reader.state();
+        ck["stats"] = stats_json(st);
+        LC_TRY(write_checkpoint(opt.checkpoint, ck));
+      }
+    }
+    if (opt.progress) opt.progress(doc.bytes_read(), doc.bytes_total());
+  }
+  if (env.stats().chunks < skip)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--resume: checkpoint {} is past the end of the document ({} chunks done, {} now)",
+                                  opt.checkpoint, skip, env.stats().chunks));
+  LC_ASSIGN_OR_RETURN(ReadResult r, reader.finish(env, question));
+  r.stats = env.stats();
+  r.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace lc::readers

@@ -1,0 +1,31 @@
+// The engine's ModelCaller: each call is a fresh request of a runtime::Session (so the
+// Session's rope, attention, press and qTTT settings apply inside every call), its prompt
+// rendered through the model's chat template, or as plain text for a model without one.
+#pragma once
+
+#include <memory>
+
+#include "readers/reader.h"
+#include "runtime/session.h"
+#include "tasks/tasks.h"
+
+namespace lc::readers {
+
+class SessionCaller final : public ModelCaller {
+ public:
+  // The Session and the sampler outlive the caller.
+  SessionCaller(Session& session, Sampler& sampler, ChatTemplate tmpl)
+      : session_(session), sampler_(sampler), render_(session.model().tokenizer(), tmpl) {}
+  Expected<std::string> call(const std::string& user, const std::string& reply_prefix, int64_t max_tokens,
+                             const std::vector<std::string>& stop, CallCost& cost) override;
+  int64_t prompt_tokens(const std::string& user, const std::string& reply_prefix) const override;
+  const Tokenizer& tokenizer() const override { return session_.model().tokenizer(); }
+  int64_t default_window() const override;
+
+ private:
+  Session& session_;
+  Sampler& sampler_;
+  tasks::PromptRenderer render_;
+};
+
+}  // namespace lc::readers
