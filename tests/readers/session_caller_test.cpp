@@ -1,0 +1,84 @@
+// The engine's ModelCaller over a real Session and the shipped model: a reader's call is the
+// request a Session would run on the rendered prompt itself.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "model/model.h"
+#include "readers/document.h"
+#include "readers/reader.h"
+#include "readers/session_caller.h"
+#include "runtime/session.h"
+#include "tasks/tasks.h"
+
+namespace lc::readers {
+namespace {
+
+const std::string kRoot = std::string(LONGCTX_TEST_DATA) + "/../../";
+
+std::string render_text(const Template& t, const std::string& q, const std::string& chunk) {
+  return render(t, {{"problem", q}, {"memory", "No previous memory"}, {"chunk", chunk}});
+}
+
+TEST(SessionCaller, ACallIsTheSessionRequestOfTheRenderedPrompt) {
+  auto model = Model::load(kRoot + "models/longctx-2l.gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  std::string doc;
+  for (int i = 0; i < 150; ++i) doc += "The river runs past the old mill under the hill. ";
+  doc += "One of the special magic numbers for anxious-circle is: 4816203. ";
+  for (int i = 0; i < 150; ++i) doc += "The grass is green and the sky is blue. ";
+  const std::string path = (std::filesystem::temp_directory_path() / "lc_session_caller_doc.txt").string();
+  std::ofstream(path, std::ios::binary) << doc;
+  const std::string q = "What is the special magic number for anxious-circle mentioned in the provided text?";
+
+  SessionParams sp;
+  auto session = Session::create(**model, sp);
+  ASSERT_TRUE(session.has_value()) << session.error().message;
+  SamplerParams gp;
+  gp.temp = 0;
+  Sampler sampler(gp);
+  SessionCaller caller(**session, sampler, ChatTemplate::kNone);
+  EXPECT_EQ(caller.default_window(), (*model)->hparams().n_ctx_train);
+  auto reader = make_reader("memagent:memory=32,answer=16");
+  ASSERT_TRUE(reader.has_value());
+  std::vector<CallRecord> log;
+  ReadOptions opt;
+  opt.log = [&](const CallRecord& r) { log.push_back(r); };
+  auto r = read_document(**reader, caller, TemplateSource(), path, q, opt);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->stats.calls, r->stats.chunks + 1);
+  ASSERT_EQ(static_cast<int64_t>(log.size()), r->stats.calls);
+  int64_t prompt = 0, gen = 0;
+  for (const auto& c : log) {
+    prompt += c.cost.n_prompt;
+    gen += c.cost.n_gen;
+    EXPECT_LE(c.cost.n_gen, c.step == "memagent_final" ? 16 : 32);
+  }
+  EXPECT_EQ(prompt, r->stats.prompt_tokens);
+  EXPECT_EQ(gen, r->stats.gen_tokens);
+
+  // The oracle: the first step run directly on a fresh Session.
+  auto t = TemplateSource().load("memagent_update", {"problem", "memory", "chunk"});
+  ASSERT_TRUE(t.has_value());
+  auto chunks = ChunkStream::open(path, (*model)->tokenizer(), (*reader)->chunk_tokens());
+  ASSERT_TRUE(chunks.has_value());
+  auto first = chunks->next();
+  ASSERT_TRUE(first.has_value());
+  tasks::PromptRenderer render((*model)->tokenizer(), ChatTemplate::kNone);
+  Prompt p;
+  p.tokens = render.tokens(render_text(*t, q, first->text), "");
+  auto direct_session = Session::create(**model, sp);
+  ASSERT_TRUE(direct_session.has_value());
+  Sampler s2(gp);
+  GenerateOptions g;
+  g.n_predict = 32;
+  auto direct = (*direct_session)->run(p, s2, g, nullptr);
+  ASSERT_TRUE(direct.has_value()) << direct.error().message;
+  EXPECT_EQ(log[0].reply, direct->text);
+  EXPECT_EQ(log[0].cost.n_prompt, static_cast<int64_t>(p.tokens.size()));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace lc::readers
