@@ -12,6 +12,8 @@ bool default_press(const std::string& s) { return s.empty() || s == "none"; }
 bool default_qttt(const std::string& s) { return s.empty() || s == "none"; }
 }  // namespace
 
+bool MethodSetting::has_reader() const { return !reader.empty() && reader != "none"; }
+
 std::string MethodSetting::label() const {
   if (!name.empty()) return name;
   std::string s;
@@ -23,6 +25,7 @@ std::string MethodSetting::label() const {
   if (!default_attn(attn)) add("attn " + attn);
   if (!default_press(press)) add("press " + press);
   if (!default_qttt(qttt)) add("qttt " + qttt);
+  if (has_reader()) add("reader " + reader);
   return s.empty() ? "baseline" : s;
 }
 
@@ -37,7 +40,7 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     if (part.empty()) continue;
     const size_t eq = part.find('=');
     if (eq == std::string_view::npos)
-      return make_error(fmt::format("method '{}': expected key=value parts (rope=, attn=, press=, qttt=, name=) separated by ';'",
+      return make_error(fmt::format("method '{}': expected key=value parts (rope=, attn=, press=, qttt=, reader=, name=) separated by ';'",
                                     text));
     const std::string key(part.substr(0, eq));
     const std::string val(part.substr(eq + 1));
@@ -45,9 +48,10 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     else if (key == "attn") m.attn = val;
     else if (key == "press" || key == "kv-press") m.press = val;
     else if (key == "qttt") m.qttt = val;
+    else if (key == "reader") m.reader = val;
     else if (key == "name") m.name = val;
     else
-      return make_error(fmt::format("method '{}': unknown key '{}' (rope, attn, press, qttt, name)",
+      return make_error(fmt::format("method '{}': unknown key '{}' (rope, attn, press, qttt, reader, name)",
                                     text, key));
   }
   return m;

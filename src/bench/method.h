@@ -23,11 +23,15 @@ struct MethodSetting {
   std::string attn;  // empty: the model's default (dense, or fixed)
   std::string press = "none";
   std::string qttt = "none";   // "steps=N,lr=X,span=S": query-only test-time training (runtime/qttt.h)
+  // A reading agent (src/readers, "memagent:chunk=..."); "none": the prompt is read whole.
+  // With a reader, rope, attention and press apply inside each of its model calls.
+  std::string reader = "none";
+  bool has_reader() const;
   std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"
 };
 
-// "rope=yarn:factor=8;attn=dense;press=none;qttt=steps=8,lr=1e-3,span=128;name=yarn8" (any
-// subset, ';'-separated).
+// "rope=yarn:factor=8;attn=dense;press=none;qttt=steps=8,lr=1e-3,span=128;reader=memagent;name=yarn8"
+// (any subset, ';'-separated).
 Expected<MethodSetting> parse_method(std::string_view text);
 // The setting's qTTT parameters (steps == 0: off).
 Expected<QtttParams> qttt_params(const MethodSetting& m);

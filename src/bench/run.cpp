@@ -16,6 +16,8 @@
 #include "core/progress.h"
 #include "core/sys.h"
 #include "model/model.h"
+#include "readers/reader.h"
+#include "readers/session_caller.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -83,11 +85,14 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
             else if (k == "attn") s.attn = v;
             else if (k == "press") s.press = v;
             else if (k == "qttt") s.qttt = v;
+            else if (k == "reader") s.reader = v;
             else if (k == "name") s.name = v;
-            else return make_error(fmt::format("config: unknown method field \"{}\" (rope, attn, press, qttt, name)", k));
+            else
+              return make_error(
+                  fmt::format("config: unknown method field \"{}\" (rope, attn, press, qttt, reader, name)", k));
           }
         } else {
-          return make_error("config: a method is an object {rope, attn, press, qttt, name} or a string");
+          return make_error("config: a method is an object {rope, attn, press, qttt, reader, name} or a string");
         }
         cfg.methods.push_back(s);
       }
@@ -190,6 +195,13 @@ json SampleRecord::to_json() const {
   j["kv_bytes"] = kv_bytes;
   j["kv_alloc_bytes"] = kv_alloc_bytes;
   j["needle_depth"] = needle_depth;
+  if (!reader.empty()) {
+    j["reader"] = reader;
+    j["reader_calls"] = reader_calls;
+    j["reader_chunks"] = reader_chunks;
+    j["reader_candidates"] = reader_candidates;
+    j["reader_prompt_tokens"] = reader_prompt_tokens;
+  }
   if (!qttt.empty()) {
     j["qttt"] = qttt;
     j["t_qttt"] = t_qttt;
@@ -232,6 +244,11 @@ Expected<SampleRecord> SampleRecord::from_json(const json& j) {
     r.t_qttt = j.value("t_qttt", 0.0);
     r.qttt_loss_before = j.value("qttt_loss_before", 0.0);
     r.qttt_loss_after = j.value("qttt_loss_after", 0.0);
+    r.reader = j.value("reader", "");
+    r.reader_calls = j.value("reader_calls", int64_t{0});
+    r.reader_chunks = j.value("reader_chunks", int64_t{0});
+    r.reader_candidates = j.value("reader_candidates", int64_t{0});
+    r.reader_prompt_tokens = j.value("reader_prompt_tokens", int64_t{0});
   } catch (const json::exception& e) {
     return make_error(fmt::format("bad result record: {}", e.what()));
   }
@@ -574,6 +591,10 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       pp.draft_name = cfg.draft;
       auto probe = make_session_for(*model, method, pp);
       if (!probe) return probe.error();
+      if (method.has_reader()) {
+        auto r = readers::make_reader(method.reader);
+        if (!r) return make_error(r.error().code, fmt::format("method {}: {}", method.label(), r.error().message));
+      }
     }
     for (const MethodSetting& method : cfg.methods) {
       const std::string mlabel = method.label();
@@ -646,6 +667,44 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         sp.temp = 0;  // greedy
         sp.top_k = 0, sp.top_p = 1, sp.min_p = 0, sp.repeat_penalty = 1;
         Sampler sampler(sp);
+        if (method.has_reader()) {
+          // A reading agent reads the context from a file in chunks and answers the question
+          // (the text after the context in the user message) through its own templates.
+          LC_ASSIGN_OR_RETURN(std::unique_ptr<readers::Reader> reader, readers::make_reader(method.reader));
+          const size_t at = sample->user.find(sample->context);
+          if (sample->context.empty() || at == std::string::npos)
+            return make_error(fmt::format("bench run: task {} has no context a reader can read", cell.task));
+          const std::string question = readers::trim(sample->user.substr(at + sample->context.size()));
+          const std::string doc = cfg.out_dir + "/reader_document.txt";
+          {
+            std::ofstream f(doc, std::ios::binary | std::ios::trunc);
+            f << sample->context;
+            if (!f) return make_error(ErrorCode::kIo, fmt::format("{}: cannot write the reader's document", doc));
+          }
+          readers::SessionCaller caller(*session, sampler, tmpl);
+          auto rr = readers::read_document(*reader, caller, readers::TemplateSource(), doc, question, {});
+          fs::remove(doc, ec);
+          if (!rr)
+            return make_error(rr.error().code, fmt::format("bench run: method {}, task {} at length {}: {}", mlabel,
+                                                           cell.task, cell.length, rr.error().message));
+          rec.reader = reader->spec();
+          rec.reader_calls = rr->stats.calls;
+          rec.reader_chunks = rr->stats.chunks;
+          rec.reader_candidates = rr->stats.candidates;
+          rec.reader_prompt_tokens = rr->stats.prompt_tokens;
+          rec.output = tasks::postprocess_prediction(rr->answer);
+          rec.score = tasks::score_prediction(tasks::find_task(cell.task)->metric, rec.output, rec.answers);
+          rec.n_gen = rr->stats.gen_tokens;
+          rec.t_prefill = rr->stats.seconds;
+          rec.peak_rss = peak_rss_bytes();
+          out << rec.to_json().dump() << '\n';
+          out.flush();
+          if (!out) return make_error(fmt::format("{}: write error", results_path));
+          done[key] = rec.input_hash;
+          ++rep.run;
+          if (prog) prog->update(++n_done);
+          continue;
+        }
         GenerateOptions go;
         go.n_predict = sample->max_new_tokens;
         go.qttt_seed = sample->seed;

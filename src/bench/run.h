@@ -84,6 +84,11 @@ struct SampleRecord {
   // qTTT: seconds of the whole adaptation (not in t_prefill), and the loss of its first span
   // before and after.
   double t_qttt = 0, qttt_loss_before = 0, qttt_loss_after = 0;
+  // A reader's run: its spec, model calls, chunks, chunks that gave a candidate (mapreduce), and
+  // the tokens prefilled over all calls (n_gen: generated over all calls; t_prefill: the whole
+  // read's wall time).
+  std::string reader;
+  int64_t reader_calls = 0, reader_chunks = 0, reader_candidates = 0, reader_prompt_tokens = 0;
   std::string key() const;             // model|method|task|length|depth|index
   nlohmann::json to_json() const;
   static Expected<SampleRecord> from_json(const nlohmann::json& j);

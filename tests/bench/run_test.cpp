@@ -236,6 +236,47 @@ TEST(BenchRun, MethodSettings) {
   fs::remove_all(out);
 }
 
+// --reader: the context goes to a reading agent, whose calls and chunks are recorded; a bad
+// reader spec fails before any work, naming it.
+TEST(BenchRun, ReadersRunThroughTheMatrix) {
+  const std::string out = fresh_dir("readers");
+  RunConfig c = small(out);
+  c.tasks = {"niah_single_1"};
+  c.lengths = {2048};
+  c.samples = 1;
+  MethodSetting bad;
+  bad.reader = "memagent:nosuch=1";
+  c.methods = {MethodSetting{}, bad};
+  auto rep = run_matrix(c);
+  ASSERT_FALSE(rep.has_value());
+  EXPECT_NE(rep.error().message.find("unknown key 'nosuch'"), std::string::npos) << rep.error().message;
+  EXPECT_EQ(lines(out + "/results.jsonl").size(), 0u);
+
+  auto mem = parse_method("reader=memagent:window=4096,chunk=400,memory=16,answer=8");
+  ASSERT_TRUE(mem.has_value());
+  EXPECT_EQ(mem->label(), "reader memagent:window=4096,chunk=400,memory=16,answer=8");
+  auto map = parse_method("reader=mapreduce:window=4096,chunk=400,answer=8,agg=first");
+  ASSERT_TRUE(map.has_value());
+  c.methods = {*mem, *map};
+  rep = run_matrix(c);
+  ASSERT_TRUE(rep.has_value()) << rep.error().message;
+  const auto ls = lines(out + "/results.jsonl");
+  ASSERT_EQ(ls.size(), 2u);
+  for (const auto& l : ls) {
+    json j = json::parse(l);
+    const bool is_mem = j["method"] == mem->label();
+    EXPECT_EQ(j["reader"].get<std::string>().substr(0, 9), is_mem ? "memagent:" : "mapreduce");
+    const int64_t chunks = j["reader_chunks"], calls = j["reader_calls"];
+    // A 2K prompt in 400-token chunks.
+    EXPECT_GE(chunks, 4) << l;
+    EXPECT_LE(chunks, 6) << l;
+    EXPECT_EQ(calls, is_mem ? chunks + 1 : chunks) << l;  // agg=first makes no extra call
+    EXPECT_GT(j["reader_prompt_tokens"].get<int64_t>(), chunks * 400) << l;
+  }
+  EXPECT_FALSE(fs::exists(out + "/reader_document.txt"));
+  fs::remove_all(out);
+}
+
 TEST(BenchRun, ConfigFile) {
   RunConfig c;
   json j = {{"models", {"a.gguf", "b.gguf"}},

@@ -47,23 +47,31 @@ lc::Expected<std::unique_ptr<lc::Model>> load(const bench::ModelRef& r) {
 struct MethodOpts {
   std::vector<std::string> rope, attn, press, method;
   std::vector<std::string> qttt;  // bench run only (add_qttt)
+  std::vector<std::string> reader;  // bench run only (add_reader)
   void add(CLI::App* app) {
     app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
     app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
     app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5 (" + press_flag_help() + ")");
-    app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;name=..' (repeatable)");
+    app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;qttt=..;reader=..;name=..' (repeatable)");
   }
   void add_qttt(CLI::App* app) {
     app->add_option("--qttt", qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S, or none "
                     "(repeat the flag for several; see docs/qttt.md)");
   }
-  bool given() const { return !rope.empty() || !attn.empty() || !press.empty() || !method.empty() || !qttt.empty(); }
+  void add_reader(CLI::App* app) {
+    app->add_option("--reader", reader, "reading agent(s) NAME:key=value,... or none: the context is read in "
+                    "chunks by the reader, rope/attn/press apply inside its calls (repeat the flag for several; "
+                    "see docs/readers.md)");
+  }
+  bool given() const {
+    return !rope.empty() || !attn.empty() || !press.empty() || !method.empty() || !qttt.empty() || !reader.empty();
+  }
   // --method settings, else the cross product of --rope x --attn x --kv-press x --qttt.
   lc::Expected<std::vector<bench::MethodSetting>> settings() const {
     std::vector<bench::MethodSetting> out;
     if (!method.empty()) {
-      if (!rope.empty() || !attn.empty() || !press.empty() || !qttt.empty())
-        return lc::make_error("give either --method or --rope/--attn/--kv-press/--qttt, not both");
+      if (!rope.empty() || !attn.empty() || !press.empty() || !qttt.empty() || !reader.empty())
+        return lc::make_error("give either --method or --rope/--attn/--kv-press/--qttt/--reader, not both");
       for (const auto& m : method) {
         LC_ASSIGN_OR_RETURN(auto s, bench::parse_method(m));
         out.push_back(s);
@@ -75,14 +83,16 @@ struct MethodOpts {
     const std::vector<std::string> a = attn.empty() ? std::vector<std::string>{""} : attn;
     const std::vector<std::string> p = press.empty() ? std::vector<std::string>{"none"} : press;
     const std::vector<std::string> q = qttt.empty() ? std::vector<std::string>{"none"} : qttt;
+    const std::vector<std::string> rd = reader.empty() ? std::vector<std::string>{"none"} : reader;
     for (const auto& x : r)
       for (const auto& y : a)
         for (const auto& z : p)
-          for (const auto& w : q) {
-            auto qp = lc::parse_qttt(w == "none" ? "" : w);
-            if (!qp) return qp.error();
-            out.push_back({"", x, y, z, w});
-          }
+          for (const auto& w : q)
+            for (const auto& v : rd) {
+              auto qp = lc::parse_qttt(w == "none" ? "" : w);
+              if (!qp) return qp.error();
+              out.push_back({"", x, y, z, w, v});
+            }
     return out;
   }
 };
@@ -266,6 +276,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--draft", o->draft, "draft model GGUF for --kv-press speckv / specpc (same vocabulary)");
     o->mo.add(app);
     o->mo.add_qttt(app);
+    o->mo.add_reader(app);
     o->cache.add(app);
     cmds.push_back({app, [o, app]() -> int {
                       try {
