@@ -368,6 +368,217 @@ void KvCache::rewrite_keys(Head& hd, int64_t first, int64_t count, Fn&& fn) {
   }
 }
 
+int64_t KvFragment::n_tokens() const {
+  int64_t n = 0;
+  for (const Head& h : heads) n += h.n();
+  return n;
+}
+
+size_t KvFragment::bytes() const {
+  size_t b = 0;
+  for (const Head& h : heads)
+    b += h.k.size() + h.v.size() + (h.pos.size() + h.idx.size() + h.seq.size()) * sizeof(int32_t);
+  return b;
+}
+
+void KvFragment::drop_from(int64_t n_seq) {
+  for (Head& h : heads) {
+    const size_t m = static_cast<size_t>(
+        std::lower_bound(h.idx.begin(), h.idx.end(), static_cast<int32_t>(std::clamp<int64_t>(n_seq, 0, INT32_MAX))) -
+        h.idx.begin());
+    if (m == h.idx.size()) continue;
+    const size_t kb = h.idx.empty() ? 0 : h.k.size() / h.idx.size();
+    const size_t vb = h.idx.empty() ? 0 : h.v.size() / h.idx.size();
+    h.pos.resize(m);
+    h.idx.resize(m);
+    h.seq.resize(m);
+    h.k.resize(m * kb);
+    h.v.resize(m * vb);
+  }
+  count = std::clamp<int64_t>(n_seq - first_seq, 0, count);
+}
+
+Expected<KvFragment> KvCache::extract(int64_t first_seq, int64_t count) {
+  if (count < 1 || first_seq < 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("kv extract: the range [{}, {}) is empty or negative", first_seq, first_seq + count));
+  for (int64_t il = 0; il < cfg_.n_layer; ++il)
+    if (first_seq + count > n_appended_[static_cast<size_t>(il)])
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("kv extract: the range [{}, {}) goes past the {} tokens appended to layer {}",
+                                    first_seq, first_seq + count, n_appended_[static_cast<size_t>(il)], il));
+  KvFragment f;
+  f.n_layer = cfg_.n_layer;
+  f.n_head_kv = cfg_.n_head_kv;
+  f.head_dim = cfg_.head_dim;
+  f.head_dim_v = cfg_.head_dim_v;
+  f.block_tokens = cfg_.block_tokens;
+  f.type_k = cfg_.type_k;
+  f.type_v = cfg_.type_v;
+  f.first_seq = first_seq;
+  f.count = count;
+  f.rope = rope_;
+  f.heads.resize(heads_.size());
+  const int32_t lo_idx = static_cast<int32_t>(first_seq), hi_idx = static_cast<int32_t>(first_seq + count);
+  for (size_t hi = 0; hi < heads_.size(); ++hi) {
+    Head& hd = heads_[hi];
+    KvFragment::Head& fh = f.heads[hi];
+    const int64_t a = std::lower_bound(hd.idx.begin(), hd.idx.end(), lo_idx) - hd.idx.begin();
+    const int64_t b = std::lower_bound(hd.idx.begin(), hd.idx.end(), hi_idx) - hd.idx.begin();
+    const int64_t m = b - a;
+    if (m == 0) continue;
+    fh.pos.assign(hd.pos.begin() + a, hd.pos.begin() + b);
+    fh.idx.assign(hd.idx.begin() + a, hd.idx.begin() + b);
+    fh.seq.assign(hd.seq.begin() + a, hd.seq.begin() + b);
+    fh.k.resize(static_cast<size_t>(m) * k_row_bytes_);
+    fh.v.resize(static_cast<size_t>(m) * v_row_bytes_);
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(fh.k.data() + static_cast<size_t>(i) * k_row_bytes_, k_row(hd, a + i), k_row_bytes_);
+      std::memcpy(fh.v.data() + static_cast<size_t>(i) * v_row_bytes_, v_row(hd, a + i), v_row_bytes_);
+    }
+    // Close the gap: rows after the range move down by m (source always above destination).
+    for (int64_t i = b; i < hd.n; ++i) {
+      std::memcpy(k_row(hd, i - m), k_row(hd, i), k_row_bytes_);
+      std::memcpy(v_row(hd, i - m), v_row(hd, i), v_row_bytes_);
+    }
+    hd.pos.erase(hd.pos.begin() + a, hd.pos.begin() + b);
+    hd.idx.erase(hd.idx.begin() + a, hd.idx.begin() + b);
+    hd.seq.erase(hd.seq.begin() + a, hd.seq.begin() + b);
+    hd.n -= m;
+    free_tail_blocks(hd);
+    ++hd.epoch;  // tokens left the middle: summaries over them are stale
+  }
+  return f;
+}
+
+Status KvCache::insert(const KvFragment& f) {
+  if (f.n_layer != cfg_.n_layer || f.n_head_kv != cfg_.n_head_kv || f.head_dim != cfg_.head_dim ||
+      f.head_dim_v != cfg_.head_dim_v)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("kv insert: the fragment was taken from a cache of {} layers x {} KV heads x "
+                                  "head_dim {}/{}, but this cache has {} x {} x {}/{}",
+                                  f.n_layer, f.n_head_kv, f.head_dim, f.head_dim_v, cfg_.n_layer, cfg_.n_head_kv,
+                                  cfg_.head_dim, cfg_.head_dim_v));
+  if (f.block_tokens != cfg_.block_tokens || f.type_k != cfg_.type_k || f.type_v != cfg_.type_v)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("kv insert: the fragment was taken with --kv-block {} and K/V types {}/{}; this "
+                                  "cache has --kv-block {}, {}/{}",
+                                  f.block_tokens, dtype_name(f.type_k), dtype_name(f.type_v), cfg_.block_tokens,
+                                  dtype_name(cfg_.type_k), dtype_name(cfg_.type_v)));
+  if (f.heads.size() != heads_.size() || f.rope.size() != rope_.size())
+    return make_error(ErrorCode::kInvalidArgument, "kv insert: the fragment is malformed (head or layer count)");
+  const int64_t B = cfg_.block_tokens;
+  int64_t needed = 0;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {
+      const KvFragment::Head& fh = f.head(il, h);
+      const Head& hd = head(il, h);
+      const int64_t m = fh.n();
+      if (static_cast<int64_t>(fh.pos.size()) != m || static_cast<int64_t>(fh.seq.size()) != m ||
+          fh.k.size() != static_cast<size_t>(m) * k_row_bytes_ || fh.v.size() != static_cast<size_t>(m) * v_row_bytes_)
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("kv insert: the fragment is malformed (layer {} head {}: sizes)", il, h));
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t s = fh.idx[static_cast<size_t>(i)];
+        if (s < 0 || (i > 0 && s <= fh.idx[static_cast<size_t>(i - 1)]))
+          return make_error(ErrorCode::kInvalidArgument,
+                            fmt::format("kv insert: the fragment is malformed (layer {} head {}: sequence indices "
+                                        "not ascending)", il, h));
+        if (s >= n_appended_[static_cast<size_t>(il)])
+          return make_error(ErrorCode::kInvalidArgument,
+                            fmt::format("kv insert: the fragment holds sequence index {}, but layer {} has only {} "
+                                        "tokens appended (the sequence was truncated since it was extracted)",
+                                        s, il, n_appended_[static_cast<size_t>(il)]));
+        if (std::binary_search(hd.idx.begin(), hd.idx.end(), s))
+          return make_error(ErrorCode::kInvalidArgument,
+                            fmt::format("kv insert: sequence index {} is already held by layer {} head {} (the "
+                                        "fragment was inserted already, or overlaps tokens the cache holds)",
+                                        s, il, h));
+      }
+      if (m > 0) needed += (hd.n + m + B - 1) / B - static_cast<int64_t>(hd.blocks.size());
+    }
+  }
+  if (needed > 0 && cfg_.budget_bytes != 0 && cfg_.policy != KvBudgetPolicy::kSpill &&
+      pool_->ram_blocks_available() < needed)
+    return make_error(ErrorCode::kContextFull,
+                      fmt::format("kv insert: the fragment needs {} more blocks of {} bytes but the KV budget "
+                                  "(--kv-budget {} bytes) has room for {}",
+                                  needed, pool_->block_bytes(), cfg_.budget_bytes, pool_->ram_blocks_available()));
+  std::vector<int32_t> fresh;
+  fresh.reserve(static_cast<size_t>(needed));
+  for (int64_t i = 0; i < needed; ++i) {
+    auto id = pool_->allocate();
+    if (!id) {
+      for (int32_t b : fresh) pool_->release(b);
+      return make_error(ErrorCode::kContextFull, "kv insert: " + id.error().message);
+    }
+    fresh.push_back(*id);
+  }
+  size_t next_fresh = 0;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    const RopeTable& from = f.rope[static_cast<size_t>(il)];
+    const RopeTable& to = rope_[static_cast<size_t>(il)];
+    const bool rerotate = !same_table(from, to);
+    for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {
+      const KvFragment::Head& fh = f.head(il, h);
+      const int64_t m = fh.n();
+      if (m == 0) continue;
+      Head& hd = head(il, h);
+      const int64_t n = hd.n, total = n + m;
+      while (static_cast<int64_t>(hd.blocks.size()) * B < total) hd.blocks.push_back(fresh[next_fresh++]);
+      std::vector<int32_t> pos(static_cast<size_t>(total)), idx(static_cast<size_t>(total)),
+          seq(static_cast<size_t>(total));
+      std::vector<uint8_t> from_frag(static_cast<size_t>(total), 0);
+      // Merge from the back: the write slot w is never below the next unread held row i.
+      int64_t i = n - 1, j = m - 1;
+      for (int64_t w = total - 1; w >= 0; --w) {
+        const bool take_frag = j >= 0 && (i < 0 || fh.idx[static_cast<size_t>(j)] > hd.idx[static_cast<size_t>(i)]);
+        const size_t ws = static_cast<size_t>(w);
+        if (take_frag) {
+          const size_t js = static_cast<size_t>(j);
+          std::memcpy(k_row(hd, w), fh.k.data() + js * k_row_bytes_, k_row_bytes_);
+          std::memcpy(v_row(hd, w), fh.v.data() + js * v_row_bytes_, v_row_bytes_);
+          pos[ws] = fh.pos[js];
+          idx[ws] = fh.idx[js];
+          seq[ws] = fh.seq[js];
+          from_frag[ws] = 1;
+          --j;
+        } else {
+          const size_t is = static_cast<size_t>(i);
+          if (w != i) {
+            std::memcpy(k_row(hd, w), k_row(hd, i), k_row_bytes_);
+            std::memcpy(v_row(hd, w), v_row(hd, i), v_row_bytes_);
+          }
+          pos[ws] = hd.pos[is];
+          idx[ws] = hd.idx[is];
+          seq[ws] = hd.seq[is];
+          --i;
+        }
+      }
+      hd.pos = std::move(pos);
+      hd.idx = std::move(idx);
+      hd.seq = std::move(seq);
+      hd.n = total;
+      if (rerotate) {
+        // The layer's rope table changed since extraction: bring the fragment's keys from its
+        // table to the current one (as set_rope() does for held keys).
+        for (int64_t w = 0; w < total; ++w) {
+          if (!from_frag[static_cast<size_t>(w)]) continue;
+          rewrite_keys(hd, w, 1, [&](float* row, int64_t r) {
+            const int32_t p = hd.pos[static_cast<size_t>(r)], neg = -p;
+            kernels::rope_apply(row, 1, 1, cfg_.head_dim, from.n_rot, &neg, from.inv_freq.data(),
+                                1.0f / from.mscale, from.neox);
+            kernels::rope_apply(row, 1, 1, cfg_.head_dim, to.n_rot, &p, to.inv_freq.data(), to.mscale, to.neox);
+          });
+        }
+      }
+      ++hd.epoch;  // tokens joined the middle: summaries are stale
+    }
+  }
+  LC_CHECK(next_fresh == fresh.size());
+  return Status::ok();
+}
+
 Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta) {
   if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
     return make_error(fmt::format("kv shift: layer {} head {} out of range", il, h));

@@ -46,6 +46,35 @@ namespace lc {
 
 class KvCache;
 
+// Tokens taken out of a KvCache by KvCache::extract() (Sculptor's "hide a fragment", see
+// model/context.h), to be put back with KvCache::insert(). Per (layer, KV head) it holds the
+// tokens of the range that head still held (a head that had evicted some holds fewer), their
+// metadata, and their key and value rows exactly as stored (the raw bytes of type_k/type_v: an
+// f16 or q8_0 cache round-trips bit-exactly; nothing is recomputed). Keys stay rotated with the
+// table of their layer at extraction time (rope[il]); insert() re-rotates them if the layer's
+// table has changed since (dynamic NTK), which is then exact up to the storage's rounding.
+struct KvFragment {
+  struct Head {
+    std::vector<int32_t> pos, idx, seq;  // [n] position, sequence index (ascending), sequence id
+    std::vector<uint8_t> k, v;           // [n * row bytes of type_k / type_v]
+    int64_t n() const { return static_cast<int64_t>(idx.size()); }
+  };
+  // What insert() validates against the cache.
+  int64_t n_layer = 0, n_head_kv = 0, head_dim = 0, head_dim_v = 0, block_tokens = 0;
+  DType type_k = DType::F32, type_v = DType::F32;
+  int64_t first_seq = 0, count = 0;  // the range of sequence indices extracted
+  std::vector<RopeTable> rope;       // [n_layer] the table the keys are rotated with
+  std::vector<Head> heads;           // [n_layer * n_head_kv]
+
+  const Head& head(int64_t il, int64_t h) const { return heads[static_cast<size_t>(il * n_head_kv + h)]; }
+  Head& head(int64_t il, int64_t h) { return heads[static_cast<size_t>(il * n_head_kv + h)]; }
+  int64_t n_tokens() const;  // over every layer and head
+  size_t bytes() const;      // rows and metadata held
+  // Forgets the tokens whose sequence index is >= n_seq (the sequence was truncated into the
+  // range); count shrinks to match.
+  void drop_from(int64_t n_seq);
+};
+
 // Gives the rope table for a context of n_ctx tokens (dynamic NTK); nullptr: the fixed table.
 using RopeProvider = std::function<RopeTable(int64_t n_ctx)>;
 // Called when an append needs `blocks_needed` more blocks than the budget allows, for layer
@@ -107,6 +136,23 @@ class KvCache {
   // Re-rotates every stored key of layer il to `table` (a rope change, e.g. dynamic NTK).
   void set_rope(int64_t il, const RopeTable& table);
   void set_evictor(KvEvictor e) { evictor_ = std::move(e); }
+
+  // ---- hiding and restoring a fragment (Sculptor: model/context.h Context::hide) ----
+  // Takes out of every layer and head the tokens whose sequence index is in
+  // [first_seq, first_seq + count) and returns them (rows as stored, metadata). The tokens that
+  // remain keep their order; blocks no longer needed go back to the pool; the epoch of every
+  // head that lost a token moves on (backends rebuild their summaries). n_appended() does not
+  // change: sequence indices are never reused. Error (cache unchanged) for an empty range or
+  // one beyond the tokens appended to some layer.
+  Expected<KvFragment> extract(int64_t first_seq, int64_t count);
+  // Puts a fragment back: each head's rows are merged into its tokens in sequence-index order
+  // (tokens appended after the extraction stay after it). The epoch of every head that got a
+  // token moves on. Errors, with the cache unchanged: the fragment's shape, block size or
+  // storage types differ from the cache's; it is malformed; one of its sequence indices is
+  // already held by the head (inserted twice) or lies at or beyond n_appended() (the sequence
+  // was truncated since); the budget cannot take the blocks it needs (the evictor is not
+  // asked: a restore must not make the cache drop other tokens behind the caller's back).
+  Status insert(const KvFragment& frag);
 
   // ---- read access (attention backends) ----
   const KvCacheConfig& config() const { return cfg_; }

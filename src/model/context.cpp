@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <istream>
@@ -147,8 +148,81 @@ size_t Context::activation_bytes() const {
 void Context::truncate(int64_t n) {
   n_past_ = n < n_past_ ? n : n_past_;
   kv_->truncate(n_past_);
-  if (static_cast<int64_t>(tokens_.size()) > n_past_) tokens_.resize(static_cast<size_t>(n_past_));
+  // Hidden ranges wholly cut off are forgotten; one the cut goes through keeps its head.
+  int64_t n_hidden = 0;
+  std::vector<HiddenRange> kept;
+  for (const HiddenRange& r : hidden_) {
+    if (r.first >= n_past_) continue;
+    kept.push_back({r.first, std::min(r.count, n_past_ - r.first), r.id});
+    n_hidden += kept.back().count;
+  }
+  hidden_ = std::move(kept);
+  const int64_t n_tok = std::max<int64_t>(n_past_ - n_hidden, 0);
+  if (static_cast<int64_t>(tokens_.size()) > n_tok) tokens_.resize(static_cast<size_t>(n_tok));
   for (ForwardHooks* h : hooks_) h->on_truncate(n_past_);
+}
+
+Expected<HiddenFragment> Context::hide(int64_t first, int64_t count) {
+  if (count < 1)
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("hide: the range [{}, {}) is empty", first, first + count));
+  if (first < 0 || first + count > n_past_)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("hide: the range [{}, {}) is outside the sequence [0, {})", first, first + count,
+                                  n_past_));
+  for (const HiddenRange& r : hidden_)
+    if (first < r.first + r.count && r.first < first + count)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("hide: the range [{}, {}) overlaps the hidden range [{}, {})", first,
+                                    first + count, r.first, r.first + r.count));
+  // KvPress::observer() is not const; asking does not change the press.
+  if (press_ && const_cast<KvPress&>(press_->press()).observer())
+    return make_error(ErrorCode::kUnsupported,
+                      fmt::format("hide: --kv-press {} accumulates attention statistics per token over the forward "
+                                  "passes; hiding tokens would make them wrong",
+                                  press_->press().spec()));
+  // Where [first, first + count) sits in tokens_: sequence index minus the hidden tokens before it.
+  int64_t before = 0;
+  for (const HiddenRange& r : hidden_)
+    if (r.first < first) before += r.count;
+  const int64_t slot = first - before;
+  if (slot < 0 || slot + count > static_cast<int64_t>(tokens_.size()))
+    return make_error(fmt::format("hide: the token list ({} tokens) does not cover [{}, {})", tokens_.size(),
+                                  first, first + count));
+  LC_ASSIGN_OR_RETURN(KvFragment kvf, kv_->extract(first, count));
+  static std::atomic<uint64_t> next_id{1};
+  HiddenFragment f;
+  f.first = first;
+  f.count = count;
+  f.id = next_id.fetch_add(1);
+  f.tokens.assign(tokens_.begin() + slot, tokens_.begin() + slot + count);
+  f.kv = std::move(kvf);
+  tokens_.erase(tokens_.begin() + slot, tokens_.begin() + slot + count);
+  const auto at = std::find_if(hidden_.begin(), hidden_.end(), [&](const HiddenRange& r) { return r.first > first; });
+  hidden_.insert(at, HiddenRange{first, count, f.id});
+  return f;
+}
+
+Status Context::restore(HiddenFragment&& f) {
+  const auto it = std::find_if(hidden_.begin(), hidden_.end(), [&](const HiddenRange& r) { return r.id == f.id && r.first == f.first; });
+  if (it == hidden_.end() || f.count < it->count || static_cast<int64_t>(f.tokens.size()) != f.count ||
+      f.kv.first_seq != f.first || f.kv.count != f.count)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("restore: the fragment [{}, {}) is not hidden in this context (restored already, "
+                                  "hidden elsewhere, or cut off by a truncate)",
+                                  f.first, f.first + f.count));
+  if (it->count < f.count) {  // truncated into the range since: only its head comes back
+    f.kv.drop_from(f.first + it->count);
+    f.tokens.resize(static_cast<size_t>(it->count));
+    f.count = it->count;
+  }
+  LC_TRY(kv_->insert(f.kv));
+  int64_t before = 0;
+  for (const HiddenRange& r : hidden_)
+    if (r.first < f.first) before += r.count;
+  tokens_.insert(tokens_.begin() + (f.first - before), f.tokens.begin(), f.tokens.end());
+  hidden_.erase(it);
+  f = HiddenFragment{};
+  return Status::ok();
 }
 
 void Context::detach_hooks(ForwardHooks* h) { std::erase(hooks_, h); }
@@ -321,6 +395,10 @@ constexpr uint32_t kCtxStateMagic = 0x3243434cu;  // "LCC2"
 
 Status Context::save_state(std::ostream& out) const {
   using namespace bin;
+  if (!hidden_.empty())
+    return make_error(ErrorCode::kUnsupported,
+                      fmt::format("cannot save a context while {} fragment(s) are hidden (restore them first)",
+                                  hidden_.size()));
   put(out, kCtxStateMagic);
   put<int64_t>(out, n_past_);
   put_vec(out, tokens_);

@@ -50,6 +50,16 @@ inline constexpr int64_t kGrowingContext = INT32_MAX;
 
 class PressRunner;
 
+// A fragment of a sequence hidden by Context::hide (Sculptor, "Empowering LLMs with Cognitive
+// Agency via Active Context Management": the model hides part of its context and restores it
+// later). It owns the tokens' KV rows as they were stored (nothing is recomputed on restore).
+struct HiddenFragment {
+  int64_t first = 0, count = 0;  // sequence indices [first, first + count)
+  uint64_t id = 0;               // which hide() made it (unique in the process)
+  std::vector<int32_t> tokens;   // [count] their token ids
+  KvFragment kv;                 // their rows in every layer and head (KvCache::extract)
+};
+
 class Context {
  public:
   ~Context();
@@ -85,6 +95,34 @@ class Context {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
   const std::vector<int32_t>& prompt_kept() const;
+
+  // ---- hiding and restoring fragments (Sculptor's active context management) ----
+  // Takes the tokens of sequence indices [first, first + count) out of the context: their K/V
+  // rows leave the cache (KvCache::extract) and their ids leave tokens(), which stays "the
+  // tokens the cache holds, in order". n_past() does not change: the next token still goes at
+  // position n_past() (positions and sequence indices are never reused), so restoring later
+  // puts every token back at its own position. Errors (context unchanged): an empty range, one
+  // past n_past(), one overlapping a range already hidden; a press that accumulates attention
+  // statistics of the forward passes (H2O's observer, kUnsupported): its per-token sums would
+  // count queries that could not see the hidden tokens, so its scores would silently drift.
+  // Presses without an observer and attached hooks keep working: a press may evict tokens
+  // while a fragment is hidden (they are just absent), and its query window is indexed by
+  // sequence index, which hiding does not change. Attention backends rebuild their summaries
+  // (the cache's epochs move on).
+  Expected<HiddenFragment> hide(int64_t first, int64_t count);
+  // Puts a hidden fragment back (cache and tokens()), also after more tokens were decoded.
+  // Errors (context unchanged, the fragment left usable for another try): the fragment is not
+  // hidden in this context (restored already, or hidden by another context: its id), or the cache refuses it
+  // (KvCache::insert: budget, shape). After a
+  // truncate() into a hidden range, its tokens before the cut can still be restored; a range
+  // wholly cut off is forgotten (restoring it is an error).
+  Status restore(HiddenFragment&& fragment);
+  // The ranges [first, first + count) hidden now, ascending.
+  struct HiddenRange {
+    int64_t first = 0, count = 0;
+    uint64_t id = 0;  // HiddenFragment::id
+  };
+  const std::vector<HiddenRange>& hidden() const { return hidden_; }
   // Called after every forward chunk of a decode() with the tokens done and the call's total:
   // progress for long prompts, and cancellation (returning false stops the call with an
   // ErrorCode::kCancelled error; the chunks already evaluated stay in the cache). Empty: none.
@@ -105,7 +143,8 @@ class Context {
   // the last decode, the press's schedule state and observation window, and qTTT's weights.
   // The attention backend is made afresh on load and rebuilds what it summarises of the cache.
   // Refused while a press accumulates attention statistics of the forward passes (H2O's
-  // observer), which are not part of the cache.
+  // observer), which are not part of the cache, and while a fragment is hidden (it lives
+  // outside the context: restore it first).
   Status save_state(std::ostream& out) const;
   // Into a context made with the same model and settings; on error the context is empty.
   Status load_state(std::istream& in);
@@ -145,7 +184,8 @@ class Context {
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<PressRunner> press_;  // null: no compression
   std::vector<ForwardHooks*> hooks_;    // the press's runner first, then those attached
-  std::vector<int32_t> tokens_;         // the tokens the cache holds
+  std::vector<int32_t> tokens_;         // the tokens the cache holds (none of hidden_)
+  std::vector<HiddenRange> hidden_;     // hidden ranges of sequence indices, ascending
   ChunkCallback on_chunk_;
   std::unique_ptr<RopePlan> rope_plan_;
   Buffer<float> wq_override_;         // qTTT: [n_layer, n_head * head_dim, n_embd]
