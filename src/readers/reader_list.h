@@ -22,5 +22,10 @@ LC_READER(mapreduce,
           "first answer or a model call",
           "multi-agent chunk reading (seeds/002: task, model and aggregator noise); Zhang et al., \"Chain of "
           "Agents: Large Language Models Collaborating on Long-Context Tasks\", NeurIPS 2024")
+LC_READER(smooth,
+          "Smooth Reading: round by round, each chunk read with the notes so far; one note per chunk is added; "
+          "answers from the notes",
+          "\"Smooth Reading\", ICLR 2026 submission (seeds/000): multi-round incremental reading with "
+          "iterative summaries, co-designed with recurrent and windowed-attention models")
 
 #undef LC_READER

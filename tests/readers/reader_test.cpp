@@ -119,10 +119,29 @@ Expected<std::string> ideal_memagent(const std::string& user, int64_t) {
   return std::string("\\boxed{unknown}");
 }
 
+// An ideal Smooth Reading model: a note is the needle sentences of its section (or "none"); the
+// answer is the queried value found in the notes.
+Expected<std::string> ideal_smooth(const std::string& user, int64_t) {
+  const std::regex any("One of the special magic numbers for [a-z-]+ is: [0-9]+\\.");
+  if (user.find("<section>") != std::string::npos) {
+    const std::string section = between(user, "section");
+    std::string note;
+    for (std::sregex_iterator it(section.begin(), section.end(), any), end; it != end; ++it)
+      note += (note.empty() ? "" : " ") + it->str();
+    return note.empty() ? std::string("None.") : note;
+  }
+  const std::regex needle("anxious-circle is: ([0-9]+)\\.");
+  std::smatch m;
+  const std::string notes = between(user, "notes");
+  if (std::regex_search(notes, m, needle)) return "\\boxed{" + std::string(m[1]) + "}";
+  return std::string("\\boxed{unknown}");
+}
+
 TEST(ReaderTemplates, RenderExactlyAsTheFileSays) {
   // The oracle: the file's text without its "#!" lines, placeholders replaced by plain string
   // replacement, "{{" / "}}" as braces.
-  for (const std::string name : {"memagent_update", "memagent_final", "mapreduce_map", "mapreduce_reduce"}) {
+  for (const std::string name : {"memagent_update", "memagent_final", "mapreduce_map", "mapreduce_reduce",
+                                 "smooth_read", "smooth_final"}) {
     std::string raw = slurp(kRoot + "data/readers/" + name + ".txt");
     ASSERT_FALSE(raw.empty()) << name;
     std::string body;
@@ -131,7 +150,8 @@ TEST(ReaderTemplates, RenderExactlyAsTheFileSays) {
       if (line.rfind("#!", 0) != 0) body += line + "\n";
     if (raw.back() != '\n') body.pop_back();
     const std::map<std::string, std::string> values = {{"problem", "Q {chunk} Q"}, {"memory", "M"},
-                                                       {"chunk", "C\nC"},          {"answers", "1. x"}};
+                                                       {"chunk", "C\nC"},          {"answers", "1. x"},
+                                                       {"summary", "S"}};
     std::vector<std::string> used;
     std::string want = body;
     for (const auto& [k, v] : values) {
@@ -271,6 +291,45 @@ TEST(MemAgent, DefaultsFollowThePaperProportionsAndShrinkToFit) {
   std::filesystem::remove(path);
 }
 
+TEST(Smooth, NotesAccumulateAndTheOldestGoPastTheCap) {
+  // Needles in three different chunks: two other keys first, the queried one last.
+  const std::string n1 = "One of the special magic numbers for red-fox is: 1000001.";
+  const std::string n2 = "One of the special magic numbers for blue-owl is: 2000002.";
+  const std::string doc = make_doc(300, {{20, n1}, {120, n2}, {220, kNeedle}});
+  const std::string path = write_temp("smooth.txt", doc);
+  for (const int64_t cap : {500, 40}) {
+    ScriptedCaller model(ideal_smooth);
+    auto reader = make_reader("smooth:chunk=150,entry=40,summary=" + std::to_string(cap));
+    ASSERT_TRUE(reader.has_value()) << reader.error().message;
+    auto r = read_document(**reader, model, TemplateSource(), path, kQuestion, {});
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_EQ(r->answer, "4816203");
+    EXPECT_EQ(r->stats.calls, r->stats.chunks + 1);
+    // Each round shows the notes of the rounds before it, "[chunk] note" in reading order.
+    std::vector<std::string> notes;  // expected entries so far
+    for (int64_t k = 0; k < r->stats.chunks; ++k) {
+      const std::string& u = model.users[static_cast<size_t>(k)];
+      std::string want;
+      for (const auto& e : notes) want += (want.empty() ? "" : "\n") + e;
+      EXPECT_EQ(between(u, "notes"), want.empty() ? "none yet" : want) << "cap " << cap << " round " << k;
+      auto reply = ideal_smooth(u, k);
+      if (*reply != "None.") {
+        notes.push_back("[" + std::to_string(k + 1) + "] " + *reply);
+        // The cap keeps the newest entries whose lines fit.
+        int64_t total = 0;
+        for (const auto& e : notes) total += static_cast<int64_t>(model.tokenizer().encode(e + "\n", false, false).size());
+        while (total > cap) {
+          total -= static_cast<int64_t>(model.tokenizer().encode(notes.front() + "\n", false, false).size());
+          notes.erase(notes.begin());
+        }
+      }
+    }
+    EXPECT_EQ(r->partials.size(), cap == 500 ? 3u : 1u);
+    EXPECT_EQ(r->partials.back(), kNeedle);
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(MapReduce, AggregatorsOnScriptedPartialAnswers) {
   const std::string doc = make_doc(200, {});
   const std::string path = write_temp("map.txt", doc);
@@ -315,11 +374,13 @@ TEST(Readers, ResumeAfterAnInterruptionGivesTheSameAnswer) {
   const std::string doc = make_doc(400, {{40, kNeedle}});  // in the chunks before the interruption
   const std::string path = write_temp("resume.txt", doc);
   const std::string ck = temp_path("resume.ckpt");
-  for (const std::string spec : {"memagent:chunk=200,memory=64", "mapreduce:chunk=200,agg=vote"}) {
+  for (const std::string spec : {"memagent:chunk=200,memory=64", "mapreduce:chunk=200,agg=vote",
+                                 "smooth:chunk=200,entry=32,summary=100"}) {
     std::filesystem::remove(ck);
     auto script = [](const std::string& user, int64_t i) -> Expected<std::string> {
       if (user.find("Answer from this section") != std::string::npos)
         return std::string(user.find(kNeedle) != std::string::npos ? "4816203" : "none");
+      if (user.find("<notes>") != std::string::npos) return ideal_smooth(user, i);
       return ideal_memagent(user, i);
     };
     ScriptedCaller once(script);
@@ -376,7 +437,7 @@ TEST(Readers, BadInputIsAClearError) {
     ASSERT_FALSE(res.has_value()) << spec;
     EXPECT_NE(res.error().message.find(want), std::string::npos) << spec << ": " << res.error().message;
   };
-  expect_error("nosuch", kQuestion, "unknown reader 'nosuch' (accepted: memagent, mapreduce)");
+  expect_error("nosuch", kQuestion, "unknown reader 'nosuch' (accepted: memagent, mapreduce, smooth)");
   expect_error("memagent:chunks=5", kQuestion, "unknown key 'chunks'");
   expect_error("mapreduce:agg=mean", kQuestion, "vote, first or model");
   expect_error("memagent", "  ", "the question is empty");
@@ -401,7 +462,7 @@ TEST(Readers, BadInputIsAClearError) {
 
 TEST(Readers, EveryReaderIsDescribedWithItsPaperAndKeys) {
   const auto info = reader_method_info();
-  ASSERT_EQ(info.size(), 2u);
+  ASSERT_EQ(info.size(), 3u);
   for (const auto& m : info) {
     EXPECT_FALSE(m.help.empty()) << m.name;
     EXPECT_GE(m.paper.size(), 20u) << m.name;
