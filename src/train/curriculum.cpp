@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "tasks/haystack.h"
@@ -30,8 +31,11 @@ const std::vector<CurriculumTask>& default_mix() {
   return mix;
 }
 
+bool is_reader_task(const std::string& n) { return n == "mem_update" || n == "mem_answer" || n == "map_answer"; }
+
 bool is_own_task(const std::string& n) {
-  return n == "recall" || n == "quiz" || n == "copy" || n == "text" || n == "repeat" || n == "induction";
+  return n == "recall" || n == "quiz" || n == "copy" || n == "text" || n == "repeat" || n == "induction" ||
+         is_reader_task(n);
 }
 
 std::string trim(const std::string& s) {
@@ -79,7 +83,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_answer, map_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -108,11 +112,18 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
   c->o_ = o;
   c->o_.total_steps = std::max<int64_t>(1, o.total_steps);
   double acc = 0;
-  bool need_text = false;
+  bool need_text = false, need_readers = false;
   for (const auto& t : o.tasks) {
     acc += t.weight;
     c->cdf_.push_back(acc);
     need_text |= t.name == "text";
+    need_readers |= is_reader_task(t.name);
+  }
+  if (need_readers) {  // the templates the readers run with (compiled in)
+    const readers::TemplateSource src;
+    LC_ASSIGN_OR_RETURN(c->mem_update_, src.load("memagent_update", {"problem", "memory", "chunk"}));
+    LC_ASSIGN_OR_RETURN(c->mem_final_, src.load("memagent_final", {"problem", "memory"}));
+    LC_ASSIGN_OR_RETURN(c->map_, src.load("mapreduce_map", {"problem", "chunk"}));
   }
   for (int32_t id = 0; id < tok.n_vocab(); ++id) {  // pieces of text, for "repeat"
     const std::string p = tok.token_to_piece(id);
@@ -213,6 +224,8 @@ Expected<CurriculumSample> Curriculum::draw(const std::string& task, int64_t len
     LC_ASSIGN_OR_RETURN(s, quiz(len, seed, tokens, targets));
   } else if (task == "copy") {
     LC_ASSIGN_OR_RETURN(s, copy(len, seed, tokens, targets));
+  } else if (is_reader_task(task)) {
+    LC_ASSIGN_OR_RETURN(s, reader_task(task, len, seed, tokens, targets));
   } else {
     LC_ASSIGN_OR_RETURN(s, bench_task(task, len, seed, tokens, targets));
   }
@@ -283,6 +296,165 @@ Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
     s.n_scored += sc;
   }
   return s;
+}
+
+Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, const std::string& reply, int64_t len,
+                                                    int32_t* tokens, int32_t* targets) const {
+  const std::vector<int32_t> head = tok_.encode(prompt, true, false);
+  std::vector<int32_t> full = tok_.encode(prompt + reply, true, false);
+  // The reply must continue the prompt's tokens, as generation will.
+  if (full.size() <= head.size() || !std::equal(head.begin(), head.end(), full.begin()))
+    return make_error("curriculum: a reader task's reply tokens do not continue the prompt's");
+  full.push_back(tok_.eos());
+  const int64_t n = static_cast<int64_t>(full.size()) - 1;
+  if (n > std::min(len, o_.max_len))
+    return make_error(fmt::format("curriculum: a reader task's sequence needs {} tokens, more than {}", n,
+                                  std::min(len, o_.max_len)));
+  CurriculumSample s;
+  s.n = n;
+  for (int64_t t = 0; t < n; ++t) {
+    tokens[t] = full[static_cast<size_t>(t)];
+    const bool scored = t + 1 >= static_cast<int64_t>(head.size());  // predicts a reply token or the EOS
+    targets[t] = scored ? full[static_cast<size_t>(t + 1)] : -1;
+    s.n_scored += scored;
+  }
+  return s;
+}
+
+// The reading agents' protocols (src/readers; the prompts are the readers' own templates,
+// rendered as the engine renders them for a model without a chat template). The question asks
+// for one needle in the benchmark's wording: a RULER numbers needle (half the samples), a UUID
+// needle (a quarter) or the pass key (a quarter, needle and question of the passkey task in
+// src/tasks/tasks_extra.cpp); distractors are needles of other keys.
+//   mem_update  (memagent_update) chunk with the queried needle or not; previous memory "No
+//               previous memory", the queried needle sentence (read in an earlier chunk, so
+//               only when the chunk does not hold it) or another key's sentence. The new memory:
+//               the queried sentence when the chunk holds it, else the previous memory when it
+//               holds it, else "No previous memory": the relevant sentence, copied and carried.
+//   mem_answer  (memagent_final) a memory with the queried sentence, sometimes next to another
+//               key's; the reply is \boxed{VALUE}.
+//   map_answer  (mapreduce_map) chunk with the queried needle or not; the reply is the value or
+//               "none".
+// The chunk (noise sentences or essay, RULER's haystacks, the needles at RULER's depths) gets
+// what the reader would give it in a window of the sequence's length: memagent 5000/8192 of
+// it, at most what is left after the template, the question and twice its memory cap
+// (1024/8192); mapreduce what is left after the template, the question and 32 answer tokens.
+Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int64_t len, uint64_t seed,
+                                                   int32_t* tokens, int32_t* targets) const {
+  static const std::string kNoMemory = "No previous memory";  // readers/memagent.cpp
+  tasks::Rng rng(tasks::mix64(seed ^ 0x72656164657273ull));
+  len = std::min(len, o_.max_len);
+  const int64_t kind = tasks::uniform(rng, 0, 3);  // 0, 1: numbers, 2: UUIDs, 3: pass key
+  const bool passkey = kind == 3;
+  const std::string type = kind == 2 ? "uuids" : "numbers";
+  std::set<std::string> used;  // keys and values are unique in the sample, as in the niah tasks
+  auto fresh = [&](bool value) {
+    for (;;) {
+      std::string v = !value ? tasks::random_key_word(rng)
+                             : type == "uuids" ? tasks::random_uuid(rng) : tasks::random_number(rng, 7);
+      if (used.insert(v).second) return v;
+    }
+  };
+  struct Fact {
+    std::string value, sentence;
+  };
+  auto other = [&] {  // a needle of another key
+    const std::string key = fresh(false), value = fresh(true);
+    return Fact{value, tasks::needle_sentence(type, key, value)};
+  };
+  Fact q;
+  std::string question;
+  if (passkey) {
+    q.value = tasks::random_number(rng, 5);
+    used.insert(q.value);
+    q.sentence = "The pass key is " + q.value + ". Remember it. " + q.value + " is the pass key.";
+    question = "What is the pass key?";
+  } else {
+    const std::string key = fresh(false);
+    q.value = fresh(true);
+    q.sentence = tasks::needle_sentence(type, key, q.value);
+    question = trim(tasks::niah_single_wording(type, key).question);
+  }
+
+  if (task == "mem_answer") {
+    std::string memory = q.sentence;
+    if (tasks::uniform(rng, 0, 1)) {
+      const Fact d = other();
+      memory = tasks::uniform(rng, 0, 1) ? memory + " " + d.sentence : d.sentence + " " + memory;
+    }
+    const std::string prompt =
+        render_.text(readers::render(mem_final_, {{"problem", question}, {"memory", memory}}), mem_final_.prefix);
+    return encode_reply(prompt, "\\boxed{" + q.value + "}", len, tokens, targets);
+  }
+
+  const bool update = task == "mem_update";
+  const bool present = tasks::uniform(rng, 0, 1) == 1;
+  std::vector<tasks::Insert> inserts;
+  if (present) inserts.push_back({0, q.sentence});
+  for (int64_t i = tasks::uniform(rng, 0, 2); i > 0; --i) inserts.push_back({0, other().sentence});
+  const std::vector<double> depths = tasks::needle_depths(rng, -1, inserts.size());
+  for (size_t i = 0; i < inserts.size(); ++i) inserts[i].depth = depths[i];
+  std::string memory = kNoMemory, reply;
+  if (update) {
+    // 0: no memory yet, 1: the queried sentence (from an earlier chunk), 2: another key's.
+    const int64_t m = present ? 2 * tasks::uniform(rng, 0, 1) : tasks::uniform(rng, 0, 2);
+    if (m == 1) memory = q.sentence;
+    if (m == 2) memory = other().sentence;
+    reply = present ? q.sentence : m == 1 ? memory : kNoMemory;
+  } else {
+    reply = present ? q.value : "none";
+  }
+  const bool essay = !passkey && tasks::uniform(rng, 0, 1) == 1;
+  const std::vector<std::string>* words = nullptr;
+  size_t start = 0;
+  if (essay) {
+    LC_ASSIGN_OR_RETURN(words, tasks::essay_words());
+    start = tasks::essay_sentence_start(
+        *words, static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
+  } else {
+    start = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(tasks::noise_sentences().size()) - 1));
+  }
+  const readers::Template& t = update ? mem_update_ : map_;
+  auto prompt_of = [&](const std::string& chunk, const std::string& mem) {
+    std::map<std::string, std::string> v = {{"problem", question}, {"chunk", chunk}};
+    if (update) v["memory"] = mem;
+    return render_.text(readers::render(t, v), t.prefix);
+  };
+  auto chunk_of = [&](int64_t units) {  // essay words or noise sentences, with the needles
+    std::vector<std::string> hay;
+    if (essay) {
+      hay = tasks::essay_sentences(*words, start, static_cast<size_t>(units));
+    } else {
+      const auto& noise = tasks::noise_sentences();
+      for (int64_t i = 0; i < units; ++i) hay.push_back(noise[(start + static_cast<size_t>(i)) % noise.size()]);
+    }
+    return tasks::assemble(hay, inserts, " ", false, nullptr);
+  };
+  auto n_tokens = [&](const std::string& text) { return static_cast<int64_t>(tok_.encode(text, true, false).size()); };
+  // The reader's chunk size at a window of len tokens.
+  const int64_t base = n_tokens(prompt_of("", ""));
+  const int64_t chunk_cap = update ? std::min(len * 5000 / 8192, len - base - 2 * (len * 1024 / 8192)) : len - base - 32;
+  const int64_t empty = n_tokens(prompt_of("", memory) + reply);  // the sequence (less EOS) without a chunk
+  int64_t needles_only = n_tokens(prompt_of(chunk_of(0), memory) + reply);
+  // Distractors are dropped (the last first) until the needles fit.
+  while (needles_only > len && inserts.size() > (present ? 1u : 0u)) {
+    inserts.pop_back();
+    needles_only = n_tokens(prompt_of(chunk_of(0), memory) + reply);
+  }
+  // Where the reader would leave no room for a chunk, the sample is drawn again longer; at the
+  // longest length (where that cannot be), and where the needles alone pass the reader's
+  // chunk, the chunk gets what is left.
+  if ((chunk_cap < 1 && len < o_.max_len) || needles_only > len)
+    return make_error(fmt::format("curriculum: task {} does not fit in {} tokens", task, len));
+  const int64_t limit = std::max(needles_only, std::min(len, empty + std::max<int64_t>(chunk_cap, 0)));
+  // The most haystack that fits (the tokens grow with the units; each unit is a token or more).
+  int64_t lo = 0, hi = limit - empty + 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (n_tokens(prompt_of(chunk_of(mid), memory) + reply) <= limit) lo = mid;
+    else hi = mid;
+  }
+  return encode_reply(prompt_of(chunk_of(lo), memory), reply, len, tokens, targets);
 }
 
 // Multi-query associative recall (in the spirit of the MQAR task of Arora et al., 2023,

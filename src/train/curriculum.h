@@ -7,6 +7,21 @@
 // token that stops generation; the prompt's targets are -1) or, with probability lm_fraction,
 // every token. Plain text scores every token.
 //
+// The reading agents' protocols (src/readers) have tasks of their own, not in the default mix,
+// each a prompt rendered from the reader's real template (data/readers/*.txt, so training and
+// inference share one prompt text) with a needle question of the benchmark's wording:
+//   mem_update  memagent_update: the chunk holds the queried needle or not (distractor needles
+//               of other keys), the previous memory is "No previous memory", the queried needle
+//               sentence, or another key's; the reply (the new memory) is the queried needle
+//               sentence when the chunk holds it, else the previous memory when it holds it,
+//               else "No previous memory";
+//   mem_answer  memagent_final: a memory holding the queried needle sentence (and sometimes
+//               another key's); the reply is \boxed{VALUE};
+//   map_answer  mapreduce_map: the chunk holds the queried needle or not; the reply is the
+//               value, or "none".
+// Questions are RULER's numbers and UUIDs needles or the passkey; haystacks are the noise
+// sentences or the essay; chunks are sized as the readers size them for the sequence's length.
+//
 // Disjoint from evaluation: an evaluation sample's generator is seeded with
 // sample_seed(run seed, task, length, depth, index >= 0); a training sample is the bench
 // sample with index -1, which evaluation never uses, under a fresh 64-bit run seed drawn from
@@ -20,6 +35,7 @@
 
 #include "tasks/tasks.h"
 #include "core/status.h"
+#include "readers/templates.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data.h"
 #include "train/rng.h"
@@ -27,7 +43,8 @@
 namespace lc::train {
 
 struct CurriculumTask {
-  std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text"
+  std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
+                     // "mem_update", "mem_answer", "map_answer"
   double weight = 1;
 };
 
@@ -88,9 +105,16 @@ class Curriculum {
   Expected<CurriculumSample> recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  // The reader protocol tasks: "mem_update", "mem_answer", "map_answer".
+  Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
+                                         int32_t* targets) const;
   CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
   CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   CurriculumSample induction(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
+  // Tokenizes prompt + reply (with BOS) and scores the reply and EOS; the reply's tokens must
+  // continue the prompt's, and the whole must fit `len` tokens (an error otherwise, not a cut).
+  Expected<CurriculumSample> encode_reply(const std::string& prompt, const std::string& reply, int64_t len,
+                                          int32_t* tokens, int32_t* targets) const;
   // Tokenizes `text` (with BOS) and scores the tokens that lie inside the byte ranges `scored`,
   // plus EOS at the end when eos is set; cut to `len` tokens.
   Expected<CurriculumSample> encode_scored(const std::string& text, const std::vector<std::pair<size_t, size_t>>& scored,
@@ -103,6 +127,8 @@ class Curriculum {
   std::vector<int64_t> min_len_;     // per task: its shortest workable length (>= o_.min_len)
   std::vector<int32_t> text_tokens_; // the plain text
   std::vector<int32_t> plain_ids_;   // vocabulary pieces that are text (not control, not a lone byte)
+  // The readers' templates, loaded when a reader task is in the mix.
+  readers::Template mem_update_, mem_final_, map_;
 };
 
 }  // namespace lc::train

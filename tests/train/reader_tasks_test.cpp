@@ -1,0 +1,316 @@
+// The reader protocol tasks of the curriculum (mem_update, mem_answer, map_answer): every
+// sample's prompt is the reader's template (read from data/readers/*.txt and parsed here)
+// rendered with the problem, memory and section found in the decoded prompt; the problem is a
+// needle question of the benchmark's wording; the scored tokens are exactly the reply the
+// protocol asks for, derived here from the prompt's text alone, then EOS; both branches
+// (needle in the chunk or not, memory carried or not) occur; no sequence passes the window.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "readers/templates.h"
+#include "train/curriculum.h"
+
+namespace lc::train {
+namespace {
+
+// The 512-piece SentencePiece vocabulary the curriculum tests use, and the shipped model's
+// byte-level BPE one (whose pre-tokeniser must also keep the reply's tokens apart from the
+// prompt's).
+const std::string kVocab = std::string(LONGCTX_TEST_DATA) + "/golden/models/stories260K.gguf";
+const std::string kShipped = std::string(LONGCTX_TEST_DATA) + "/../../models/longctx-2l.gguf";
+const std::string kTemplates = std::string(LONGCTX_TEST_DATA) + "/../../data/readers/";
+
+struct Vocab {
+  std::unique_ptr<gguf::File> file;
+  std::unique_ptr<Tokenizer> tok;
+};
+
+Vocab* open_vocab(const std::string& path) {
+  auto* r = new Vocab;
+  auto f = gguf::File::open(path);
+  LC_CHECK(f.has_value());
+  r->file = std::move(f.value());
+  auto t = Tokenizer::from_gguf(*r->file);
+  LC_CHECK(t.has_value());
+  r->tok = std::move(t.value());
+  return r;
+}
+
+const Tokenizer& vocab(bool shipped = false) {
+  static Vocab* v = open_vocab(kVocab);
+  static Vocab* w = open_vocab(kShipped);
+  return shipped ? *w->tok : *v->tok;
+}
+
+// A template parsed from its file in the source tree (not the compiled-in copy).
+readers::Template load_template(const std::string& name, const std::vector<std::string>& required) {
+  std::ifstream in(kTemplates + name + ".txt", std::ios::binary);
+  EXPECT_TRUE(in) << kTemplates + name + ".txt";
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto t = readers::parse_template(name, ss.str(), required);
+  EXPECT_TRUE(t) << (t ? "" : t.error().message);
+  return t ? *t : readers::Template{};
+}
+
+std::unique_ptr<Curriculum> make(const Tokenizer& tok, const std::string& spec, int64_t min_len, int64_t max_len) {
+  CurriculumOptions o;
+  o.lm_fraction = 0;
+  o.tasks = *parse_curriculum(spec);
+  o.min_len = min_len;
+  o.max_len = max_len;
+  o.ramp = 0.5;
+  o.total_steps = 100;
+  auto c = Curriculum::create(tok, o);
+  EXPECT_TRUE(c) << (c ? "" : c.error().message);
+  return c ? std::move(*c) : nullptr;
+}
+
+// A sequence split into the prompt (what precedes the first scored target) and the reply (what
+// the scored targets spell, EOS excluded), with the targets' structure checked on the way.
+struct Seq {
+  std::string prompt, reply;
+};
+
+Seq split(const Tokenizer& tok, const std::vector<int32_t>& tk, const std::vector<int32_t>& tg, int64_t n) {
+  Seq s;
+  int64_t first = -1;
+  for (int64_t t = 0; t < n && first < 0; ++t)
+    if (tg[t] >= 0) first = t;
+  EXPECT_GE(first, 1);
+  if (first < 1) return s;
+  for (int64_t t = first; t < n; ++t) {
+    EXPECT_GE(tg[t], 0) << "t=" << t;  // scored from the first reply token to the end
+    if (t + 1 < n) {
+      EXPECT_EQ(tg[t], tk[t + 1]) << "t=" << t;
+      EXPECT_NE(tg[t], tok.eos()) << "t=" << t;
+    }
+  }
+  EXPECT_EQ(tg[n - 1], tok.eos());  // the last target is EOS
+  s.prompt = tok.decode(std::vector<int32_t>(tk.begin(), tk.begin() + first + 1));
+  std::string all = tok.decode(std::vector<int32_t>(tk.begin(), tk.begin() + n));
+  // SentencePiece's dummy prefix: the space it puts in front of the text.
+  if (!s.prompt.empty() && s.prompt[0] == ' ') {
+    s.prompt.erase(0, 1);
+    all.erase(0, 1);
+  }
+  EXPECT_EQ(all.compare(0, s.prompt.size(), s.prompt), 0);
+  if (all.size() >= s.prompt.size()) s.reply = all.substr(s.prompt.size());
+  return s;
+}
+
+// The text between `open` and the next `close` after it.
+std::optional<std::string> between(const std::string& s, const std::string& open, const std::string& close) {
+  const size_t a = s.find(open);
+  if (a == std::string::npos) return std::nullopt;
+  const size_t b = s.find(close, a + open.size());
+  if (b == std::string::npos) return std::nullopt;
+  return s.substr(a + open.size(), b - a - open.size());
+}
+
+// What the problem asks: RULER's single-needle question or the passkey question.
+struct Query {
+  bool passkey = false;
+  std::string type, key;  // "number" / "uuid"
+};
+
+std::optional<Query> parse_problem(const std::string& p) {
+  if (p == "What is the pass key?") return Query{true, "", ""};
+  static const std::regex re("What is the special magic (number|uuid) for ([a-z]+-[a-z]+) mentioned in the provided text\\?");
+  std::smatch m;
+  if (!std::regex_match(p, m, re)) return std::nullopt;
+  return Query{false, m[1].str(), m[2].str()};
+}
+
+struct Found {
+  std::string sentence, value;
+};
+
+// The queried needle in a text, in the benchmark's needle wording.
+std::optional<Found> find_needle(const std::string& text, const Query& q) {
+  if (q.passkey) {
+    const size_t a = text.find("The pass key is ");
+    if (a == std::string::npos) return std::nullopt;
+    const size_t vs = a + 16, ve = text.find('.', vs);
+    if (ve == std::string::npos) return std::nullopt;
+    const std::string v = text.substr(vs, ve - vs);
+    const std::string rest = ". Remember it. " + v + " is the pass key.";
+    EXPECT_EQ(text.compare(ve, rest.size(), rest), 0) << text.substr(a);
+    return Found{text.substr(a, ve + rest.size() - a), v};
+  }
+  const std::string head = "One of the special magic " + q.type + "s for " + q.key + " is: ";
+  const size_t a = text.find(head);
+  if (a == std::string::npos) return std::nullopt;
+  EXPECT_EQ(text.find(head, a + 1), std::string::npos);  // the key's needle occurs once
+  const size_t vs = a + head.size(), ve = text.find('.', vs);
+  if (ve == std::string::npos) return std::nullopt;
+  return Found{text.substr(a, ve + 1 - a), text.substr(vs, ve - vs)};
+}
+
+size_t count(const std::string& s, const std::string& sub) {
+  size_t n = 0;
+  for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + 1)) ++n;
+  return n;
+}
+
+struct Stats {
+  int in_chunk = 0, not_in_chunk = 0, from_memory = 0, no_memory = 0, other_memory = 0;
+  int distractors = 0, passkey = 0, uuid = 0, number = 0, samples = 0, two_in_memory = 0;
+};
+
+// Draws samples of `task` over vocabularies, lengths, steps and seeds; `check` gets the decoded
+// sequence.
+template <class F>
+void for_samples(const std::string& task, F check) {
+  for (const auto& [shipped, max_len] : std::vector<std::pair<bool, int64_t>>{{false, 640}, {false, 1024}, {true, 1024}}) {
+    SCOPED_TRACE(testing::Message() << (shipped ? "shipped vocabulary" : "stories260K") << ", max_len " << max_len);
+    const Tokenizer& tok = vocab(shipped);
+    auto c = make(tok, task, 256, max_len);
+    ASSERT_TRUE(c);
+    std::vector<int32_t> tk(static_cast<size_t>(max_len)), tg(static_cast<size_t>(max_len));
+    for (int64_t step : {0, 25, 100})
+      for (uint64_t seed = 1; seed <= 12; ++seed) {
+        Rng rng(seed * 1000 + static_cast<uint64_t>(step));
+        auto s = c->sample(rng, step, tk.data(), tg.data());
+        ASSERT_TRUE(s) << task << ": " << s.error().message;
+        EXPECT_EQ(s->task, task);
+        ASSERT_LE(s->n, max_len);
+        if (step >= 50) {
+          EXPECT_LE(s->n, c->max_len_at(step));
+        }
+        const Seq q = split(tok, tk, tg, s->n);
+        check(q, max_len, tok);
+      }
+  }
+}
+
+// The question, from the prompt; counts the kinds.
+Query query_of(const std::string& problem, Stats& st) {
+  auto q = parse_problem(problem);
+  EXPECT_TRUE(q) << problem;
+  if (!q) return {};
+  st.passkey += q->passkey;
+  st.uuid += q->type == "uuid";
+  st.number += q->type == "number";
+  return *q;
+}
+
+TEST(ReaderTasks, ParseNotInDefault) {
+  auto c = parse_curriculum("mem_update=2,mem_answer,map_answer=0.5");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(curriculum_to_string(*c), "mem_update=2,mem_answer=1,map_answer=0.5");
+  auto d = parse_curriculum("default");
+  ASSERT_TRUE(d);
+  for (const auto& t : *d) {
+    EXPECT_NE(t.name, "mem_update");
+    EXPECT_NE(t.name, "mem_answer");
+    EXPECT_NE(t.name, "map_answer");
+  }
+}
+
+// mem_update: the new memory is the queried needle sentence when the section holds it, else
+// the previous memory when that holds it, else "No previous memory".
+TEST(ReaderTasks, MemUpdateCarriesTheRelevantSentence) {
+  const readers::Template t = load_template("memagent_update", {"problem", "memory", "chunk"});
+  Stats st;
+  for_samples("mem_update", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
+    auto section = between(s.prompt, "<section>\n", "\n</section>");
+    ASSERT_TRUE(problem && memory && section) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    const Query q = query_of(*problem, st);
+    const auto in_chunk = find_needle(*section, q);
+    const auto in_memory = find_needle(*memory, q);
+    std::string expected;
+    if (in_chunk) {
+      expected = in_chunk->sentence;
+      ++st.in_chunk;
+    } else {
+      ++st.not_in_chunk;
+      if (in_memory) {
+        expected = *memory;
+        ++st.from_memory;
+      } else {
+        expected = "No previous memory";
+        ++(*memory == "No previous memory" ? st.no_memory : st.other_memory);
+      }
+    }
+    if (in_chunk && in_memory) ADD_FAILURE() << "the queried needle is both in the memory and in the chunk";
+    EXPECT_EQ(s.reply, expected) << s.prompt;
+    st.distractors += count(*section, "One of the special magic") > (in_chunk && !q.passkey ? 1u : 0u);
+    // The chunk is what the memagent reader gives a window of this size at most (5000/8192).
+    const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
+    EXPECT_LE(chunk_tokens, max_len * 5000 / 8192 + 8);
+  });
+  EXPECT_GT(st.in_chunk, st.samples / 5);
+  EXPECT_GT(st.not_in_chunk, st.samples / 5);
+  EXPECT_GT(st.from_memory, 0);
+  EXPECT_GT(st.no_memory, 0);
+  EXPECT_GT(st.other_memory, 0);
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_GT(st.passkey, 0);
+  EXPECT_GT(st.uuid, 0);
+  EXPECT_GT(st.number, 0);
+}
+
+// mem_answer: the memory holds the queried sentence; the reply is \boxed{value}.
+TEST(ReaderTasks, MemAnswerBoxesTheValue) {
+  const readers::Template t = load_template("memagent_final", {"problem", "memory"});
+  Stats st;
+  for_samples("mem_answer", [&](const Seq& s, int64_t, const Tokenizer&) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
+    ASSERT_TRUE(problem && memory) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}}));
+    const Query q = query_of(*problem, st);
+    const auto f = find_needle(*memory, q);
+    ASSERT_TRUE(f) << s.prompt;
+    st.two_in_memory += count(*memory, "One of the special magic") > (q.passkey ? 0u : 1u);
+    EXPECT_EQ(s.reply, "\\boxed{" + f->value + "}");
+  });
+  EXPECT_GT(st.two_in_memory, 0);
+  EXPECT_LT(st.two_in_memory, st.samples);
+  EXPECT_GT(st.passkey, 0);
+}
+
+// map_answer: the reply is the queried value when the section holds its needle, else "none".
+TEST(ReaderTasks, MapAnswerGivesTheValueOrNone) {
+  const readers::Template t = load_template("mapreduce_map", {"problem", "chunk"});
+  Stats st;
+  for_samples("map_answer", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto section = between(s.prompt, "<section>\n", "\n</section>");
+    ASSERT_TRUE(problem && section) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"chunk", *section}}));
+    const Query q = query_of(*problem, st);
+    const auto f = find_needle(*section, q);
+    ++(f ? st.in_chunk : st.not_in_chunk);
+    EXPECT_EQ(s.reply, f ? f->value : "none") << s.prompt;
+    st.distractors += count(*section, "One of the special magic") > (f && !q.passkey ? 1u : 0u);
+    // The map prompt leaves the reader's 32 answer tokens free.
+    const int64_t prompt_tokens = static_cast<int64_t>(tok.encode(s.prompt, true, false).size());
+    EXPECT_LE(prompt_tokens + 32, max_len);
+  });
+  EXPECT_GT(st.in_chunk, st.samples / 5);
+  EXPECT_GT(st.not_in_chunk, st.samples / 5);
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_GT(st.passkey, 0);
+  EXPECT_GT(st.uuid, 0);
+}
+
+}  // namespace
+}  // namespace lc::train
