@@ -47,11 +47,7 @@ int64_t ReaderEnv::count_tokens(std::string_view text) const {
 
 Expected<std::string> ReaderEnv::call(const Template& t, const std::map<std::string, std::string>& values,
                                       int64_t max_tokens, int64_t chunk) {
-  if (stats_.calls >= max_calls_)
-    return make_error(ErrorCode::kTooShort,
-                      fmt::format("reader: reached its cap of {} model calls (calls=) before the read ended; "
-                                  "raise calls= or use larger chunks",
-                                  max_calls_));
+  LC_TRY(budget());
   CallRecord rec;
   rec.step = t.name;
   rec.chunk = chunk;
@@ -63,6 +59,24 @@ Expected<std::string> ReaderEnv::call(const Template& t, const std::map<std::str
   rec.reply = *reply;
   if (log_) log_(rec);
   return reply;
+}
+
+Status ReaderEnv::budget() const {
+  if (stats_.calls < max_calls_) return Status::ok();
+  return make_error(ErrorCode::kTooShort,
+                    fmt::format("reader: reached its cap of {} model calls (calls=) before the read ended; "
+                                "raise calls= or use larger chunks",
+                                max_calls_));
+}
+
+Status ReaderEnv::record(const CallRecord& rec, bool model_call) {
+  if (model_call) {
+    ++stats_.calls;
+    stats_.prompt_tokens += rec.cost.n_prompt;
+    stats_.gen_tokens += rec.cost.n_gen;
+  }
+  if (log_) log_(rec);
+  return Status::ok();
 }
 
 namespace {
@@ -104,6 +118,7 @@ Expected<ReadResult> read_document(Reader& reader, ModelCaller& model, const Tem
   const auto t0 = std::chrono::steady_clock::now();
   if (trim(question).empty()) return make_error(ErrorCode::kInvalidArgument, "reader: the question is empty");
   ReaderEnv env(model, templates, reader.max_calls());
+  env.set_document(path);
   if (opt.log) env.set_log(opt.log);
   LC_TRY(reader.prepare(env, question));
   LC_ASSIGN_OR_RETURN(ChunkStream doc, ChunkStream::open(path, model.tokenizer(), reader.chunk_tokens()));

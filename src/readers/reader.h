@@ -28,6 +28,30 @@ struct CallCost {
   double seconds = 0;
 };
 
+// A conversation held in one model context: Sculptor's working memory. Messages are added
+// turn by turn (the implementation applies the chat template), replies are generated after
+// them and stay in the context, and a message can be hidden from the context (its KV rows
+// leave the cache and are kept, not recomputed) and restored at its place.
+class Conversation {
+ public:
+  virtual ~Conversation() = default;
+  // Adds a message ("system", "user", "assistant"); returns its id (0, 1, ... in order).
+  virtual Expected<int64_t> add(const std::string& role, const std::string& content, CallCost& cost) = 0;
+  // Generates the assistant's reply after the messages, adds it as a message and returns its
+  // id and text. With stop strings the reply ends at the first one; with a single stop string
+  // the reply (and the message) keep it.
+  virtual Expected<std::pair<int64_t, std::string>> reply(int64_t max_tokens, const std::vector<std::string>& stop,
+                                                          CallCost& cost) = 0;
+  virtual Status hide(int64_t message) = 0;
+  virtual Status restore(int64_t message) = 0;
+  virtual bool hidden(int64_t message) const = 0;
+  // Tokens the context holds now (hidden messages excluded), and of one message.
+  virtual int64_t tokens_held() const = 0;
+  virtual int64_t message_tokens(int64_t message) const = 0;
+  // Whether the model has a chat template (JSON tool calls) or reads plain text.
+  virtual bool chat() const = 0;
+};
+
 // One model call: a user message (the caller applies the model's chat template), a reply
 // prefix that opens the reply, a cap on the reply, and stop strings. Returns the reply without
 // the prefix.
@@ -42,6 +66,10 @@ class ModelCaller {
   // The window a reader fits its calls into by default: the model's training context, capped
   // at 8K (MemAgent's window).
   virtual int64_t default_window() const = 0;
+  // A fresh conversation in a context of its own (Sculptor); an error when the caller has none.
+  virtual Expected<std::unique_ptr<Conversation>> converse() {
+    return make_error(ErrorCode::kUnsupported, "this model caller holds no conversations");
+  }
 };
 
 // One logged model call.
@@ -85,6 +113,14 @@ class ReaderEnv {
     return templates_.load(name, required);
   }
   ModelCaller& model() { return model_; }
+  // An error when the cap on model calls is reached (checked before every call).
+  Status budget() const;
+  // Logs a record that is not a ModelCaller call: a conversation's reply (counted as a model
+  // call against the cap, model_call) or a tool's result.
+  Status record(const CallRecord& rec, bool model_call);
+  // The document being read (for readers that search it, Sculptor).
+  const std::string& document() const { return document_; }
+  void set_document(std::string path) { document_ = std::move(path); }
   const ReadStats& stats() const { return stats_; }
   ReadStats& stats() { return stats_; }
   void set_log(std::function<void(const CallRecord&)> fn) { log_ = std::move(fn); }
@@ -93,6 +129,7 @@ class ReaderEnv {
   ModelCaller& model_;
   const TemplateSource& templates_;
   int64_t max_calls_;
+  std::string document_;
   ReadStats stats_;
   std::function<void(const CallRecord&)> log_;
 };
@@ -135,6 +172,15 @@ struct ReadOptions {
 // and returns the answer with the run's figures.
 Expected<ReadResult> read_document(Reader& reader, ModelCaller& model, const TemplateSource& templates,
                                    const std::string& path, const std::string& question, const ReadOptions& opt);
+
+// Sculptor's tool texts (sculptor.cpp), shared with the curriculum that teaches them:
+// a search's result: "N match(es) for 'Q'" then one "[fragment F] ...TEXT..." line per match shown
+// (TEXT: the match and `around` characters either side, newlines and tabs as spaces);
+std::string sculptor_search_result(const std::string& query, int64_t total,
+                                   const std::vector<std::pair<int64_t, std::string>>& shown);
+// a tool result as the next message: "<tool_response>\nR\n</tool_response>" (json), or
+// "Result: R\n" (text) on a line of its own after the reply `after`.
+std::string sculptor_result_message(const std::string& result, bool json_mode, const std::string& after);
 
 // The text inside the last \boxed{...} of a reply (braces nested), or the reply trimmed when
 // it has none.

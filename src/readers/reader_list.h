@@ -27,5 +27,10 @@ LC_READER(smooth,
           "answers from the notes",
           "\"Smooth Reading\", ICLR 2026 submission (seeds/000): multi-round incremental reading with "
           "iterative summaries, co-designed with recurrent and windowed-attention models")
+LC_READER(sculptor,
+          "Sculptor: the model manages its own context with tools: fragments, read, summarize, hide and restore "
+          "(in the KV cache), exact or regex search over the whole document",
+          "\"Sculptor: Empowering LLMs with Cognitive Agency via Active Context Management\", ICLR 2026 "
+          "submission (seeds/000)")
 
 #undef LC_READER

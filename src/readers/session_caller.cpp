@@ -1,8 +1,157 @@
 #include "readers/session_caller.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <optional>
 
 namespace lc::readers {
+namespace {
+
+// Sculptor's working memory over a Session: every message is rendered through the chat
+// template (or, without one, its text as it is) and appended to the cache; a reply is
+// generated, then taken out and appended again as the template renders it, so the cache
+// holds exactly the rendered conversation. A message's tokens are one range of the sequence,
+// which hide() takes out of the cache and restore() puts back.
+class SessionConversation final : public Conversation {
+ public:
+  SessionConversation(std::unique_ptr<Session> s, Sampler& sampler, ChatTemplate tmpl)
+      : s_(std::move(s)), sampler_(sampler), tmpl_(tmpl), tok_(s_->model().tokenizer()) {}
+
+  Expected<int64_t> add(const std::string& role, const std::string& content, CallCost& cost) override {
+    msgs_.push_back({role, content});
+    auto r = append_rendered(render(false), cost);
+    if (!r) {
+      msgs_.pop_back();
+      return r.error();
+    }
+    return static_cast<int64_t>(msgs_.size()) - 1;
+  }
+
+  Expected<std::pair<int64_t, std::string>> reply(int64_t max_tokens, const std::vector<std::string>& stop,
+                                                  CallCost& cost) override {
+    const int64_t mark = s_->n_past();
+    const std::string before = rendered_;
+    // The generation prompt (the assistant turn's header); without a template, nothing: the
+    // logits of the last message's last token start the reply.
+    const std::string gen = tmpl_ == ChatTemplate::kNone ? std::string() : render(true);
+    if (gen.size() > rendered_.size()) {
+      if (gen.compare(0, rendered_.size(), rendered_) != 0)
+        return make_error("conversation: the chat template does not render the conversation as a prefix of itself");
+      RequestStats st;
+      const auto ids = tok_.encode(gen.substr(rendered_.size()), false, true);
+      if (!ids.empty()) LC_TRY(s_->append(ids, st));
+      cost.n_prompt += st.n_prompt;
+      cost.seconds += st.t_prompt;
+    }
+    GenerateOptions g;
+    g.n_predict = max_tokens;
+    g.stop = stop;
+    LC_ASSIGN_OR_RETURN(RequestStats st, s_->generate_next(sampler_, g, nullptr));
+    cost.n_gen += st.n_gen;
+    cost.seconds += st.t_gen;
+    // Out with what was sampled, in with the reply as the template writes it.
+    s_->truncate(mark);
+    rendered_ = before;
+    // A reply that ended at its (only) stop string keeps it: "</tool_call>", a newline.
+    std::string text = st.text;
+    if (st.stop == StopReason::kStopString && stop.size() == 1) text += stop[0];
+    msgs_.push_back({"assistant", text});
+    CallCost re;
+    auto r = append_rendered(render(false), re);
+    if (!r) {
+      msgs_.pop_back();
+      return r.error();
+    }
+    cost.n_prompt += re.n_prompt;
+    cost.seconds += re.seconds;
+    return std::pair<int64_t, std::string>{static_cast<int64_t>(msgs_.size()) - 1, text};
+  }
+
+  Status hide(int64_t m) override {
+    LC_TRY(check(m));
+    Span& sp = spans_[static_cast<size_t>(m)];
+    if (sp.fragment) return make_error(fmt::format("conversation: message {} is hidden already", m));
+    if (sp.count == 0) return make_error(fmt::format("conversation: message {} holds no tokens", m));
+    LC_ASSIGN_OR_RETURN(HiddenFragment f, s_->hide(sp.first, sp.count));
+    sp.fragment = std::move(f);
+    return Status::ok();
+  }
+
+  Status restore(int64_t m) override {
+    LC_TRY(check(m));
+    Span& sp = spans_[static_cast<size_t>(m)];
+    if (!sp.fragment) return make_error(fmt::format("conversation: message {} is not hidden", m));
+    LC_TRY(s_->restore(std::move(*sp.fragment)));
+    sp.fragment.reset();
+    return Status::ok();
+  }
+
+  bool hidden(int64_t m) const override {
+    return m >= 0 && m < static_cast<int64_t>(spans_.size()) && spans_[static_cast<size_t>(m)].fragment.has_value();
+  }
+  int64_t tokens_held() const override { return static_cast<int64_t>(s_->context().tokens().size()); }
+  int64_t message_tokens(int64_t m) const override {
+    return m >= 0 && m < static_cast<int64_t>(spans_.size()) ? spans_[static_cast<size_t>(m)].count : 0;
+  }
+  bool chat() const override { return tmpl_ != ChatTemplate::kNone; }
+
+ private:
+  struct Span {
+    int64_t first = 0, count = 0;  // sequence range of the message's tokens
+    std::optional<HiddenFragment> fragment;
+  };
+
+  Status check(int64_t m) const {
+    if (m < 0 || m >= static_cast<int64_t>(spans_.size()))
+      return make_error(fmt::format("conversation: no message {} (there are {})", m, spans_.size()));
+    return Status::ok();
+  }
+
+  std::string render(bool generation_prompt) const {
+    if (tmpl_ == ChatTemplate::kNone) {
+      std::string s;
+      for (const auto& m : msgs_) s += m.content;
+      return s;
+    }
+    return apply_chat_template(tmpl_, msgs_, generation_prompt);
+  }
+
+  // Appends the part of `full` after what is rendered already as the newest message's tokens.
+  Expected<int64_t> append_rendered(const std::string& full, CallCost& cost) {
+    if (full.compare(0, rendered_.size(), rendered_) != 0)
+      return make_error("conversation: the chat template does not render the conversation as a prefix of itself");
+    const std::string tail = full.substr(rendered_.size());
+    const auto ids = tok_.encode(tail, rendered_.empty(), tmpl_ != ChatTemplate::kNone);
+    Span sp;
+    sp.first = s_->n_past();
+    sp.count = static_cast<int64_t>(ids.size());
+    if (!ids.empty()) {
+      RequestStats st;
+      LC_TRY(s_->append(ids, st));
+      cost.n_prompt += st.n_prompt;
+      cost.seconds += st.t_prompt;
+    }
+    spans_.push_back(std::move(sp));
+    rendered_ = full;
+    return sp.count;
+  }
+
+  std::unique_ptr<Session> s_;
+  Sampler& sampler_;
+  ChatTemplate tmpl_;
+  const Tokenizer& tok_;
+  std::vector<ChatMessage> msgs_;
+  std::vector<Span> spans_;  // one per message
+  std::string rendered_;     // the conversation as rendered into the cache so far
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Conversation>> SessionCaller::converse() {
+  LC_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(session_.model(), session_.params()));
+  return std::unique_ptr<Conversation>(std::make_unique<SessionConversation>(std::move(s), sampler_, render_.chat_template()));
+}
 
 Expected<std::string> SessionCaller::call(const std::string& user, const std::string& reply_prefix,
                                           int64_t max_tokens, const std::vector<std::string>& stop, CallCost& cost) {

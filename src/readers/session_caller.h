@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "readers/reader.h"
 #include "runtime/session.h"
@@ -21,6 +22,9 @@ class SessionCaller final : public ModelCaller {
   int64_t prompt_tokens(const std::string& user, const std::string& reply_prefix) const override;
   const Tokenizer& tokenizer() const override { return session_.model().tokenizer(); }
   int64_t default_window() const override;
+  // A conversation in a Session of its own, made with the same model and settings as the one
+  // the caller runs calls in.
+  Expected<std::unique_ptr<Conversation>> converse() override;
 
  private:
   Session& session_;

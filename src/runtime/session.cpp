@@ -98,6 +98,7 @@ Status Session::validate(const Prompt& prompt) const {
 Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, const GenerateOptions& g,
                                     const TokenCallback& on_token) {
   cancel_.store(false, std::memory_order_relaxed);
+  logits_ready_ = false;
   LC_TRY(validate(prompt));
   ctx_->clear();
   history_.clear();
@@ -135,6 +136,7 @@ Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, cons
 Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
                                               const TokenCallback& on_token) {
   cancel_.store(false, std::memory_order_relaxed);
+  logits_ready_ = false;
   LC_TRY(check_multi_turn());
   LC_TRY(check_prompt(tokens, *ctx_));
   // Keep the longest prefix the cache holds (the way servers reuse a prompt cache: a template's
@@ -152,6 +154,50 @@ Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampl
                       false, st));
   LC_TRY(generate(sampler, g, on_token, st));
   return st;
+}
+
+Status Session::append(std::span<const int32_t> tokens, RequestStats& st) {
+  cancel_.store(false, std::memory_order_relaxed);
+  logits_ready_ = false;
+  if (tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "append: no tokens");
+  if (ctx_->n_ctx() > 0 && ctx_->n_past() + static_cast<int64_t>(tokens.size()) > ctx_->n_ctx())
+    return make_error(ErrorCode::kContextFull,
+                      fmt::format("append: {} tokens after {} do not fit the context of {} tokens", tokens.size(),
+                                  ctx_->n_past(), ctx_->n_ctx()));
+  LC_TRY(decode_timed(tokens, Logits::kLast, false, st));
+  history_ = ctx_->tokens();
+  logits_ready_ = true;
+  return Status::ok();
+}
+
+Expected<RequestStats> Session::generate_next(Sampler& sampler, const GenerateOptions& g,
+                                              const TokenCallback& on_token) {
+  if (!logits_ready_)
+    return make_error(ErrorCode::kInvalidArgument, "generate_next: append() tokens first (the logits are stale)");
+  logits_ready_ = false;
+  RequestStats st;
+  LC_TRY(generate(sampler, g, on_token, st));
+  return st;
+}
+
+void Session::truncate(int64_t n) {
+  logits_ready_ = false;
+  ctx_->truncate(n);
+  history_ = ctx_->tokens();
+}
+
+Expected<HiddenFragment> Session::hide(int64_t first, int64_t count) {
+  logits_ready_ = false;
+  LC_ASSIGN_OR_RETURN(HiddenFragment f, ctx_->hide(first, count));
+  history_ = ctx_->tokens();
+  return f;
+}
+
+Status Session::restore(HiddenFragment&& fragment) {
+  logits_ready_ = false;
+  LC_TRY(ctx_->restore(std::move(fragment)));
+  history_ = ctx_->tokens();
+  return Status::ok();
 }
 
 namespace {

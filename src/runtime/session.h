@@ -99,6 +99,22 @@ class Session {
   // where the question starts, and SpecPC compresses one prompt before its prefill.
   Status check_multi_turn() const;
 
+  // ---- working memory, turn by turn (the Sculptor reader) ----
+  // Evaluates `tokens` after what the cache holds (the Context's press still runs on its
+  // schedule; no qTTT), keeping the last token's logits for generate_next(). Counts into st.
+  Status append(std::span<const int32_t> tokens, RequestStats& st);
+  // Generates after the last append() as run() does; the generated tokens stay in the cache.
+  // An error when the last operation was not an append (the logits would be stale).
+  Expected<RequestStats> generate_next(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token);
+  // Drops every token whose sequence index is >= n (Context::truncate); the history follows.
+  void truncate(int64_t n);
+  // Hides tokens [first, first + count) of the sequence from the cache and restores them
+  // (Context::hide / restore: the rows are kept, not recomputed; positions are not reused).
+  Expected<HiddenFragment> hide(int64_t first, int64_t count);
+  Status restore(HiddenFragment&& fragment);
+  // Tokens appended so far (the next token's position); hidden tokens count.
+  int64_t n_past() const { return ctx_->n_past(); }
+
   // Asks the request in progress (from another thread, or from a callback) to stop at the next
   // chunk or token: it returns with stop reason kCancelled (during generation) or a kCancelled
   // error (during prefill). The flag is cleared when the next request starts.
@@ -132,6 +148,7 @@ class Session {
   std::vector<int32_t> history_;  // the tokens of the request so far (the cache holds them)
   std::atomic<bool> cancel_{false};
   std::function<void(int64_t, int64_t)> progress_;
+  bool logits_ready_ = false;  // the last operation was append(): generate_next() may run
 };
 
 }  // namespace lc

@@ -437,7 +437,7 @@ TEST(Readers, BadInputIsAClearError) {
     ASSERT_FALSE(res.has_value()) << spec;
     EXPECT_NE(res.error().message.find(want), std::string::npos) << spec << ": " << res.error().message;
   };
-  expect_error("nosuch", kQuestion, "unknown reader 'nosuch' (accepted: memagent, mapreduce, smooth)");
+  expect_error("nosuch", kQuestion, "unknown reader 'nosuch' (accepted: memagent, mapreduce, smooth, sculptor)");
   expect_error("memagent:chunks=5", kQuestion, "unknown key 'chunks'");
   expect_error("mapreduce:agg=mean", kQuestion, "vote, first or model");
   expect_error("memagent", "  ", "the question is empty");
@@ -462,7 +462,7 @@ TEST(Readers, BadInputIsAClearError) {
 
 TEST(Readers, EveryReaderIsDescribedWithItsPaperAndKeys) {
   const auto info = reader_method_info();
-  ASSERT_EQ(info.size(), 3u);
+  ASSERT_EQ(info.size(), 4u);
   for (const auto& m : info) {
     EXPECT_FALSE(m.help.empty()) << m.name;
     EXPECT_GE(m.paper.size(), 20u) << m.name;
