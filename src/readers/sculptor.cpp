@@ -148,9 +148,15 @@ class Sculptor final : public Reader {
       // Room for the result and the next reply: hide the oldest fragments read, then cut.
       std::string content = sculptor_result_message(result, json_mode, reply.second);
       int64_t need = env.count_tokens(content) + reply_ + 8;
-      while (conv->tokens_held() + need > window_ && !shown_order.empty()) {
-        const int64_t f = shown_order.front();
-        shown_order.erase(shown_order.begin());
+      // (Never the fragment this turn restored: the model's own choice stands.)
+      const int64_t keep = call && call->name == "restore" ? call->args.value("fragment", int64_t{-1}) : -1;
+      for (size_t k = 0; k < shown_order.size() && conv->tokens_held() + need > window_;) {
+        const int64_t f = shown_order[k];
+        if (f == keep) {
+          ++k;
+          continue;
+        }
+        shown_order.erase(shown_order.begin() + static_cast<std::ptrdiff_t>(k));
         if (conv->hidden(shown[f])) continue;
         LC_TRY(conv->hide(shown[f]));
         LC_TRY(env.record({"auto-hide", f, fmt::format("fragment {} hidden to make room", f), {}}, false));
