@@ -153,6 +153,13 @@ Expected<std::unique_ptr<Conversation>> SessionCaller::converse() {
   return std::unique_ptr<Conversation>(std::make_unique<SessionConversation>(std::move(s), sampler_, render_.chat_template()));
 }
 
+SessionCaller::SessionCaller(Session& session, Sampler& sampler, ChatTemplate tmpl, bool reuse_prefix)
+    : session_(session), sampler_(sampler), render_(session.model().tokenizer(), tmpl) {
+  const AttentionCaps caps = session.context().attention().caps();
+  reuse_ = reuse_prefix && session.check_multi_turn().is_ok() && session.context().press() == nullptr &&
+           !caps.evicts && !caps.relabels_positions;
+}
+
 Expected<std::string> SessionCaller::call(const std::string& user, const std::string& reply_prefix,
                                           int64_t max_tokens, const std::vector<std::string>& stop, CallCost& cost) {
   Prompt p;
@@ -160,7 +167,10 @@ Expected<std::string> SessionCaller::call(const std::string& user, const std::st
   GenerateOptions g;
   g.n_predict = max_tokens;
   g.stop = stop;
-  LC_ASSIGN_OR_RETURN(RequestStats st, session_.run(p, sampler_, g, nullptr));
+  const bool reuse = reuse_ && !first_;
+  first_ = false;
+  LC_ASSIGN_OR_RETURN(RequestStats st, reuse ? session_.continue_with(p.tokens, sampler_, g, nullptr)
+                                             : session_.run(p, sampler_, g, nullptr));
   cost.n_prompt = st.n_prompt;
   cost.n_gen = st.n_gen;
   cost.seconds = st.t_prompt + st.t_gen;

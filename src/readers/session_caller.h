@@ -14,9 +14,11 @@ namespace lc::readers {
 
 class SessionCaller final : public ModelCaller {
  public:
-  // The Session and the sampler outlive the caller.
-  SessionCaller(Session& session, Sampler& sampler, ChatTemplate tmpl)
-      : session_(session), sampler_(sampler), render_(session.model().tokenizer(), tmpl) {}
+  // The Session and the sampler outlive the caller. reuse_prefix: a call keeps the cache of the
+  // prompt it shares with the previous call (the template and the question) and evaluates the
+  // rest (Session::continue_with), where that gives what a fresh request gives: no press, no
+  // qTTT, an attention that neither evicts nor relabels positions.
+  SessionCaller(Session& session, Sampler& sampler, ChatTemplate tmpl, bool reuse_prefix = true);
   Expected<std::string> call(const std::string& user, const std::string& reply_prefix, int64_t max_tokens,
                              const std::vector<std::string>& stop, CallCost& cost) override;
   int64_t prompt_tokens(const std::string& user, const std::string& reply_prefix) const override;
@@ -29,6 +31,8 @@ class SessionCaller final : public ModelCaller {
  private:
   Session& session_;
   Sampler& sampler_;
+  bool reuse_ = false;
+  bool first_ = true;
   tasks::PromptRenderer render_;
 };
 

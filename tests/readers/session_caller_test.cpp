@@ -77,6 +77,25 @@ TEST(SessionCaller, ACallIsTheSessionRequestOfTheRenderedPrompt) {
   ASSERT_TRUE(direct.has_value()) << direct.error().message;
   EXPECT_EQ(log[0].reply, direct->text);
   EXPECT_EQ(log[0].cost.n_prompt, static_cast<int64_t>(p.tokens.size()));
+
+  // Reusing the prompt prefix the calls share gives the replies fresh requests give, with
+  // fewer tokens prefilled.
+  auto fresh_session = Session::create(**model, sp);
+  ASSERT_TRUE(fresh_session.has_value());
+  Sampler s3(gp);
+  SessionCaller fresh(**fresh_session, s3, ChatTemplate::kNone, /*reuse_prefix=*/false);
+  std::vector<CallRecord> log2;
+  ReadOptions opt2;
+  opt2.log = [&](const CallRecord& r) { log2.push_back(r); };
+  auto reader2 = make_reader("memagent:memory=32,answer=16");
+  auto r2 = read_document(**reader2, fresh, TemplateSource(), path, q, opt2);
+  ASSERT_TRUE(r2.has_value()) << r2.error().message;
+  ASSERT_EQ(log2.size(), log.size());
+  for (size_t i = 0; i < log.size(); ++i) {
+    EXPECT_EQ(log[i].reply, log2[i].reply) << "call " << i;
+    if (i > 0) EXPECT_LT(log[i].cost.n_prompt, log2[i].cost.n_prompt) << "call " << i;
+  }
+  EXPECT_EQ(r->answer, r2->answer);
   std::filesystem::remove(path);
 }
 
