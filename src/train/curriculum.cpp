@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
 
+#include "readers/reader.h"
 #include "tasks/haystack.h"
 #include "tasks/needles.h"
 #include "tasks/text.h"
@@ -31,7 +33,11 @@ const std::vector<CurriculumTask>& default_mix() {
   return mix;
 }
 
-bool is_reader_task(const std::string& n) { return n == "mem_update" || n == "mem_answer" || n == "map_answer"; }
+bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n == "sculptor_answer"; }
+
+bool is_reader_task(const std::string& n) {
+  return n == "mem_update" || n == "mem_answer" || n == "map_answer" || is_sculptor_task(n);
+}
 
 bool is_own_task(const std::string& n) {
   return n == "recall" || n == "quiz" || n == "copy" || n == "text" || n == "repeat" || n == "induction" ||
@@ -83,7 +89,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_answer, map_answer)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_answer, map_answer, sculptor_search, sculptor_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -124,6 +130,7 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
     LC_ASSIGN_OR_RETURN(c->mem_update_, src.load("memagent_update", {"problem", "memory", "chunk"}));
     LC_ASSIGN_OR_RETURN(c->mem_final_, src.load("memagent_final", {"problem", "memory"}));
     LC_ASSIGN_OR_RETURN(c->map_, src.load("mapreduce_map", {"problem", "chunk"}));
+    LC_ASSIGN_OR_RETURN(c->sculptor_text_, src.load("sculptor_text", {"problem", "fragments", "fragment_tokens"}));
   }
   for (int32_t id = 0; id < tok.n_vocab(); ++id) {  // pieces of text, for "repeat"
     const std::string p = tok.token_to_piece(id);
@@ -224,6 +231,8 @@ Expected<CurriculumSample> Curriculum::draw(const std::string& task, int64_t len
     LC_ASSIGN_OR_RETURN(s, quiz(len, seed, tokens, targets));
   } else if (task == "copy") {
     LC_ASSIGN_OR_RETURN(s, copy(len, seed, tokens, targets));
+  } else if (is_sculptor_task(task)) {
+    LC_ASSIGN_OR_RETURN(s, sculptor_task(task, len, seed, tokens, targets));
   } else if (is_reader_task(task)) {
     LC_ASSIGN_OR_RETURN(s, reader_task(task, len, seed, tokens, targets));
   } else {
@@ -455,6 +464,163 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     else hi = mid;
   }
   return encode_reply(prompt_of(chunk_of(lo), memory), reply, len, tokens, targets);
+}
+
+// The Sculptor reader's text protocol (readers/sculptor.cpp, protocol=text, the shipped model's:
+// it has no chat template, so the conversation is its messages' texts one after the other).
+// The first message is the sculptor_text template with the question, {fragments} drawn
+// log-uniform in [2, 20000] (the model must not depend on it) and the reader's default
+// fragment of 512 tokens. The question asks for one needle in the benchmark's wording: a RULER
+// numbers needle (two fifths), a UUID needle with a word key (a fifth) or a UUID key
+// (niah_multikey_3, a fifth), or the pass key (a fifth).
+//   sculptor_search  the reply is the search call "search KEY": KEY as the question and the
+//                    needle sentence write it ("pass key" for the passkey);
+//   sculptor_answer  after the call, the tool's result message as the reader adds it
+//                    (sculptor_result_message of sculptor_search_result): what `search` prints
+//                    for a document holding the needle in a haystack (noise sentences or essay),
+//                    up to 3 matches, each with its fragment number and 120 characters either
+//                    side (fewer at the document's ends); a quarter of the documents hold the
+//                    needle sentence twice (same value, a later fragment or the same), a quarter
+//                    another key's needle next to the queried one. The reply is \boxed{VALUE}.
+Expected<CurriculumSample> Curriculum::sculptor_task(const std::string& task, int64_t len, uint64_t seed,
+                                                     int32_t* tokens, int32_t* targets) const {
+  constexpr int64_t kFragmentTokens = 512, kAround = 120, kShown = 3;  // the reader's defaults
+  tasks::Rng rng(tasks::mix64(seed ^ 0x7363756c70746f72ull));
+  len = std::min(len, o_.max_len);
+  const int64_t kind = tasks::uniform(rng, 0, 4);  // 0, 1: numbers, 2: UUIDs, 3: UUID keys, 4: pass key
+  const bool passkey = kind == 4;
+  const std::string type = kind == 2 || kind == 3 ? "uuids" : "numbers";
+  std::set<std::string> used;
+  auto fresh = [&](bool value, bool uuid) {
+    for (;;) {
+      std::string v = uuid ? tasks::random_uuid(rng) : value ? tasks::random_number(rng, 7) : tasks::random_key_word(rng);
+      if (used.insert(v).second) return v;
+    }
+  };
+  std::string key, value, sentence, question;
+  if (passkey) {
+    key = "pass key";
+    value = tasks::random_number(rng, 5);
+    used.insert(value);
+    sentence = "The pass key is " + value + ". Remember it. " + value + " is the pass key.";
+    question = "What is the pass key?";
+  } else {
+    key = fresh(false, kind == 3);
+    value = fresh(true, type == "uuids");
+    sentence = tasks::needle_sentence(type, key, value);
+    question = trim(tasks::niah_single_wording(type, key).question);
+  }
+  const double u = tasks::uniform01(rng);
+  const int64_t fragments =
+      std::clamp<int64_t>(std::llround(std::exp(std::log(2.0) + u * (std::log(20000.0) - std::log(2.0)))), 2, 20000);
+  const std::string intro =
+      render_.text(readers::render(sculptor_text_, {{"problem", question},
+                                                    {"fragments", std::to_string(fragments)},
+                                                    {"fragment_tokens", std::to_string(kFragmentTokens)}}),
+                   sculptor_text_.prefix);
+  const std::string call = "search " + key;
+  if (task == "sculptor_search") return encode_reply(intro, call, len, tokens, targets);
+
+  // The document around the matches: one region per copy of the needle, each the needle in
+  // haystack sentences, in fragment order. Everything is drawn first, so that dropping the
+  // second copy or the distractor (where the sequence would not fit) changes nothing else.
+  bool repeat = tasks::uniform(rng, 0, 3) == 0, distractor = tasks::uniform(rng, 0, 3) == 0;
+  // The distractor: another key's needle (a RULER numbers needle next to the pass key).
+  const std::string dtype = passkey ? "numbers" : type;
+  const std::string dkey = fresh(false, kind == 3), dvalue = fresh(true, dtype == "uuids");
+  const std::string dsentence = tasks::needle_sentence(dtype, dkey, dvalue);
+  const bool distractor_before = tasks::uniform(rng, 0, 1) == 1;
+  const int64_t edge = tasks::uniform(rng, 0, 7);  // 0: the first region opens the document, 1: the last ends it
+  // The fragments of the copies: one alone anywhere, or two in document order.
+  const int64_t frag_one = tasks::uniform(rng, 0, fragments - 1);
+  std::vector<int64_t> frag = {tasks::uniform(rng, 0, fragments - 1), tasks::uniform(rng, 0, fragments - 1)};
+  std::sort(frag.begin(), frag.end());
+  const bool essay = !passkey && tasks::uniform(rng, 0, 1) == 1;
+  const std::vector<std::string>* words = nullptr;
+  if (essay) {
+    LC_ASSIGN_OR_RETURN(words, tasks::essay_words());
+  }
+  struct Region {
+    // Haystack sentences before and after the needle, in document order: after_end where the
+    // region ends the document.
+    std::vector<std::string> before, after, after_end;
+  };
+  auto sentences = [&](size_t min_chars) {  // haystack sentences from a random place, >= min_chars
+    std::vector<std::string> out;
+    std::vector<std::string> pool;
+    size_t n = 0;
+    if (essay) {
+      const size_t w = tasks::essay_sentence_start(
+          *words, static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
+      pool = tasks::essay_sentences(*words, w, 400);
+    } else {
+      const auto& noise = tasks::noise_sentences();
+      const size_t at = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(noise.size()) - 1));
+      for (size_t i = 0; i < 200; ++i) pool.push_back(noise[(at + i) % noise.size()]);
+    }
+    for (size_t i = 0; i < pool.size() && n < min_chars; ++i) {
+      n += pool[i].size() + 1;
+      out.push_back(pool[i]);
+    }
+    return out;
+  };
+  Region regions[2];
+  for (int r = 0; r < 2; ++r) {
+    // The neighbourhood shown is 120 characters: a region in the middle of the document has
+    // more on each side; at the document's ends there may be less (or nothing).
+    const bool opens = r == 0 && edge == 0;
+    const size_t before_chars = opens ? static_cast<size_t>(tasks::uniform(rng, 0, kAround)) : kAround + 1;
+    const size_t end_chars = static_cast<size_t>(tasks::uniform(rng, 0, kAround));
+    regions[r].before = sentences(before_chars);
+    regions[r].after = sentences(kAround + 1);
+    regions[r].after_end = sentences(end_chars);
+  }
+  for (;;) {
+    const int n_regions = repeat ? 2 : 1;
+    std::string doc;
+    std::vector<std::pair<size_t, int64_t>> starts;  // region byte start, its fragment
+    for (int r = 0; r < n_regions; ++r) {
+      std::vector<std::string> parts = regions[r].before;
+      if (distractor && r == 0 && distractor_before) parts.push_back(dsentence);
+      parts.push_back(sentence);
+      if (distractor && r == 0 && !distractor_before) parts.push_back(dsentence);
+      const bool ends = r == n_regions - 1 && edge == 1;
+      const std::vector<std::string>& after = ends ? regions[r].after_end : regions[r].after;
+      parts.insert(parts.end(), after.begin(), after.end());
+      if (!doc.empty()) doc += ' ';
+      int64_t f = n_regions == 1 ? frag_one : frag[static_cast<size_t>(r)];
+      if (r == 0 && edge == 0) f = 0;
+      if (ends) f = fragments - 1;
+      starts.emplace_back(doc.size(), f);
+      doc += tasks::join(parts, " ");
+    }
+    // `search KEY` over the document, as the tool runs it.
+    int64_t total = 0;
+    std::vector<std::pair<int64_t, std::string>> shown;
+    for (size_t p = doc.find(key); p != std::string::npos; p = doc.find(key, p + 1)) {
+      ++total;
+      if (static_cast<int64_t>(shown.size()) >= kShown) continue;
+      const size_t lo = p >= static_cast<size_t>(kAround) ? p - kAround : 0;
+      const size_t hi = std::min(doc.size(), p + key.size() + kAround);
+      std::string t = doc.substr(lo, hi - lo);
+      for (auto& ch : t)
+        if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+      int64_t f = starts[0].second;
+      for (const auto& [b, fr] : starts)
+        if (p >= b) f = fr;
+      shown.emplace_back(f, std::move(t));
+    }
+    const std::string prompt = intro + call +
+                               readers::sculptor_result_message(readers::sculptor_search_result(key, total, shown),
+                                                                /*json_mode=*/false, call);
+    const std::string reply = "\\boxed{" + value + "}";
+    const int64_t n = static_cast<int64_t>(tok_.encode(prompt + reply, true, false).size());  // + EOS - 1
+    if (n <= len || len < o_.max_len) return encode_reply(prompt, reply, len, tokens, targets);
+    // At the longest length, the second copy and then the distractor go before the sample fails.
+    if (repeat) repeat = false;
+    else if (distractor) distractor = false;
+    else return encode_reply(prompt, reply, len, tokens, targets);
+  }
 }
 
 // Multi-query associative recall (in the spirit of the MQAR task of Arora et al., 2023,

@@ -18,8 +18,17 @@
 //   mem_answer  memagent_final: a memory holding the queried needle sentence (and sometimes
 //               another key's); the reply is \boxed{VALUE};
 //   map_answer  mapreduce_map: the chunk holds the queried needle or not; the reply is the
-//               value, or "none".
-// Questions are RULER's numbers and UUIDs needles or the passkey; haystacks are the noise
+//               value, or "none";
+//   sculptor_search  sculptor_text (Sculptor's first message, text protocol; {fragments} drawn
+//               log-uniform in [2, 20000]); the reply is the search call "search KEY" (KEY the
+//               queried needle's key as the question and needle write it, "pass key" for the
+//               passkey);
+//   sculptor_answer  that message, the call "search KEY" and the tool's result message (what
+//               `search` prints for a document holding the needle: up to 3 matches with 120
+//               characters either side; sometimes the needle twice, or another key's needle
+//               next to it); the reply is \boxed{VALUE}.
+// Questions are RULER's numbers and UUIDs needles (the Sculptor tasks also niah_multikey_3's
+// UUID keys) or the passkey; haystacks are the noise
 // sentences or the essay; chunks are sized as the readers size them for the sequence's length.
 //
 // Disjoint from evaluation: an evaluation sample's generator is seeded with
@@ -44,7 +53,7 @@ namespace lc::train {
 
 struct CurriculumTask {
   std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
-                     // "mem_update", "mem_answer", "map_answer"
+                     // "mem_update", "mem_answer", "map_answer", "sculptor_search", "sculptor_answer"
   double weight = 1;
 };
 
@@ -108,6 +117,9 @@ class Curriculum {
   // The reader protocol tasks: "mem_update", "mem_answer", "map_answer".
   Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                          int32_t* targets) const;
+  // The Sculptor reader's text protocol: "sculptor_search", "sculptor_answer".
+  Expected<CurriculumSample> sculptor_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
+                                           int32_t* targets) const;
   CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
   CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   CurriculumSample induction(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
@@ -128,7 +140,7 @@ class Curriculum {
   std::vector<int32_t> text_tokens_; // the plain text
   std::vector<int32_t> plain_ids_;   // vocabulary pieces that are text (not control, not a lone byte)
   // The readers' templates, loaded when a reader task is in the mix.
-  readers::Template mem_update_, mem_final_, map_;
+  readers::Template mem_update_, mem_final_, map_, sculptor_text_;
 };
 
 }  // namespace lc::train

@@ -1,5 +1,6 @@
-// The reader protocol tasks of the curriculum (mem_update, mem_answer, map_answer): every
-// sample's prompt is the reader's template (read from data/readers/*.txt and parsed here)
+// The reader protocol tasks of the curriculum (mem_update, mem_answer, map_answer,
+// sculptor_search, sculptor_answer): every sample's prompt is the reader's template (read from
+// data/readers/*.txt and parsed here)
 // rendered with the problem, memory and section found in the decoded prompt; the problem is a
 // needle question of the benchmark's wording; the scored tokens are exactly the reply the
 // protocol asks for, derived here from the prompt's text alone, then EOS; both branches
@@ -171,8 +172,9 @@ struct Stats {
 // Draws samples of `task` over vocabularies, lengths, steps and seeds; `check` gets the decoded
 // sequence.
 template <class F>
-void for_samples(const std::string& task, F check) {
-  for (const auto& [shipped, max_len] : std::vector<std::pair<bool, int64_t>>{{false, 640}, {false, 1024}, {true, 1024}}) {
+void for_samples(const std::string& task, F check,
+                 const std::vector<std::pair<bool, int64_t>>& configs = {{false, 640}, {false, 1024}, {true, 1024}}) {
+  for (const auto& [shipped, max_len] : configs) {
     SCOPED_TRACE(testing::Message() << (shipped ? "shipped vocabulary" : "stories260K") << ", max_len " << max_len);
     const Tokenizer& tok = vocab(shipped);
     auto c = make(tok, task, 256, max_len);
@@ -310,6 +312,208 @@ TEST(ReaderTasks, MapAnswerGivesTheValueOrNone) {
   EXPECT_GT(st.distractors, 0);
   EXPECT_GT(st.passkey, 0);
   EXPECT_GT(st.uuid, 0);
+}
+
+// ---- Sculptor (text protocol): sculptor_search, sculptor_answer ----
+
+// The queried key, from the problem: the word or UUID key of a RULER question, "pass key".
+struct SculptorQuery {
+  bool passkey = false;
+  std::string type, key;  // "number" / "uuid"
+};
+
+std::optional<SculptorQuery> parse_sculptor_problem(const std::string& p) {
+  if (p == "What is the pass key?") return SculptorQuery{true, "", "pass key"};
+  static const std::regex re(
+      "What is the special magic (number|uuid) for ([a-z]+-[a-z]+|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) "
+      "mentioned in the provided text\\?");
+  std::smatch m;
+  if (!std::regex_match(p, m, re)) return std::nullopt;
+  return SculptorQuery{false, m[1].str(), m[2].str()};
+}
+
+// The first message: the sculptor_text template (parsed from its file) re-rendered with the
+// problem and the number of fragments found in the prompt, and 512 tokens per fragment.
+// Returns the problem and the number of fragments; `rest` gets what follows the message.
+struct Intro {
+  std::string problem;
+  int64_t fragments = -1;
+};
+
+std::optional<Intro> check_intro(const std::string& prompt, std::string* rest) {
+  static const readers::Template t = load_template("sculptor_text", {"problem", "fragments", "fragment_tokens"});
+  const size_t a = prompt.find("\nProblem: ");
+  if (a == std::string::npos) return std::nullopt;
+  const size_t b = prompt.find('\n', a + 10);
+  if (b == std::string::npos) return std::nullopt;
+  Intro in;
+  in.problem = prompt.substr(a + 10, b - a - 10);
+  static const std::regex fr("cut into ([0-9]+) fragments of about 512 tokens");
+  std::smatch m;
+  const std::string head = prompt.substr(0, a);
+  if (!std::regex_search(head, m, fr)) return std::nullopt;
+  in.fragments = std::stoll(m[1].str());
+  const std::string rendered = readers::render(
+      t, {{"problem", in.problem}, {"fragments", std::to_string(in.fragments)}, {"fragment_tokens", "512"}});
+  EXPECT_EQ(prompt.compare(0, rendered.size(), rendered), 0) << prompt;
+  if (prompt.compare(0, rendered.size(), rendered) != 0) return std::nullopt;
+  *rest = prompt.substr(rendered.size());
+  return in;
+}
+
+struct SculptorStats {
+  int samples = 0, passkey = 0, uuid_key = 0, word_key = 0, small = 0, large = 0;
+  int repeated = 0, distractors = 0, cut_start = 0, cut_end = 0, more_than_shown = 0;
+};
+
+SculptorQuery sculptor_query(const std::string& problem, SculptorStats& st) {
+  auto q = parse_sculptor_problem(problem);
+  EXPECT_TRUE(q) << problem;
+  if (!q) return {};
+  st.passkey += q->passkey;
+  st.uuid_key += !q->passkey && q->key.size() == 36;
+  st.word_key += !q->passkey && q->key.size() != 36;
+  return *q;
+}
+
+TEST(ReaderTasks, ParseSculptorTasksNotInDefault) {
+  auto c = parse_curriculum("sculptor_search=2,sculptor_answer");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(curriculum_to_string(*c), "sculptor_search=2,sculptor_answer=1");
+  auto d = parse_curriculum("default");
+  ASSERT_TRUE(d);
+  for (const auto& t : *d) {
+    EXPECT_NE(t.name, "sculptor_search");
+    EXPECT_NE(t.name, "sculptor_answer");
+  }
+  auto bad = parse_curriculum("sculptor");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("sculptor_answer"), std::string::npos) << bad.error().message;
+}
+
+// sculptor_search: the prompt is the first message alone; the reply is "search KEY".
+const std::vector<std::pair<bool, int64_t>> kSculptorConfigs = {{false, 1024}, {true, 640}, {true, 1024}};
+
+TEST(ReaderTasks, SculptorSearchCallsTheKey) {
+  SculptorStats st;
+  for_samples("sculptor_search", [&](const Seq& s, int64_t, const Tokenizer&) {
+    ++st.samples;
+    std::string rest;
+    auto in = check_intro(s.prompt, &rest);
+    ASSERT_TRUE(in) << s.prompt;
+    EXPECT_EQ(rest, "") << s.prompt;  // nothing after the first message
+    EXPECT_GE(in->fragments, 2);
+    EXPECT_LE(in->fragments, 20000);
+    st.small += in->fragments < 20;
+    st.large += in->fragments > 1000;
+    const SculptorQuery q = sculptor_query(in->problem, st);
+    EXPECT_EQ(s.reply, "search " + q.key) << s.prompt;
+  }, kSculptorConfigs);
+  EXPECT_GT(st.passkey, 0);
+  EXPECT_GT(st.uuid_key, 0);
+  EXPECT_GT(st.word_key, 0);
+  EXPECT_GT(st.small, 0);  // {fragments} spans its range
+  EXPECT_GT(st.large, 0);
+}
+
+// sculptor_answer: the first message, the call "search KEY", then "\nResult: " and the search
+// result: "N match(es) for 'KEY'" and one "[fragment F] ...TEXT..." line per match shown (at
+// most 3; TEXT the match and 120 characters either side, fewer at the document's ends). The
+// reply is \boxed{VALUE}, VALUE the one the KEY's needle sentence in the result gives.
+TEST(ReaderTasks, SculptorAnswerBoxesTheSearchedValue) {
+  SculptorStats st;
+  for_samples("sculptor_answer", [&](const Seq& s, int64_t, const Tokenizer&) {
+    ++st.samples;
+    std::string rest;
+    auto in = check_intro(s.prompt, &rest);
+    ASSERT_TRUE(in) << s.prompt;
+    const SculptorQuery q = sculptor_query(in->problem, st);
+    const std::string call = "search " + q.key;
+    ASSERT_EQ(rest.compare(0, call.size() + 9, call + "\nResult: "), 0) << rest;
+    ASSERT_FALSE(rest.empty());
+    ASSERT_EQ(rest.back(), '\n');
+    const std::string result = rest.substr(call.size() + 9, rest.size() - call.size() - 10);
+    std::vector<std::string> lines;
+    {
+      std::istringstream ls(result);
+      for (std::string l; std::getline(ls, l);) lines.push_back(l);
+    }
+    ASSERT_GE(lines.size(), 2u) << result;
+    static const std::regex head_re("([0-9]+) (match|matches) for '(.*)'(?: \\(the first ([0-9]+) shown\\))?");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(lines[0], m, head_re)) << lines[0];
+    const int64_t total = std::stoll(m[1].str());
+    EXPECT_EQ(m[2].str(), total == 1 ? "match" : "matches");
+    EXPECT_EQ(m[3].str(), q.key);
+    const int64_t shown = static_cast<int64_t>(lines.size()) - 1;
+    EXPECT_EQ(shown, std::min<int64_t>(total, 3)) << result;
+    if (m[4].matched) {
+      EXPECT_EQ(std::stoll(m[4].str()), shown);
+      EXPECT_GT(total, shown);
+      ++st.more_than_shown;
+    } else {
+      EXPECT_EQ(total, shown);
+    }
+    static const std::regex line_re("\\[fragment ([0-9]+)\\] \\.\\.\\.(.*)\\.\\.\\.");
+    int64_t last_fragment = -1;
+    std::string snippets;
+    for (size_t i = 1; i < lines.size(); ++i) {
+      ASSERT_TRUE(std::regex_match(lines[i], m, line_re)) << lines[i];
+      const int64_t f = std::stoll(m[1].str());
+      EXPECT_GE(f, last_fragment);  // in document order
+      EXPECT_LT(f, in->fragments);
+      last_fragment = f;
+      const std::string t = m[2].str();
+      EXPECT_EQ(t.find('\t'), std::string::npos);
+      // The match with 120 characters either side; fewer only at the document's start (in
+      // fragment 0, 120 after the match) or its end (in the last fragment, 120 before).
+      const size_t k = q.key.size(), full = 2 * 120 + k;
+      EXPECT_LE(t.size(), full) << t;
+      if (t.size() == full) {
+        EXPECT_EQ(t.compare(120, k, q.key), 0) << t;  // the match in the middle
+      } else if (t.size() >= 120 + k && t.compare(t.size() - 120 - k, k, q.key) == 0) {
+        EXPECT_EQ(f, 0) << "a snippet cut at the document's start: " << t;
+        ++st.cut_start;
+      } else {
+        EXPECT_EQ(t.compare(120, k, q.key), 0) << t;
+        EXPECT_EQ(f, in->fragments - 1) << "a snippet cut at the document's end: " << t;
+        ++st.cut_end;
+      }
+      snippets += t + "\n";
+    }
+    // The value of the KEY's needle sentences in the result (all copies agree).
+    std::vector<std::string> values;
+    const std::string head = q.passkey ? "The pass key is " : "One of the special magic " + q.type + "s for " + q.key + " is: ";
+    for (size_t a = snippets.find(head); a != std::string::npos; a = snippets.find(head, a + 1)) {
+      const size_t vs = a + head.size(), ve = snippets.find('.', vs);
+      if (ve == std::string::npos) continue;
+      values.push_back(snippets.substr(vs, ve - vs));
+    }
+    ASSERT_FALSE(values.empty()) << result;
+    for (const auto& v : values) EXPECT_EQ(v, values[0]) << result;
+    if (q.passkey) {
+      EXPECT_NE(snippets.find("The pass key is " + values[0] + ". Remember it. " + values[0] + " is the pass key."),
+                std::string::npos)
+          << result;
+      st.repeated += total > 2;
+    } else {
+      st.repeated += total > 1;
+    }
+    // Another key's needle in the neighbourhood.
+    const size_t magic = count(snippets, "One of the special magic");
+    st.distractors += magic > (q.passkey ? 0u : count(snippets, head));
+    EXPECT_EQ(s.reply, "\\boxed{" + values[0] + "}") << s.prompt;
+  }, kSculptorConfigs);
+  EXPECT_GT(st.passkey, 0);
+  EXPECT_GT(st.uuid_key, 0);
+  EXPECT_GT(st.word_key, 0);
+  EXPECT_GT(st.repeated, 0);
+  EXPECT_LT(st.repeated, st.samples / 2);
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_LT(st.distractors, st.samples / 2);
+  EXPECT_GT(st.cut_start, 0);
+  EXPECT_GT(st.cut_end, 0);
+  EXPECT_GT(st.more_than_shown, 0);
 }
 
 }  // namespace
