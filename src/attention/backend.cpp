@@ -20,7 +20,7 @@ Status AttentionBackend::attach(KvCache& kv) {
                                   shape_.n_head_kv, shape_.head_dim,
                                   shape_.head_dim_v));
   kv.set_evictor(nullptr);  // a cache serves one backend: the evictor of the one before goes
-  return Status::ok();
+  return ok_status();
 }
 
 Status AttentionBackend::check_call(int64_t il, int64_t n, const KvCache& kv) const {
@@ -36,7 +36,7 @@ Status AttentionBackend::check_call(int64_t il, int64_t n, const KvCache& kv) co
       return make_error(fmt::format("attention: layer {} KV head {} holds {} tokens but the chunk has {} "
                                     "queries: append the chunk's keys before forward()",
                                     il, h, kv.n_tokens(il, h), n));
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc

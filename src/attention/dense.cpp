@@ -32,7 +32,7 @@ Status ExecBackend::begin_forward(int64_t il, int64_t n, const float* q, const i
     ctx.sel = &selection_;
   }
   add_variant(0, q, pos, kv, ctx);
-  return Status::ok();
+  return ok_status();
 }
 
 void ExecBackend::add_variant(int v, const float* q, const int32_t* qpos, const KvCache& kv, attn::ExecCtx& ctx) {
@@ -227,7 +227,7 @@ class DenseBackend final : public ExecBackend {
       ctx.lse = lse_.data();
     }
     run_dense(ctx, pool);
-    return Status::ok();
+    return ok_status();
   }
   // Every row attends every visible token, so the kept log-sum-exp is the full softmax's.
   const float* row_lse() const override { return keep_lse_ && !lse_.empty() ? lse_.data() : nullptr; }

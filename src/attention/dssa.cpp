@@ -43,7 +43,7 @@ class DssaBackend final : public ExecBackend {
       for (int64_t h = 0; h < shape_.n_head_kv; ++h) all_short = all_short && kv.n_tokens(il, h) <= switch_;
       if (all_short) {
         run_dense(ctx, pool);
-        return Status::ok();
+        return ok_status();
       }
     }
     pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
@@ -118,7 +118,7 @@ class DssaBackend final : public ExecBackend {
         run.finish();
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -86,7 +86,7 @@ class FixedBackend final : public ExecBackend {
         item_spans(ctx, kv, il, n, items[static_cast<size_t>(i)], spans_[static_cast<size_t>(i)]);
     });
     run_spans(ctx, items, spans_, pool);
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -130,7 +130,7 @@ class InfLlmBackend final : public ExecBackend {
       if (max_vis > mem_end) attn::add_spans(sp, mem_end, max_vis - mem_end, B);
     }
     run_spans(ctx, items, spans_, pool);
-    return Status::ok();
+    return ok_status();
   }
 
  private:

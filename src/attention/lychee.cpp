@@ -86,7 +86,7 @@ class LycheeBackend final : public ExecBackend {
     }
     if (short_ctx || (ret.empty() && !head_share_)) {
       run_dense(ctx, pool);
-      return Status::ok();
+      return ok_status();
     }
     const int64_t N = kv.n_tokens(il, 0);
     for (int64_t h = 1; h < shape_.n_head_kv; ++h)
@@ -254,7 +254,7 @@ class LycheeBackend final : public ExecBackend {
         run.finish(sparse);
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 
  private:
@@ -331,7 +331,7 @@ class Calibrator final : public LycheeCalibrator {
         stats_.far_mass[static_cast<size_t>(il * shape_.n_head + h)] += f;
         ++stats_.n_rows[static_cast<size_t>(il * shape_.n_head + h)];
       }
-    return Status::ok();
+    return ok_status();
   }
 
  private:
@@ -391,7 +391,7 @@ Status save_retrieval_heads(const std::string& path, const RetrievalHeads& h) {
     f << "\n";
   }
   if (!f) return make_error(fmt::format("error writing retrieval heads to '{}'", path));
-  return Status::ok();
+  return ok_status();
 }
 
 Expected<RetrievalHeads> load_retrieval_heads(const std::string& path) {

@@ -61,7 +61,7 @@ class NaiveBackend final : public AttentionBackend {
         }
       }
     }
-    return Status::ok();
+    return ok_status();
   }
 };
 

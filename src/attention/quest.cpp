@@ -64,7 +64,7 @@ class QuestBackend final : public ExecBackend {
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
     if (il < dense_layers_) {
       run_dense(ctx, pool);
-      return Status::ok();
+      return ok_status();
     }
     // Page bounds, brought up to date per KV head: in parallel after a prefill chunk, on this
     // thread when decoding (one page per head changes), which saves a pass through the pool.
@@ -105,7 +105,7 @@ class QuestBackend final : public ExecBackend {
           run.finish();
         }
       });
-      return Status::ok();
+      return ok_status();
     }
     // Decoding: a token has one tile per KV head, fewer than the threads. The page bounds are
     // computed in units of `seg` pages on all threads, and the attention over the chosen pages
@@ -154,7 +154,7 @@ class QuestBackend final : public ExecBackend {
     });
     // The chosen pages of each tile, attended split-K (ExecBackend::run_spans).
     run_spans(ctx, items, spans_, pool);
-    return Status::ok();
+    return ok_status();
   }
 
  private:

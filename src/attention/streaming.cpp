@@ -44,9 +44,9 @@ class StreamingBackend final : public ExecBackend {
     // Over budget: evict every layer down to what the next chunk needs.
     kv.set_evictor([this](KvCache& c, int64_t, int64_t) -> Status {
       for (int64_t il = 0; il < c.n_layer(); ++il) LC_TRY(evict(c, il, 1));
-      return Status::ok();
+      return ok_status();
     });
-    return Status::ok();
+    return ok_status();
   }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
@@ -124,7 +124,7 @@ class StreamingBackend final : public ExecBackend {
       for (int64_t j = keep_from; j < N; ++j) keep_.push_back(static_cast<int32_t>(j));
       LC_TRY(kv.retain(il, h, keep_));
     }
-    return Status::ok();
+    return ok_status();
   }
 
   int64_t n_sink_, window_;

@@ -74,7 +74,7 @@ Status write_ppl_csv(const std::vector<PplCurve>& curves, const std::string& pat
       f << c.model << ',' << '"' << c.method << '"' << ',' << b.begin << ',' << b.end << ',' << b.n << ',' << b.nll
         << ',' << b.ppl << '\n';
   if (!f) return make_error(fmt::format("{}: write error", path));
-  return Status::ok();
+  return ok_status();
 }
 
 Status write_ppl_plot(const std::vector<PplCurve>& curves, const std::string& stem) {

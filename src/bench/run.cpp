@@ -141,7 +141,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
   } catch (const json::exception& e) {
     return make_error(fmt::format("config: {}", e.what()));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Status load_config_file(const std::string& path, RunConfig& cfg) {
@@ -155,7 +155,7 @@ Status load_config_file(const std::string& path, RunConfig& cfg) {
   }
   Status st = apply_config_json(j, cfg);
   if (!st) return make_error(path + ": " + st.message());
-  return Status::ok();
+  return ok_status();
 }
 
 // ---------------------------------------------------------------- records
@@ -408,7 +408,7 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
     f << j.dump(2) << '\n';
     if (!f) return make_error(fmt::format("{}: write error", path));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Status write_plots(const Summary& s, const std::string& out_dir) {
@@ -492,7 +492,7 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
     }
     LC_TRY(report::write_chart(t, out_dir + "/accuracy_by_task-" + slug(l)));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 // ---------------------------------------------------------------- the run

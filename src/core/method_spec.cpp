@@ -40,7 +40,7 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
   add_method_key(keys_, {key, "int", method_integer(*out), "[" + method_integer(min) + ", " + method_integer(max) + "]",
                          help});
   auto it = kv_.find(key);
-  if (it == kv_.end()) return Status::ok();
+  if (it == kv_.end()) return ok_status();
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
@@ -48,35 +48,35 @@ Status MethodSpec::get_int(const char* key, int64_t* out, int64_t min, int64_t m
     return make_error(fmt::format("{} '{}': key '{}' expects an integer in [{}, {}], got '{}'",
                                   kind_, name_, key, min, max, it->second));
   *out = v;
-  return Status::ok();
+  return ok_status();
 }
 
 Status MethodSpec::get_float(const char* key, double* out, double min, double max, const char* help) {
   accepted_.emplace_back(key);
   add_method_key(keys_, {key, "real", method_number(*out), "[" + method_number(min) + ", " + method_number(max) + "]", help});
   auto it = kv_.find(key);
-  if (it == kv_.end()) return Status::ok();
+  if (it == kv_.end()) return ok_status();
   char* end = nullptr;
   const double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max)
     return make_error(fmt::format("{} '{}': key '{}' expects a number in [{:g}, {:g}], got '{}'",
                                   kind_, name_, key, min, max, it->second));
   *out = v;
-  return Status::ok();
+  return ok_status();
 }
 
 Status MethodSpec::get_bool(const char* key, bool* out, const char* help) {
   accepted_.emplace_back(key);
   add_method_key(keys_, {key, "bool", *out ? "1" : "0", "", help});
   auto it = kv_.find(key);
-  if (it == kv_.end()) return Status::ok();
+  if (it == kv_.end()) return ok_status();
   const std::string& v = it->second;
   if (v == "1" || v == "true" || v == "on") *out = true;
   else if (v == "0" || v == "false" || v == "off") *out = false;
   else
     return make_error(fmt::format("{} '{}': key '{}' expects 0/1/true/false, got '{}'",
                                   kind_, name_, key, v));
-  return Status::ok();
+  return ok_status();
 }
 
 Status MethodSpec::get_string(const char* key, std::string* out, const char* help) {
@@ -84,7 +84,7 @@ Status MethodSpec::get_string(const char* key, std::string* out, const char* hel
   add_method_key(keys_, {key, "text", *out, "", help});
   auto it = kv_.find(key);
   if (it != kv_.end()) *out = it->second;
-  return Status::ok();
+  return ok_status();
 }
 
 Status MethodSpec::finish() const {
@@ -97,7 +97,7 @@ Status MethodSpec::finish() const {
     return make_error(fmt::format("{} '{}': unknown key '{}' (accepted: {})", kind_, name_,
                                   k, list.empty() ? "none" : list));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc

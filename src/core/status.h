@@ -34,7 +34,8 @@ class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(Error e) : ok_(false), message_(std::move(e.message)), code_(e.code) {}  // NOLINT: implicit by design
-  static Status ok() { return Status(); }
+  // No ok() member: Status::ok() was once a static factory, and s.ok() on a value compiled as a
+  // call to it, always true (a check that could not fail). Test with is_ok() or bool.
   bool is_ok() const { return ok_; }
   explicit operator bool() const { return ok_; }
   const std::string& message() const { return message_; }
@@ -46,6 +47,9 @@ class [[nodiscard]] Status {
   std::string message_;
   ErrorCode code_ = ErrorCode::kGeneric;
 };
+
+// The success value: `return ok_status();`.
+inline Status ok_status() { return Status(); }
 
 template <class T>
 class [[nodiscard]] Expected {
@@ -62,7 +66,7 @@ class [[nodiscard]] Expected {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   const Error& error() const { return std::get<1>(v_); }
-  Status status() const { return has_value() ? Status::ok() : Status(error()); }
+  Status status() const { return has_value() ? ok_status() : Status(error()); }
 
  private:
   std::variant<T, Error> v_;

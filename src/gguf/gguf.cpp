@@ -70,12 +70,12 @@ class Cursor {
     if (n > left())
       return make_error(fmt::format("{}: truncated: {} at offset {} needs {} bytes, only {} left",
                                     name_, what, pos_, n, left()));
-    return Status::ok();
+    return ok_status();
   }
   Status skip(size_t n, const std::string& what) {
     LC_TRY(need(n, what));
     pos_ += n;
-    return Status::ok();
+    return ok_status();
   }
   template <class T>
   Expected<T> read(const std::string& what) {
@@ -138,7 +138,7 @@ Status read_scalar(Cursor& c, ValueType t, Value& v, const std::string& what,
     case ValueType::kString: { LC_ASSIGN_OR_RETURN(std::string s, c.read_string(what)); v.scalar = std::move(s); break; }
     default: LC_CHECK(false && "read_scalar: not a scalar type");
   }
-  return Status::ok();
+  return ok_status();
 }
 
 // Element i of a fixed-size numeric array starting at p, as int64 and double. u64 values above
@@ -195,7 +195,7 @@ Status read_value(Cursor& c, const uint8_t* base, const std::string& file,
       if (!c.try_read_string(s))  // build the message only on failure
         return c.read_string(fmt::format("element {} of key '{}'", i, key)).error();
     }
-    return Status::ok();
+    return ok_status();
   }
   const uint8_t* p = base + c.pos();
   LC_TRY(c.skip(n * min, what));  // cannot fail after the count check
@@ -216,7 +216,7 @@ Status read_value(Cursor& c, const uint8_t* base, const std::string& file,
     v.numbers[i] = dv;
     if (ints) v.ints[i] = iv;
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace
@@ -431,7 +431,7 @@ struct Parser {
                                       f, tc, t.offset, t.n_bytes, size, data_start, data_size));
       t.data = section + t.offset;
     }
-    return Status::ok();
+    return ok_status();
   }
 };
 
@@ -775,7 +775,7 @@ void Writer::fail(std::string message) {
 
 Status Writer::status() const {
   if (!error_.empty()) return make_error(error_);
-  return Status::ok();
+  return ok_status();
 }
 
 std::vector<uint8_t> Writer::to_bytes() const {
@@ -851,7 +851,7 @@ Status Writer::write(const std::string& path) const {
     return make_error(fmt::format("{}: cannot rename {} into place: {}", path,
                                   tmp, std::strerror(e)));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc::gguf

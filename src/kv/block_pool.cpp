@@ -99,7 +99,7 @@ Status BlockPool::grow_ram() {
   }
   for (int64_t i = 0; i < n; ++i) push_free_ram(static_cast<int32_t>(ram_slots_total_ + i));
   ram_slots_total_ += n;
-  return Status::ok();
+  return ok_status();
 }
 
 Status BlockPool::grow_file() {
@@ -118,7 +118,7 @@ Status BlockPool::grow_file() {
   for (size_t i = 0; i < per_seg; ++i) file_ptr_.push_back(base + i * block_bytes_);
   for (size_t i = per_seg; i-- > 0;) free_file_.push_back(static_cast<int32_t>(file_slots_total_ + static_cast<int64_t>(i)));
   file_slots_total_ += static_cast<int64_t>(per_seg);
-  return Status::ok();
+  return ok_status();
 }
 
 Status BlockPool::spill_one() {
@@ -146,7 +146,7 @@ Status BlockPool::spill_one() {
       fifo_stamp_.erase(fifo_stamp_.begin(), fifo_stamp_.begin() + static_cast<std::ptrdiff_t>(fifo_head_));
       fifo_head_ = 0;
     }
-    return Status::ok();
+    return ok_status();
   }
   return make_error(fmt::format("kv budget of {} bytes is smaller than one KV block ({} bytes)",
                                 budget_, block_bytes_));

@@ -121,7 +121,7 @@ Status KvCache::write_state(std::ostream& out) const {
     for (int64_t i = 0; i < hd.n; ++i) out.write(reinterpret_cast<const char*>(v_row(hd, i)), static_cast<std::streamsize>(v_row_bytes_));
   }
   if (!out) return make_error(ErrorCode::kIo, "kv cache: write error while saving the state");
-  return Status::ok();
+  return ok_status();
 }
 
 Status KvCache::read_state(std::istream& in) {
@@ -205,7 +205,7 @@ Status KvCache::read_state(std::istream& in) {
       hd.low_water = 0;
     }
   }
-  return Status::ok();
+  return ok_status();
 }
 
 int64_t KvCache::tokens_that_fit() const {
@@ -215,11 +215,11 @@ int64_t KvCache::tokens_that_fit() const {
 }
 
 Status KvCache::ensure_room(int64_t il, int64_t needed) {
-  if (needed == 0 || cfg_.budget_bytes == 0 || cfg_.policy == KvBudgetPolicy::kSpill) return Status::ok();
-  if (pool_->ram_blocks_available() >= needed) return Status::ok();
+  if (needed == 0 || cfg_.budget_bytes == 0 || cfg_.policy == KvBudgetPolicy::kSpill) return ok_status();
+  if (pool_->ram_blocks_available() >= needed) return ok_status();
   if (cfg_.policy == KvBudgetPolicy::kEvict && evictor_) {
     LC_TRY(evictor_(*this, il, needed - pool_->ram_blocks_available()));
-    if (pool_->ram_blocks_available() >= needed) return Status::ok();
+    if (pool_->ram_blocks_available() >= needed) return ok_status();
   }
   int64_t held = 0;
   for (const auto& hd : heads_) held = std::max(held, hd.n);
@@ -246,7 +246,7 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   if (il < 0 || il >= cfg_.n_layer)
     return make_error(fmt::format("kv append: layer {} out of range [0, {})", il,
                                   cfg_.n_layer));
-  if (n <= 0) return Status::ok();
+  if (n <= 0) return ok_status();
   const int64_t H = cfg_.n_head_kv, d = cfg_.head_dim, dv = cfg_.head_dim_v, B = cfg_.block_tokens;
   if (cfg_.rope_provider) {
     int32_t max_pos = 0;
@@ -299,7 +299,7 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   }
   LC_CHECK(next_fresh == fresh.size());
   n_appended_[static_cast<size_t>(il)] += n;
-  return Status::ok();
+  return ok_status();
 }
 
 void KvCache::free_tail_blocks(Head& hd) {
@@ -321,7 +321,7 @@ Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
                                     il, h, hd.n, i, keep[i]));
   }
   const int64_t m = static_cast<int64_t>(keep.size());
-  if (m == hd.n) return Status::ok();
+  if (m == hd.n) return ok_status();
   for (int64_t i = 0; i < m; ++i) {
     const int64_t src = keep[static_cast<size_t>(i)];
     if (src == i) continue;
@@ -338,7 +338,7 @@ Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
   hd.seq.resize(static_cast<size_t>(m));
   free_tail_blocks(hd);
   ++hd.epoch;
-  return Status::ok();
+  return ok_status();
 }
 
 void KvCache::truncate(int64_t n_seq) {
@@ -576,7 +576,7 @@ Status KvCache::insert(const KvFragment& f) {
     }
   }
   LC_CHECK(next_fresh == fresh.size());
-  return Status::ok();
+  return ok_status();
 }
 
 Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta) {
@@ -587,7 +587,7 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
     return make_error(fmt::format("kv shift: tokens [{}, {}) are outside the {} of layer {} head {}",
                                   first, first + count, hd.n,
                                   il, h));
-  if (delta == 0 || count == 0) return Status::ok();
+  if (delta == 0 || count == 0) return ok_status();
   const RopeTable& rt = rope_[static_cast<size_t>(il)];
   rewrite_keys(hd, first, count, [&](float* row, int64_t i) {
     // R(p + delta) = R(delta) R(p); mscale 1: the stored key already carries it once.
@@ -596,7 +596,7 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
     hd.pos[static_cast<size_t>(i)] += delta;
   });
   ++hd.epoch;
-  return Status::ok();
+  return ok_status();
 }
 
 void KvCache::set_rope(int64_t il, const RopeTable& table) {

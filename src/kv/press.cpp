@@ -20,7 +20,7 @@ Status KvPress::compress(const PressContext& c, int64_t il) {
   for (size_t h = 0; h < keep.size(); ++h)
     if (static_cast<int64_t>(keep[h].size()) < c.kv->n_tokens(il, static_cast<int64_t>(h)))
       LC_TRY(c.kv->retain(il, static_cast<int64_t>(h), keep[h]));
-  return Status::ok();
+  return ok_status();
 }
 
 namespace press {
@@ -135,7 +135,7 @@ Status Args::finish() const {
     if (!used_[i])
       return make_error(fmt::format("kv press {}: unknown key \"{}\" (accepted: {})", name_,
                                     kv_[i].first, join(accepted_)));
-  return Status::ok();
+  return ok_status();
 }
 
 // ---------------------------------------------------------------- helpers
@@ -263,7 +263,7 @@ class ScoredPress final : public KvPress {
                                     "but --attn {} attends a subset of the tokens or re-assigns their positions "
                                     "(use --attn dense, or {}:source=window)",
                                     name_, attn.spec, name_));
-    return Status::ok();
+    return ok_status();
   }
 
   Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) override;
@@ -299,7 +299,7 @@ int64_t ScoredPress::layer_target(const PressContext& c, int64_t il) const {
 
 Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) {
   keep.clear();
-  if (!o_.schedule.covers(c.phase)) return Status::ok();
+  if (!o_.schedule.covers(c.phase)) return ok_status();
   KvCache& kv = *c.kv;
   if (il < 0 || il >= kv.n_layer())
     return make_error(fmt::format("kv press {}: layer {} out of range", name_, il));
@@ -310,7 +310,7 @@ Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::v
   if (scorer_->n_obs() > 0 && c.n_obs > 0 && (!c.queries || !c.query_pos))
     return make_error(fmt::format("kv press {}: n_obs={} but no queries given", name_, c.n_obs));
   const int64_t target = layer_target(c, il);
-  if (target < 0) return Status::ok();
+  if (target < 0) return ok_status();
   const int64_t Hkv = kv.n_head_kv();
 
   // Protected tokens and whether any head has anything to evict (scoring costs O(L) or more).
@@ -330,7 +330,7 @@ Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::v
     // Fall back to no compression when the head holds no more than n_sink + window tokens.
     if (n > o_.n_sink + o_.window && n > std::max(target, np)) any = true;
   }
-  if (!any) return Status::ok();
+  if (!any) return ok_status();
 
   PressScores sc;
   LC_TRY(scorer_->score(c, il, shape_, sc));
@@ -417,12 +417,12 @@ Status ScoredPress::select(const PressContext& c, int64_t il, std::vector<std::v
       if (p[j]) k.push_back(static_cast<int32_t>(j));
     std::sort(k.begin(), k.end());
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Status ScoredPress::compress(const PressContext& c, int64_t il) {
   LC_TRY(KvPress::compress(c, il));
-  if (!o_.reposition || !o_.schedule.covers(c.phase)) return Status::ok();
+  if (!o_.reposition || !o_.schedule.covers(c.phase)) return ok_status();
   // StreamingLLM assigns positions inside the cache: the kept tokens become contiguous,
   // ending at the last held position, so the gap left by evicted tokens disappears (the
   // sinks move forward; the recent window keeps its positions, so queries keep theirs).
@@ -442,7 +442,7 @@ Status ScoredPress::compress(const PressContext& c, int64_t il) {
       j = e;
     }
   }
-  return Status::ok();
+  return ok_status();
 }
 
 class ChainPress final : public KvPress {
@@ -492,7 +492,7 @@ class ChainPress final : public KvPress {
   }
   Status check_backend(const AttentionCaps& attn) const override {
     for (const auto& q : parts_) LC_TRY(q->check_backend(attn));
-    return Status::ok();
+    return ok_status();
   }
   Status select(const PressContext&, int64_t, std::vector<std::vector<int32_t>>&) override {
     return make_error("kv press chain: a chain applies its presses in turn; call compress(), not select()");
@@ -511,7 +511,7 @@ class ChainPress final : public KvPress {
       }
       LC_TRY(q->compress(ci, il));
     }
-    return Status::ok();
+    return ok_status();
   }
   void set_q_stride(int64_t s) { q_stride_ = s; }
 
@@ -545,7 +545,7 @@ class SpecPcPress final : public KvPress {
   const PromptCompression* prompt_compression() const override { return &p_; }
   Status select(const PressContext&, int64_t, std::vector<std::vector<int32_t>>& keep) override {
     keep.clear();
-    return Status::ok();
+    return ok_status();
   }
 
  private:

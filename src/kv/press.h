@@ -175,7 +175,7 @@ class KvPress {
   bool needs_draft() const { return lookahead() > 0 || prompt_compression() != nullptr; }
   // An attention backend the press cannot work with (error naming both), e.g. h2o's observer
   // recomputes dense attention, which a sparse backend does not compute.
-  virtual Status check_backend(const AttentionCaps& attn) const { (void)attn; return Status::ok(); }
+  virtual Status check_backend(const AttentionCaps& attn) const { (void)attn; return ok_status(); }
   // Computes the keep lists of layer il without touching the cache:
   // keep[h] ascending indices into head (il, h)'s tokens. Empty outer vector: nothing to do.
   virtual Status select(const PressContext& c, int64_t il, std::vector<std::vector<int32_t>>& keep) = 0;

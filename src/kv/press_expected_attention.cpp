@@ -112,7 +112,7 @@ class ExpectedAttention final : public PressScorer {
           r[static_cast<size_t>(j)] = static_cast<float>(z[static_cast<size_t>(j)] / sum * vn[static_cast<size_t>(j)]);
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -42,7 +42,7 @@ class H2o final : public PressScorer {
           r[static_cast<size_t>(j)] = cnt > 0 ? acc_.sum(il, h, idx[j]) / (static_cast<float>(g) * cnt) : 0.0f;
         }
       }
-      return Status::ok();
+      return ok_status();
     }
     std::vector<float> qr;
     rotate_queries(c, il, s, qr);
@@ -68,7 +68,7 @@ class H2o final : public PressScorer {
           if (seen[static_cast<size_t>(j)] > 0) r[static_cast<size_t>(j)] /= seen[static_cast<size_t>(j)];
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 
  private:

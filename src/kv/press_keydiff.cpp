@@ -60,7 +60,7 @@ class KeyDiff final : public PressScorer {
         r[j] = static_cast<float>(-sim);
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 };
 

@@ -19,7 +19,7 @@ class Knorm final : public PressScorer {
         r[j] = -static_cast<float>(std::sqrt(a));
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 };
 

@@ -31,7 +31,7 @@ class RandomScorer final : public PressScorer {
       for (size_t j = 0; j < r.size(); ++j)
         r[j] = static_cast<float>(mix(base ^ static_cast<uint64_t>(idx[j])) >> 40) * (1.0f / 16777216.0f);
     }
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -71,7 +71,7 @@ class SnapKv final : public PressScorer {
         }
       }
     });
-    return Status::ok();
+    return ok_status();
   }
 
  private:

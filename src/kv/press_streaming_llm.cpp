@@ -22,7 +22,7 @@ class StreamingLlm final : public PressScorer {
       // Sequence indices are exact in f32 up to 2^24 tokens.
       for (size_t j = 0; j < r.size(); ++j) r[j] = static_cast<float>(idx[j]);
     }
-    return Status::ok();
+    return ok_status();
   }
 };
 

@@ -24,7 +24,7 @@ class Tova final : public PressScorer {
         const int32_t* idx = c.kv->seq_index(il, h);
         out.by_kv_head[static_cast<size_t>(h)].assign(idx, idx + c.kv->n_tokens(il, h));
       }
-      return Status::ok();
+      return ok_status();
     }
     PressContext last = c;  // only the last query
     last.queries = c.queries + (c.n_obs - 1) * s.n_head * s.head_dim;
@@ -52,7 +52,7 @@ class Tova final : public PressScorer {
       for (size_t j = 0; j < r.size(); ++j)
         r[j] = static_cast<float>(sum[static_cast<size_t>(idx[j])] / static_cast<double>(s.n_head));
     }
-    return Status::ok();
+    return ok_status();
   }
 };
 

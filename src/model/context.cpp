@@ -222,7 +222,7 @@ Status Context::restore(HiddenFragment&& f) {
   tokens_.insert(tokens_.begin() + (f.first - before), f.tokens.begin(), f.tokens.end());
   hidden_.erase(it);
   f = HiddenFragment{};
-  return Status::ok();
+  return ok_status();
 }
 
 void Context::detach_hooks(ForwardHooks* h) { std::erase(hooks_, h); }
@@ -286,13 +286,13 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
       return make_error(ErrorCode::kCancelled, fmt::format("cancelled after {} of {} tokens", i + m, n));
   }
   for (ForwardHooks* h : hooks_) LC_TRY(call.prompt ? h->after_prompt(*this, call) : h->after_token(*this));
-  return Status::ok();
+  return ok_status();
 }
 
 Status Context::evaluate_scratch(std::span<const int32_t> tokens) {
   const int64_t P = n_past_, n = static_cast<int64_t>(tokens.size());
   if (P + n > params_.n_ctx) return make_error(ErrorCode::kContextFull, "evaluate_scratch: the tokens do not fit");
-  Status st = Status::ok();
+  Status st = ok_status();
   for (int64_t i = 0; i < n && st; i += params_.n_batch)
     st = forward_chunk(tokens.data() + i, std::min(params_.n_batch, n - i), Logits::kNone, nullptr);
   kv_->truncate(P);
@@ -365,14 +365,14 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   }
   n_past_ += n;
 
-  if (which == Logits::kNone) return Status::ok();
+  if (which == Logits::kNone) return ok_status();
   const int64_t first = which == Logits::kAll ? 0 : n - 1;
   const int64_t n_out = n - first;
   rows(n_out, [&](int64_t i) {
     kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
   });
   kernels::matmul(model_.output(), cur, n_out, logits, pool_);
-  return Status::ok();
+  return ok_status();
 }
 
 void Context::set_query_weights(Buffer<float> wq) {
@@ -459,7 +459,7 @@ Status Context::load_state(std::istream& in) {
   n_outputs_ = n_outputs;
   logits_ = std::move(logits);
   if (wq.size() != 0) set_query_weights(std::move(wq));
-  return Status::ok();
+  return ok_status();
 }
 
 void Context::clear_query_weights() {
@@ -475,7 +475,7 @@ Status Context::set_attention(std::string_view spec) {
   LC_TRY((*attn)->attach(*kv_));
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc

@@ -20,7 +20,7 @@ Status check_draft_vocab(const Model& target, const std::string& target_name, co
                                     "the draft and \"{}\" in the model",
                                     draft_name, target_name, id, b.token_text(id),
                                     a.token_text(id)));
-  return Status::ok();
+  return ok_status();
 }
 
 DraftRunner::DraftRunner(const Model& draft, std::string name, const ContextParams& base)

@@ -35,7 +35,7 @@ class ForwardHooks {
   // (SpecPC: the prompt tokens a draft selects) by filling `replace`; it must not be empty.
   virtual Status before_prompt(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
                                std::optional<std::vector<int32_t>>& replace) {
-    return Status::ok();
+    return ok_status();
   }
   // Layer il's queries of the n tokens at positions pos ([n, n_head * head_dim], before RoPE,
   // after logit scaling), before they attend.
@@ -43,15 +43,15 @@ class ForwardHooks {
   // The same queries after layer il's attention: ctx.kv() holds what they attended.
   virtual void on_attention(Context& ctx, int64_t il, const float* q, const int32_t* pos, int64_t n) {}
   // After every chunk of a prompt but the last.
-  virtual Status after_chunk(Context& ctx) { return Status::ok(); }
+  virtual Status after_chunk(Context& ctx) { return ok_status(); }
   // After the whole prompt is in, and after every single generated token.
-  virtual Status after_prompt(Context& ctx, const DecodeCall& call) { return Status::ok(); }
-  virtual Status after_token(Context& ctx) { return Status::ok(); }
+  virtual Status after_prompt(Context& ctx, const DecodeCall& call) { return ok_status(); }
+  virtual Status after_token(Context& ctx) { return ok_status(); }
   // The sequence was cut back to n tokens (Context::truncate, clear).
   virtual void on_truncate(int64_t n) {}
   // A backend about to serve the context: an error refuses it (a hook that cannot work with
   // it); a hook may ask it for what it needs (e.g. row log-sum-exps).
-  virtual Status attach_backend(AttentionBackend& backend) { return Status::ok(); }
+  virtual Status attach_backend(AttentionBackend& backend) { return ok_status(); }
 };
 
 }  // namespace lc

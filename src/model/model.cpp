@@ -87,7 +87,7 @@ Status Model::bind(const std::string& path) {
     LC_ASSIGN_OR_RETURN(L.w_up, matrix(nm("ffn_up.weight"), hp.n_embd, hp.n_ff, true));
     LC_ASSIGN_OR_RETURN(L.w_down, matrix(nm("ffn_down.weight"), hp.n_ff, hp.n_embd, true));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Expected<std::unique_ptr<Model>> Model::load(const std::string& path) {

@@ -48,7 +48,7 @@ Status PressRunner::attach_backend(AttentionBackend& backend) {
   if (!st) return make_error("--kv-press: " + st.message());
   // The observer normalises with the dense backend's row log-sum-exp (one pass instead of two).
   backend.keep_row_lse(observer_ != nullptr);
-  return Status::ok();
+  return ok_status();
 }
 
 // Query-agnostic presses compress the context part only; the question after it stays whole.
@@ -57,7 +57,7 @@ Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt,
                                   std::optional<std::vector<int32_t>>& replace) {
   const bool agnostic = !press_->schedule().query_aware;
   active_ = !agnostic || call.context_part || !context_done_;
-  if (!press_->prompt_compression() || !active_ || ctx.n_past() != 0) return Status::ok();
+  if (!press_->prompt_compression() || !active_ || ctx.n_past() != 0) return ok_status();
   if (call.which == Logits::kAll)
     return make_error("kv press specpc evaluates only the prompt tokens it selects: the logits of every prompt "
                       "token (perplexity) do not exist");
@@ -66,7 +66,7 @@ Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt,
   std::vector<int32_t> selected;
   LC_TRY(select_prompt(prompt, selected));
   replace = std::move(selected);
-  return Status::ok();
+  return ok_status();
 }
 
 void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int64_t n) { window_.push(il, q, pos, n); }
@@ -79,11 +79,11 @@ void PressRunner::on_attention(Context& ctx, int64_t il, const float* q, const i
   observer_->observe(ctx.kv(), il, q, pos, pos, n, &ctx.pool(), ctx.attention().row_lse());
 }
 
-Status PressRunner::after_chunk(Context& ctx) { return active_ ? compress(ctx, PressPhase::kChunk) : Status::ok(); }
+Status PressRunner::after_chunk(Context& ctx) { return active_ ? compress(ctx, PressPhase::kChunk) : ok_status(); }
 
 Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
   n_generated_ = 0;
-  if (!active_) return Status::ok();
+  if (!active_) return ok_status();
   LC_TRY(compress(ctx, PressPhase::kChunk));
   if (press_->lookahead() > 0 && press_->schedule().covers(PressPhase::kPrefill)) {
     LC_TRY(lookahead_compress(ctx));
@@ -91,12 +91,12 @@ Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
     LC_TRY(compress(ctx, PressPhase::kPrefill));
   }
   if (!press_->schedule().query_aware && call.context_part) context_done_ = true;
-  return Status::ok();
+  return ok_status();
 }
 
 Status PressRunner::after_token(Context& ctx) {
   if (press_->schedule().decode_due(++n_generated_)) return compress(ctx, PressPhase::kDecode);
-  return Status::ok();
+  return ok_status();
 }
 
 void PressRunner::on_truncate(int64_t n) {
@@ -107,7 +107,7 @@ void PressRunner::on_truncate(int64_t n) {
 }
 
 Status PressRunner::compress(Context& ctx, PressPhase phase) {
-  if (!press_->schedule().covers(phase)) return Status::ok();
+  if (!press_->schedule().covers(phase)) return ok_status();
   ScopedTimer timer{t_press_};
   const int64_t m = std::min(window_.size(), press_->n_obs());
   for (int64_t il = 0; il < n_layer_; ++il) {
@@ -123,7 +123,7 @@ Status PressRunner::compress(Context& ctx, PressPhase phase) {
     pc.n_obs = m;
     LC_TRY(press_->compress(pc, il));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 // SpecKV (Galim et al., arXiv 2506.08373): the draft continues the prompt greedily; the model
@@ -166,7 +166,7 @@ Status PressRunner::select_prompt(std::span<const int32_t> prompt, std::vector<i
   if (keep >= P) {
     selected.assign(prompt.begin(), prompt.end());
     for (int64_t j = 0; j < P; ++j) prompt_kept_.push_back(static_cast<int32_t>(j));
-    return Status::ok();
+    return ok_status();
   }
   const int64_t la = pc.lookahead;
   DraftRunner& d = *draft_;
@@ -184,7 +184,7 @@ Status PressRunner::select_prompt(std::span<const int32_t> prompt, std::vector<i
   selected.clear();
   for (int32_t j : prompt_kept_) selected.push_back(prompt[static_cast<size_t>(j)]);
   d.clear();
-  return Status::ok();
+  return ok_status();
 }
 
 namespace {
@@ -201,7 +201,7 @@ Status PressRunner::save(std::ostream& out) const {
   bin::put<int64_t>(out, n_generated_);
   bin::put<uint8_t>(out, context_done_ ? 1 : 0);
   window_.save(out);
-  return Status::ok();
+  return ok_status();
 }
 
 Status PressRunner::load(std::istream& in, int64_t max_tokens) {
@@ -221,7 +221,7 @@ Status PressRunner::load(std::istream& in, int64_t max_tokens) {
   prompt_kept_ = std::move(kept);
   n_generated_ = n_generated;
   context_done_ = done != 0;
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc

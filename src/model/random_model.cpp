@@ -78,7 +78,7 @@ Status copy_tokenizer(const gguf::File& src, gguf::Writer& w) {
       w.set_u32(key, x);
     }
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace

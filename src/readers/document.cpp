@@ -46,7 +46,7 @@ Status ChunkStream::fill() {
     }
   }
   for (int32_t id : tok_->encode(text, false, false)) pending_.push_back(id);
-  return Status::ok();
+  return ok_status();
 }
 
 Expected<Chunk> ChunkStream::next() {

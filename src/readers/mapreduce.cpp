@@ -66,17 +66,17 @@ class MapReduce final : public Reader {
                                     "+ chunk {} + answer {} (the question is too long, or chunk=/answer= too large)",
                                     window_, base, chunk_, answer_));
     partials_.clear();
-    return Status::ok();
+    return ok_status();
   }
 
   Status read_chunk(ReaderEnv& env, const std::string& question, int64_t index, const std::string& chunk) override {
     LC_ASSIGN_OR_RETURN(std::string reply, env.call(map_, {{"problem", question}, {"chunk", chunk}}, answer_, index));
     std::string a = trim(reply);
     if (const size_t nl = a.find('\n'); nl != std::string::npos) a = trim(a.substr(0, nl));
-    if (a.empty() || fold(a).rfind(fold(none_), 0) == 0) return Status::ok();
+    if (a.empty() || fold(a).rfind(fold(none_), 0) == 0) return ok_status();
     partials_.emplace_back(index, a);
     ++env.stats().candidates;
-    return Status::ok();
+    return ok_status();
   }
 
   Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) override {
@@ -128,7 +128,7 @@ class MapReduce final : public Reader {
         return make_error(ErrorCode::kBadFile, "mapreduce: a checkpoint's partial answer is not INDEX<tab>ANSWER");
       partials_.emplace_back(i, e.substr(tab + 1));
     }
-    return Status::ok();
+    return ok_status();
   }
 
  private:

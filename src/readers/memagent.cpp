@@ -62,7 +62,7 @@ class MemAgent final : public Reader {
                                     "question {} + memory {} + answer {}",
                                     fit_.window, fbase, fit_.memory, answer_));
     memory_ = kNoMemory;
-    return Status::ok();
+    return ok_status();
   }
 
   Status read_chunk(ReaderEnv& env, const std::string& question, int64_t index, const std::string& chunk) override {
@@ -70,7 +70,7 @@ class MemAgent final : public Reader {
                         env.call(update_, {{"problem", question}, {"memory", memory_}, {"chunk", chunk}}, fit_.memory,
                                  index));
     memory_ = trim(reply);
-    return Status::ok();
+    return ok_status();
   }
 
   Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) override {
@@ -85,7 +85,7 @@ class MemAgent final : public Reader {
   Status restore(const std::vector<std::string>& s) override {
     if (s.size() != 1) return make_error(ErrorCode::kBadFile, "memagent: a checkpoint's state is one memory");
     memory_ = s[0];
-    return Status::ok();
+    return ok_status();
   }
 
  private:

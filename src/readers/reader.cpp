@@ -62,7 +62,7 @@ Expected<std::string> ReaderEnv::call(const Template& t, const std::map<std::str
 }
 
 Status ReaderEnv::budget() const {
-  if (stats_.calls < max_calls_) return Status::ok();
+  if (stats_.calls < max_calls_) return ok_status();
   return make_error(ErrorCode::kTooShort,
                     fmt::format("reader: reached its cap of {} model calls (calls=) before the read ended; "
                                 "raise calls= or use larger chunks",
@@ -76,7 +76,7 @@ Status ReaderEnv::record(const CallRecord& rec, bool model_call) {
     stats_.gen_tokens += rec.cost.n_gen;
   }
   if (log_) log_(rec);
-  return Status::ok();
+  return ok_status();
 }
 
 namespace {
@@ -99,7 +99,7 @@ Status write_checkpoint(const std::string& path, const nlohmann::json& j) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return make_error(ErrorCode::kIo, fmt::format("--checkpoint: cannot rename {} to {}: {}", tmp, path, ec.message()));
-  return Status::ok();
+  return ok_status();
 }
 
 Expected<nlohmann::json> read_checkpoint(const std::string& path) {

@@ -77,7 +77,7 @@ class Sculptor final : public Reader {
                                     base, reply_, window_));
     starts_.clear();
     bytes_ = 0;
-    return Status::ok();
+    return ok_status();
   }
 
   // The fragmentation pass: fragment i is chunk i; its byte range in the document is kept.
@@ -85,7 +85,7 @@ class Sculptor final : public Reader {
     if (index != static_cast<int64_t>(starts_.size())) return make_error("sculptor: fragments out of order");
     starts_.push_back(bytes_);
     bytes_ += static_cast<int64_t>(chunk.size());
-    return Status::ok();
+    return ok_status();
   }
 
   Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) override {
@@ -195,7 +195,7 @@ class Sculptor final : public Reader {
     } catch (const std::exception&) {
       return make_error(ErrorCode::kBadFile, "sculptor: bad checkpoint state");
     }
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -75,7 +75,7 @@ class SessionConversation final : public Conversation {
     if (sp.count == 0) return make_error(fmt::format("conversation: message {} holds no tokens", m));
     LC_ASSIGN_OR_RETURN(HiddenFragment f, s_->hide(sp.first, sp.count));
     sp.fragment = std::move(f);
-    return Status::ok();
+    return ok_status();
   }
 
   Status restore(int64_t m) override {
@@ -84,7 +84,7 @@ class SessionConversation final : public Conversation {
     if (!sp.fragment) return make_error(fmt::format("conversation: message {} is not hidden", m));
     LC_TRY(s_->restore(std::move(*sp.fragment)));
     sp.fragment.reset();
-    return Status::ok();
+    return ok_status();
   }
 
   bool hidden(int64_t m) const override {
@@ -105,7 +105,7 @@ class SessionConversation final : public Conversation {
   Status check(int64_t m) const {
     if (m < 0 || m >= static_cast<int64_t>(spans_.size()))
       return make_error(fmt::format("conversation: no message {} (there are {})", m, spans_.size()));
-    return Status::ok();
+    return ok_status();
   }
 
   std::string render(bool generation_prompt) const {

@@ -62,7 +62,7 @@ class Smooth final : public Reader {
                                     window_, fbase, summary_, answer_));
     entries_.clear();
     tokens_.clear();
-    return Status::ok();
+    return ok_status();
   }
 
   // The entries as the templates show them: "[chunk] text" lines in reading order.
@@ -81,7 +81,7 @@ class Smooth final : public Reader {
     std::string folded = e;
     for (auto& c : folded) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     while (!folded.empty() && folded.back() == '.') folded.pop_back();
-    if (e.empty() || folded == "none") return Status::ok();
+    if (e.empty() || folded == "none") return ok_status();
     const std::string line = fmt::format("[{}] {}\n", index + 1, e);
     entries_.emplace_back(index, e);
     tokens_.push_back(env.count_tokens(line));
@@ -92,7 +92,7 @@ class Smooth final : public Reader {
       entries_.pop_front();
       tokens_.pop_front();
     }
-    return Status::ok();
+    return ok_status();
   }
 
   Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) override {
@@ -124,7 +124,7 @@ class Smooth final : public Reader {
       entries_.emplace_back(i, e.substr(t2 + 1));
       tokens_.push_back(n);
     }
-    return Status::ok();
+    return ok_status();
   }
 
  private:

@@ -293,7 +293,7 @@ Status write_chart(const Chart& c, const std::string& stem) {
     cairo_surface_destroy(img);
     if (st != CAIRO_STATUS_SUCCESS) return make_error(fmt::format("{}: cannot write the PNG ({})", path, cairo_status_to_string(st)));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc::report

@@ -175,7 +175,7 @@ Status check_info(const RopeModelInfo& info) {
                                   info.gguf.n_rot));
   if (!(info.gguf.base > 0.0f) || !std::isfinite(info.gguf.base))
     return make_error(fmt::format("rope: base must be positive, got {:g}", info.gguf.base));
-  return Status::ok();
+  return ok_status();
 }
 
 struct Component {

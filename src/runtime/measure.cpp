@@ -84,7 +84,7 @@ Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uin
   for (int64_t il = 0; intact && il < kv.config().n_layer; ++il)
     for (int64_t h = 0; intact && h < kv.config().n_head_kv; ++h) intact = kv.n_tokens(il, h) == ctx.n_past();
   if (!intact) ctx.clear();
-  if (depth <= 0) return Status::ok();
+  if (depth <= 0) return ok_status();
   if (depth > ctx.n_ctx())
     return make_error(fmt::format("bench: depth {} exceeds the context size {} (raise --ctx-size)",
                                   depth, ctx.n_ctx()));
@@ -101,7 +101,7 @@ Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uin
   const std::string own = ctx.attention().spec();
   if (!fill_attn.empty()) LC_TRY(ctx.set_attention(fill_attn));
   Progress prog("bench: filling the cache", depth);
-  Status st = Status::ok();
+  Status st = ok_status();
   for (int64_t done = ctx.n_past(); done < depth && st.is_ok();) {
     const int64_t n = std::min<int64_t>(depth - done, static_cast<int64_t>(toks.size()));
     for (int64_t i = 0; i < n; ++i) toks[static_cast<size_t>(i)] = token_at(static_cast<uint64_t>(done + i));

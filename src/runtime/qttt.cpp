@@ -107,7 +107,7 @@ Status check_qttt_context(const Context& ctx) {
                                   ctx.press()->spec()));
   LC_ASSIGN_OR_RETURN(const int64_t distance, qttt_fixed_distance(ctx));
   (void)distance;
-  return Status::ok();
+  return ok_status();
 }
 
 Status check_qttt_span(const QtttParams& p, int64_t n_context) {
@@ -115,7 +115,7 @@ Status check_qttt_span(const QtttParams& p, int64_t n_context) {
     return make_error(fmt::format("--qttt span={} is longer than the context ({} tokens): use a span of at most "
                                   "{}",
                                   p.span, n_context, std::max<int64_t>(n_context, 2)));
-  return Status::ok();
+  return ok_status();
 }
 
 // ---------------------------------------------------------------- trainer
@@ -375,7 +375,7 @@ Status QueryTrainer::Impl::begin_span(int64_t span_start, int64_t span) {
     qscale[static_cast<size_t>(t)] = ctx->rope_plan().q_scale(pos[static_cast<size_t>(t)]);
   }
   tiles = make_tiles(Hkv, g, S);
-  return Status::ok();
+  return ok_status();
 }
 
 // Fixed-distance attention (W > 0), for the R rows of a tile and keys [first, first + cnt)

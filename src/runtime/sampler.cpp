@@ -13,7 +13,7 @@ Status validate(const SamplerParams& p) {
   if (!std::isfinite(p.repeat_penalty) || p.repeat_penalty <= 0)
     return make_error("--repeat-penalty must be a finite value > 0");
   if (p.repeat_last_n < 0) return make_error("--repeat-last-n must be >= 0");
-  return Status::ok();
+  return ok_status();
 }
 
 int32_t argmax(const float* x, int32_t n) {

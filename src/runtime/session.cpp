@@ -50,7 +50,7 @@ Status Session::check_multi_turn() const {
     return make_error(ErrorCode::kUnsupported,
                       "--qttt trains on one document before its question; a conversation reuses the cache across "
                       "turns (use run)");
-  return Status::ok();
+  return ok_status();
 }
 
 Status Session::decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st) {
@@ -70,7 +70,7 @@ Status check_prompt(const std::vector<int32_t>& tokens, const Context& ctx) {
     return make_error(ErrorCode::kContextFull,
                       fmt::format("the prompt has {} tokens but the context holds {} (raise --ctx-size)",
                                   tokens.size(), ctx.n_ctx()));
-  return Status::ok();
+  return ok_status();
 }
 
 // Puts the model's own W_q back when a request ends, however it ends.
@@ -167,7 +167,7 @@ Status Session::append(std::span<const int32_t> tokens, RequestStats& st) {
   LC_TRY(decode_timed(tokens, Logits::kLast, false, st));
   history_ = ctx_->tokens();
   logits_ready_ = true;
-  return Status::ok();
+  return ok_status();
 }
 
 Expected<RequestStats> Session::generate_next(Sampler& sampler, const GenerateOptions& g,
@@ -197,7 +197,7 @@ Status Session::restore(HiddenFragment&& fragment) {
   logits_ready_ = false;
   LC_TRY(ctx_->restore(std::move(fragment)));
   history_ = ctx_->tokens();
-  return Status::ok();
+  return ok_status();
 }
 
 namespace {
@@ -243,7 +243,7 @@ Status Session::generate(Sampler& sampler, const GenerateOptions& g, const Token
   const double t0 = now_seconds();
   auto finish = [&]() {
     st.t_gen += now_seconds() - t0;
-    return Status::ok();
+    return ok_status();
   };
   for (int64_t i = 0; i < g.n_predict; ++i) {
     if (cancelled()) {
@@ -343,7 +343,7 @@ Status Session::save(const std::string& path) const {
     std::remove(tmp.c_str());
     return make_error(ErrorCode::kIo, fmt::format("{}: cannot replace the session file", path));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Status Session::load(const std::string& path) {
@@ -385,7 +385,7 @@ Status Session::load(const std::string& path) {
     return make_error(ErrorCode::kBadFile, fmt::format("{}: the history is shorter than the cache", path));
   }
   history_ = std::move(hist);
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc

@@ -166,9 +166,9 @@ class TokenizerLoader {
   // A special token id key: absent, or -1 / 0xFFFFFFFF ("none"), keeps `id`. Out of range is
   // an error when `strict` (ids the engine relies on) and otherwise ignored with a warning.
   Status read_id(const char* key, int32_t& id, bool strict) const {
-    if (!f_.has(key)) return Status::ok();
+    if (!f_.has(key)) return ok_status();
     LC_ASSIGN_OR_RETURN(int64_t v, f_.get_i64(key));
-    if (v == -1 || v == 0xFFFFFFFFll) return Status::ok();
+    if (v == -1 || v == 0xFFFFFFFFll) return ok_status();
     const int64_t n = static_cast<int64_t>(tok_->vocab_.size());
     if (v < 0 || v >= n) {
       if (strict)
@@ -176,10 +176,10 @@ class TokenizerLoader {
                                 v, n));
       LC_LOG_WARN("{}: ignoring {} = {}: outside the vocabulary ({} tokens)",
                   f_.path(), key, v, n);
-      return Status::ok();
+      return ok_status();
     }
     id = static_cast<int32_t>(v);
-    return Status::ok();
+    return ok_status();
   }
 
   Status load_common(Tokenizer& t, const std::string& model) {
@@ -319,7 +319,7 @@ class TokenizerLoader {
       all.push_back(std::move(p));
     }
     t.specials_ = std::make_shared<SpecialMatcher>(std::move(user), std::move(all));
-    return Status::ok();
+    return ok_status();
   }
 
   Status finish_spm(SpmTokenizer& t) {
@@ -364,7 +364,7 @@ class TokenizerLoader {
         if (b >= 0) p.assign(1, static_cast<char>(b));
       }
     }
-    return Status::ok();
+    return ok_status();
   }
 
   Status finish_bpe(BpeTokenizer& t) {
@@ -402,7 +402,7 @@ class TokenizerLoader {
         if (b >= 0) p.assign(1, static_cast<char>(b));
       }
     }
-    return Status::ok();
+    return ok_status();
   }
 
   const gguf::File& f_;

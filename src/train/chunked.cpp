@@ -64,7 +64,7 @@ Status PagedKv<T>::reserve(int64_t n_tokens) {
     return make_error(fmt::format("out of memory allocating {} K/V pages of {} bytes ({} tokens)", need,
                                   page_bytes(), n_tokens));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 template <class T>

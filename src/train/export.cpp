@@ -49,7 +49,7 @@ Status export_gguf(const Transformer<float>& model, const gguf::File& vocab, con
   LC_TRY(w.status());
   Status st = w.write(path);
   if (!st) return make_error(fmt::format("export to '{}': {}", path, st.message()));
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc::train

@@ -18,7 +18,7 @@ Status validate(const OptimConfig& o) {
   if (!(o.eps > 0.0f)) return bad("eps must be > 0");
   if (!(o.weight_decay >= 0.0f) || !std::isfinite(o.weight_decay)) return bad("weight decay must be >= 0");
   if (!(o.grad_clip >= 0.0f) || !std::isfinite(o.grad_clip)) return bad("gradient clip must be >= 0");
-  return Status::ok();
+  return ok_status();
 }
 
 float learning_rate(const OptimConfig& o, int64_t step) {

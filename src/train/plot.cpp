@@ -41,7 +41,7 @@ Status write_loss_chart(const std::vector<StepRecord>& h, const std::string& tit
     if (std::rename(from.c_str(), to.c_str()) != 0)
       return make_error(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)));
   }
-  return Status::ok();
+  return ok_status();
 }
 
 Status write_text_file(const std::string& path, const std::string& text) {
@@ -52,7 +52,7 @@ Status write_text_file(const std::string& path, const std::string& text) {
   if (std::fclose(f) != 0 || !ok) return make_error(fmt::format("write error on '{}'", tmp));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return make_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc::train

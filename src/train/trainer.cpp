@@ -45,13 +45,13 @@ class In {
     if (pos_ + sizeof(V) > s_.size()) return truncated();
     std::memcpy(v, s_.data() + pos_, sizeof(V));
     pos_ += sizeof(V);
-    return Status::ok();
+    return ok_status();
   }
   Status get_floats(float* p, size_t n) {
     if (n > (s_.size() - pos_) / sizeof(float)) return truncated();
     std::memcpy(p, s_.data() + pos_, n * sizeof(float));
     pos_ += n * sizeof(float);
-    return Status::ok();
+    return ok_status();
   }
   bool at_end() const { return pos_ == s_.size(); }
 
@@ -188,7 +188,7 @@ StepRecord Trainer::step() {
         break;
       }
       if (attempt == 16) {  // create() drew every task: this does not happen in practice
-        if (data_error_.ok()) data_error_ = cs ? make_error("curriculum: no scored tokens") : cs.error();
+        if (data_error_.is_ok()) data_error_ = cs ? make_error("curriculum: no scored tokens") : cs.error();
         lens[static_cast<size_t>(b)] = 0;
         --windows;
         break;
@@ -288,7 +288,7 @@ Status Trainer::save_checkpoint(const std::string& path) const {
   if (std::fclose(f) != 0 || !ok) return make_error(fmt::format("write error on checkpoint '{}'", tmp));
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return make_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
-  return Status::ok();
+  return ok_status();
 }
 
 // Weights of an earlier stage (any exported or converted `llama` GGUF of exactly this shape),
@@ -321,7 +321,7 @@ Status Trainer::load_weights(const std::string& path) {
     if (!m.find(ti.name))
       return make_error(fmt::format("--init-from '{}' has tensor '{}', which this model does not (another shape?)",
                                     path, ti.name));
-  return Status::ok();
+  return ok_status();
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
@@ -399,7 +399,7 @@ Status Trainer::load_checkpoint(const std::string& path) {
   elapsed_before_ = elapsed;
   history_ = std::move(hist);
   t_start_ = now_seconds();
-  return Status::ok();
+  return ok_status();
 }
 
 Status Trainer::export_model(const std::string& path) const { return export_gguf(*model_, *vocab_, path); }
@@ -449,7 +449,7 @@ Status Trainer::run() {
   const int64_t last = o_.stop_at > 0 ? std::min(o_.stop_at, total) : total;
   while (step_ < last) {
     const StepRecord r = step();
-    if (!data_error_.ok()) return data_error_;
+    if (!data_error_.is_ok()) return data_error_;
     const double el = now_seconds() - t0;
     const double tps = static_cast<double>(tokens_done_) / std::max(el, 1e-9);
     const double eta = el / static_cast<double>(step_ - first) * static_cast<double>(last - step_);
@@ -484,7 +484,7 @@ Status Trainer::run() {
       fmt::print(stderr, "train: wrote {}, {}.loss.csv, .svg, .png\n", o_.out_path, stem);
     }
   }
-  return Status::ok();
+  return ok_status();
 }
 
 }  // namespace lc::train

@@ -98,7 +98,7 @@ class Trainer {
   double t_start_ = 0;
   std::vector<StepRecord> history_;
   std::unique_ptr<Curriculum> cur_;
-  Status data_error_ = Status::ok();  // a curriculum failure inside step(); run() returns it
+  Status data_error_ = ok_status();  // a curriculum failure inside step(); run() returns it
   std::vector<int32_t> inputs_, targets_;  // [batch, seq_len]
   // Token rows whose embedding (and output row) get no update: the pieces an alphabet-limited
   // warm-up never shows (Curriculum::warmup_pieces). Sorted; empty = none.

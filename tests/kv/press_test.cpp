@@ -88,7 +88,7 @@ struct Fixture {
   }
   Status compress_all(KvPress& p, int64_t upto = -1, PressPhase ph = PressPhase::kPrefill) {
     for (int64_t il = 0; il < n_layer; ++il) LC_TRY(p.compress(ctx(il, p.n_obs(), upto, ph), il));
-    return Status::ok();
+    return ok_status();
   }
 };
 

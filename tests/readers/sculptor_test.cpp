@@ -72,13 +72,13 @@ class ScriptedConversation final : public Conversation {
     if (m < 0 || m >= static_cast<int64_t>(msgs.size()) || msgs[static_cast<size_t>(m)].hidden)
       return make_error("bad hide");
     msgs[static_cast<size_t>(m)].hidden = true;
-    return Status::ok();
+    return ok_status();
   }
   Status restore(int64_t m) override {
     if (m < 0 || m >= static_cast<int64_t>(msgs.size()) || !msgs[static_cast<size_t>(m)].hidden)
       return make_error("bad restore");
     msgs[static_cast<size_t>(m)].hidden = false;
-    return Status::ok();
+    return ok_status();
   }
   bool hidden(int64_t m) const override { return msgs[static_cast<size_t>(m)].hidden; }
   int64_t tokens_held() const override { return count(visible()); }

@@ -514,7 +514,7 @@ TEST(Curriculum, TrainerResumesBitForBit) {
   auto part = Trainer::create(o);
   ASSERT_TRUE(part) << part.error().message;
   for (int i = 0; i < 2; ++i) (*part)->step();
-  ASSERT_TRUE((*part)->save_checkpoint((*part)->checkpoint_path()).ok());
+  ASSERT_TRUE((*part)->save_checkpoint((*part)->checkpoint_path()).is_ok());
   o.resume = true;
   auto resumed = Trainer::create(o);
   ASSERT_TRUE(resumed) << resumed.error().message;
@@ -549,20 +549,20 @@ TEST(Curriculum, StopAtThenResumeEqualsOneRun) {
   o.out_path = (dir / "one.gguf").string();
   auto one = Trainer::create(o);
   ASSERT_TRUE(one) << one.error().message;
-  ASSERT_TRUE((*one)->run().ok());
+  ASSERT_TRUE((*one)->run().is_ok());
   o.checkpoint_dir = (dir / "two").string();
   o.out_path = (dir / "two.gguf").string();
   o.stop_at = 2;
   auto first = Trainer::create(o);
   ASSERT_TRUE(first);
-  ASSERT_TRUE((*first)->run().ok());
+  ASSERT_TRUE((*first)->run().is_ok());
   EXPECT_EQ((*first)->steps_done(), 2);
   EXPECT_TRUE(fs::exists(o.out_path));
   o.stop_at = 0;
   o.resume = true;
   auto second = Trainer::create(o);
   ASSERT_TRUE(second) << second.error().message;
-  ASSERT_TRUE((*second)->run().ok());
+  ASSERT_TRUE((*second)->run().is_ok());
   EXPECT_EQ((*second)->steps_done(), 4);
   EXPECT_EQ((*second)->history().back().loss, (*one)->history().back().loss);
   EXPECT_EQ(0, std::memcmp((*one)->model().params(), (*second)->model().params(),

@@ -49,7 +49,7 @@ lc::Status curriculum_text(const VocabArgs& a, std::vector<std::string>& texts) 
     if (!s) return s.error();
     texts.push_back((*tok)->decode(std::vector<int32_t>(toks.begin(), toks.begin() + s->n), false));
   }
-  return lc::Status::ok();
+  return lc::ok_status();
 }
 
 }  // namespace

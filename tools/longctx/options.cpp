@@ -87,7 +87,7 @@ lc::Status CacheOpts::apply(lc::ContextParams& p) const {
   LC_ASSIGN_OR_RETURN(p.kv_type_v, lc::parse_kv_type(kv_type_v));
   p.kv_budget = kv_budget;
   p.kv_spill = kv_spill;
-  return lc::Status::ok();
+  return lc::ok_status();
 }
 
 void CommonOpts::add(CLI::App* app) {
