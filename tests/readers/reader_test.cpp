@@ -172,6 +172,25 @@ TEST(ReaderTemplates, RenderExactlyAsTheFileSays) {
   }
 }
 
+// MemAgent's reference wording, shipped for --reader-prompts, loads and reads.
+TEST(ReaderTemplates, MemAgentPaperWording) {
+  const TemplateSource paper(kRoot + "data/readers/memagent-paper");
+  auto u = paper.load("memagent_update", {"problem", "memory", "chunk"});
+  ASSERT_TRUE(u.has_value()) << u.error().message;
+  EXPECT_EQ(render(*u, {{"problem", "Q"}, {"memory", "M"}, {"chunk", "C"}}).substr(0, 60),
+            "You are presented with a problem, a section of an article th");
+  EXPECT_NE(render(*u, {{"problem", "Q"}, {"memory", "M"}, {"chunk", "C"}})
+                .find("<problem> \nQ\n</problem>\n\n<memory>\nM\n</memory>\n\n<section>\nC\n</section>\n\nUpdated memory:\n"),
+            std::string::npos);
+  const std::string doc = write_temp("paper.txt", make_doc(100, {{50, kNeedle}}));
+  ScriptedCaller model(ideal_memagent);
+  auto reader = make_reader("memagent:chunk=300,memory=64");
+  auto r = read_document(**reader, model, paper, doc, kQuestion, {});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->answer, "4816203");
+  std::filesystem::remove(doc);
+}
+
 TEST(ReaderTemplates, DirectivesAndErrors) {
   auto t = parse_template("x", "#! a comment\n#! prefix: The answer is\n#! stop: \\n\\n\nA {a} {{b}} {a}.", {"a"});
   ASSERT_TRUE(t.has_value()) << t.error().message;
