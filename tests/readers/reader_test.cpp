@@ -13,55 +13,18 @@
 #include "readers/document.h"
 #include "readers/reader.h"
 #include "readers/templates.h"
+#include "support.h"
 
 namespace lc::readers {
 namespace {
 
-const std::string kRoot = std::string(LONGCTX_TEST_DATA) + "/../../";
-
-const Model& shipped() {
-  static std::unique_ptr<Model> m = [] {
-    auto r = Model::load(kRoot + "models/longctx-2l.gguf");
-    EXPECT_TRUE(r.has_value()) << r.error().message;
-    return std::move(*r);
-  }();
-  return *m;
-}
+using namespace test;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("lc_reader_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string p = temp_path(name);
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
-
-// A document of filler sentences with needle sentences at given sentence indices.
-std::string make_doc(int sentences, const std::vector<std::pair<int, std::string>>& needles) {
-  static const char* words[] = {"the", "grass", "is", "green", "and", "sky", "blue", "sun", "warm", "river", "runs",
-                                "past", "old", "mill", "under", "hill"};
-  std::string doc;
-  uint64_t x = 12345;
-  for (int s = 0; s < sentences; ++s) {
-    for (const auto& [at, text] : needles)
-      if (at == s) doc += text + " ";
-    for (int w = 0; w < 10; ++w) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      doc += words[(x >> 33) % 16];
-      doc += w == 9 ? ". " : " ";
-    }
-  }
-  return doc;
 }
 
 // A model whose replies a function computes from the user message; records every call.

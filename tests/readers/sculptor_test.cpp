@@ -13,41 +13,17 @@
 #include "readers/reader.h"
 #include "readers/session_caller.h"
 #include "runtime/session.h"
+#include "support.h"
 
 namespace lc::readers {
 namespace {
 
-const std::string kRoot = std::string(LONGCTX_TEST_DATA) + "/../../";
+using namespace test;
+
 const std::string kQuestion = "What is the special magic number for anxious-circle mentioned in the provided text?";
 const std::string kNeedle = "One of the special magic numbers for anxious-circle is: 4816203.";
 
-const Model& shipped() {
-  static std::unique_ptr<Model> m = [] {
-    auto r = Model::load(kRoot + "models/longctx-2l.gguf");
-    EXPECT_TRUE(r.has_value()) << r.error().message;
-    return std::move(*r);
-  }();
-  return *m;
-}
-
-std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string p = (std::filesystem::temp_directory_path() / ("lc_sculptor_" + name)).string();
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
-
-std::string filler(int sentences, uint64_t seed) {
-  static const char* words[] = {"the", "grass", "is", "green", "and", "sky", "blue", "sun", "warm", "river", "runs",
-                                "past", "old", "mill", "under", "hill"};
-  std::string s;
-  for (int i = 0; i < sentences; ++i)
-    for (int w = 0; w < 10; ++w) {
-      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-      s += words[(seed >> 33) % 16];
-      s += w == 9 ? ". " : " ";
-    }
-  return s;
-}
+std::string filler(int sentences, uint64_t seed) { return make_doc(sentences, {}, seed); }
 
 // The conversation as text; hidden messages leave the visible transcript.
 class ScriptedConversation final : public Conversation {
