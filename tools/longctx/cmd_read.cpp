@@ -9,6 +9,8 @@
 #include <string>
 
 #include "command.h"
+#include "embedded_model.h"
+#include "core/log.h"
 #include "core/progress.h"
 #include "core/sys.h"
 #include "options.h"
@@ -37,7 +39,12 @@ int cmd_read(const ReadArgs& a) {
   if (!reader) return fail(reader.error().message);
   auto sp = a.so.params();
   if (!sp) return fail(sp.error().message);
-  auto model = load_model(a.co);
+  // Without -m: the project's model trained on the readers' protocols.
+  if (a.co.verbose) lc::set_log_level(lc::LogLevel::kInfo);
+  auto model = a.co.model.empty()
+                   ? lc::Model::load_memory(embedded_reader_model().data(), embedded_reader_model().size(),
+                                            kEmbeddedReaderModelName)
+                   : load_model(a.co);
   if (!model) return fail(model.error().message);
   lc::ChatTemplate tmpl = lc::detect_chat_template((*model)->file(), (*model)->tokenizer());
   if (!a.chat_template.empty() && a.chat_template != "auto") {
@@ -104,7 +111,9 @@ int cmd_read(const ReadArgs& a) {
 std::vector<RegisteredCommand> add_read_commands(CLI::App* app) {
   auto a = std::make_shared<ReadArgs>();
   a->so.p.temp = 0.0f;  // readers decode greedily unless told otherwise
-  auto* read = app->add_subcommand("read", "answer a question over a long document with a reading agent (--reader)");
+  auto* read = app->add_subcommand(
+      "read", "answer a question over a long document with a reading agent (--reader); without -m, the project's "
+              "model trained on the readers' protocols (models/longctx-2l-reader.gguf)");
   a->co.add(read);
   a->so.add(read);
   read->add_option("-f,--file", a->file, "the document (streamed from disk)")->required();

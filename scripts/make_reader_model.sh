@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Trains the project's reader model, models/longctx-2l-reader.gguf (docs/model.md, "The reader
+# model"): models/longctx-2l.gguf trained further on the readers' protocols (docs/readers.md),
+# with the same distance ceiling and logit scaling, on windows of at most 1,024 tokens:
+#   R1  2,500 steps at lr 1e-3: the protocol tasks (memory update and answer, a chunk's answer
+#       or "none", Sculptor's search call and the answer from its result) beside the retrieval
+#       tasks the model was trained on;
+#   R2  5,000 steps at lr 1e-3 from R1, the protocol tasks weighted up;
+#   R3  5,000 steps at lr 7e-4 from R2, weighted towards the memory update and the chunk answer.
+# Then copies the result to models/longctx-2l-reader.gguf and scores it with every reader.
+#   scripts/make_reader_model.sh          # THREADS=2 OUT=out/make-reader BUILD=build-rel
+# Each stage resumes from its checkpoint if the script is interrupted and run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-rel}
+THREADS=${THREADS:-2}
+OUT=${OUT:-out/make-reader}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" --target longctx -j"$(nproc)" >&2
+mkdir -p "$OUT"
+# The run uses its own copy of the binary, so that rebuilding meanwhile cannot change it.
+cp "./$BUILD/longctx" "$OUT/longctx"
+LC="./$OUT/longctx"
+t0=$(date +%s)
+COMMON=(--vocab models/longctx-2l.gguf --n-layer 2 --n-embd 128 --n-head 4 -t "$THREADS"
+        --fixed-distance 64 --logn 1024 --seq-len 1024 --batch 8 --warmup 50 --weight-decay 0
+        --cur-min-len 256 --cur-ramp 0)
+stage() {  # name init steps lr lm curriculum
+  local name=$1 init=$2 steps=$3 lr=$4 lm=$5 mix=$6
+  [ -f "$OUT/$name.done" ] && return 0
+  local from=(--init-from "$init")
+  [ -f "$OUT/ck-$name/checkpoint.bin" ] && from=(--resume)
+  "$LC" train "${COMMON[@]}" "${from[@]}" --steps "$steps" --lr "$lr" --cur-lm "$lm" --curriculum "$mix" \
+    --checkpoint-dir "$OUT/ck-$name" --checkpoint-every 500 -o "$OUT/$name.gguf"
+  touch "$OUT/$name.done"
+}
+stage r1 models/longctx-2l.gguf 2500 1e-3 0.1 \
+  mem_update=4,mem_answer=1.5,map_answer=2,sculptor_search=1,sculptor_answer=1.5,niah_single_1=0.5,niah_single_2=0.5,niah_multikey_1=2,niah_multikey_2=0.5,passkey=0.25,vt=1.5,recall=0.5,repeat=0.25,text=0.25
+stage r2 "$OUT/r1.gguf" 5000 1e-3 0.05 \
+  mem_update=4,mem_answer=1,map_answer=2.5,sculptor_search=1.5,sculptor_answer=1.5,niah_single_1=0.3,niah_single_2=0.3,niah_multikey_1=1,passkey=0.2,vt=0.5,recall=0.3,text=0.2
+stage r3 "$OUT/r2.gguf" 5000 7e-4 0.05 \
+  mem_update=5,mem_answer=1,map_answer=4,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1
+echo "make_reader_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
+cp "$OUT/r3.gguf" models/longctx-2l-reader.gguf
+"$LC" bench run -m models/longctx-2l-reader.gguf --task niah_single_1 niah_single_2 niah_multikey_1 passkey \
+  -L 4K --samples 20 --reader memagent --reader mapreduce --reader sculptor -t "$THREADS" \
+  --out-dir "$OUT/eval-4k" --no-plots
