@@ -5,7 +5,9 @@
 # disjoint from training's), with its default long-context method: every key more than 64
 # positions back attended at the trained distance of 64 (attention `fixed`), logits scaled by
 # log n (`logn`). Each line gives the expected number and the model's greedy answer; the first
-# run also prints its speed, memory and method. Then a story from stories260K.
+# run also prints its speed, memory and method. Then its reader version (models/longctx-2l-
+# reader.gguf, the default of `read`) finds a needle in a 1M-token essay through sculptor and
+# memagent (docs/readers.md), and stories260K tells a story.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -28,5 +30,18 @@ for len in 16K 32K; do
     fi
   done
 done
+# Reading agents (docs/readers.md): the same model trained on the readers' protocols (compiled
+# in as the default of `read`) finds a needle in a 1M-token essay, by searching it (sculptor,
+# under a second) and by reading all of it through a bounded memory (memagent, about 90 s).
 echo
+: > build/book.txt
+while [ "$(stat -c %s build/book.txt)" -lt 3600000 ]; do cat data/haystack/opticks.txt >> build/book.txt; done
+{ head -c 1800000 build/book.txt; printf ' One of the special magic numbers for quiet-harbor is: 6150472. ';
+  tail -c +1800001 build/book.txt | head -c 1800000; } > build/book1m.txt
+q="What is the special magic number for quiet-harbor mentioned in the provided text?"
+for reader in sculptor memagent; do
+  echo "longctx read -f build/book1m.txt -q \"$q\" --reader $reader (expected 6150472)"
+  ./build/longctx read -f build/book1m.txt -q "$q" --reader "$reader"
+  echo
+done
 ./build/longctx run -m models/stories260K.gguf -p "Once upon a time" -n 128 --temp 0
