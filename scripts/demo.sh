@@ -32,12 +32,12 @@ for len in 16K 32K; do
 done
 # Reading agents (docs/readers.md): the same model trained on the readers' protocols (compiled
 # in as the default of `read`) finds a needle in a 1M-token essay, by searching it (sculptor,
-# under a second) and by reading all of it through a bounded memory (memagent, about 90 s).
+# under a second) and by reading all of it through a bounded memory (memagent, about 40 s).
 echo
 : > build/book.txt
 while [ "$(stat -c %s build/book.txt)" -lt 3600000 ]; do cat data/haystack/opticks.txt >> build/book.txt; done
 { head -c 1800000 build/book.txt; printf ' One of the special magic numbers for quiet-harbor is: 6150472. ';
-  tail -c +1800001 build/book.txt | head -c 1800000; } > build/book1m.txt
+  head -c 3600000 build/book.txt | tail -c +1800001; } > build/book1m.txt
 q="What is the special magic number for quiet-harbor mentioned in the provided text?"
 for reader in sculptor memagent; do
   echo "longctx read -f build/book1m.txt -q \"$q\" --reader $reader (expected 6150472)"
