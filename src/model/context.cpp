@@ -146,6 +146,7 @@ size_t Context::activation_bytes() const {
 }
 
 void Context::truncate(int64_t n) {
+  pending_ = PendingDecode{};
   n_past_ = n < n_past_ ? n : n_past_;
   kv_->truncate(n_past_);
   // Hidden ranges wholly cut off are forgotten; one the cut goes through keeps its head.
@@ -241,6 +242,15 @@ Status Context::decode(std::span<const int32_t> tokens, Logits which) { return d
 Status Context::decode_context(std::span<const int32_t> tokens) { return decode_impl(tokens, Logits::kNone, true); }
 
 Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool context_part) {
+  LC_TRY(begin_decode(in, which, context_part));
+  for (;;) {
+    LC_ASSIGN_OR_RETURN(bool done, decode_step());
+    if (done) return ok_status();
+  }
+}
+
+Status Context::begin_decode(std::span<const int32_t> in, Logits which, bool context_part) {
+  pending_ = PendingDecode{};
   if (in.empty()) return make_error("decode: no tokens");
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i] < 0 || in[i] >= hp_.n_vocab)
@@ -248,16 +258,14 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
                                     hp_.n_vocab));
   }
   const DecodeCall call{in.size() > 1 || context_part, context_part, which};
-  std::span<const int32_t> tokens = in;
-  std::vector<int32_t> selected;
+  std::vector<int32_t> tokens(in.begin(), in.end());
   if (call.prompt) {
     for (ForwardHooks* h : hooks_) {
       std::optional<std::vector<int32_t>> replace;
       LC_TRY(h->before_prompt(*this, tokens, call, replace));
       if (replace) {
         if (replace->empty()) return make_error("decode: a method selected no prompt tokens");
-        selected = std::move(*replace);
-        tokens = selected;
+        tokens = std::move(*replace);
       }
     }
   }
@@ -269,24 +277,44 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
   }
   n_outputs_ = which == Logits::kAll ? n : which == Logits::kLast ? 1 : 0;
   logits_.resize(static_cast<size_t>(n_outputs_ * hp_.n_vocab));
-  for (int64_t i = 0; i < n; i += params_.n_batch) {
-    const int64_t m = std::min(params_.n_batch, n - i);
-    Logits w = Logits::kNone;
-    if (which == Logits::kAll) w = Logits::kAll;
-    if (which == Logits::kLast && i + m == n) w = Logits::kLast;
-    Status st = forward_chunk(tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
-    if (!st.is_ok()) {
-      kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
-      return st;
-    }
-    tokens_.insert(tokens_.end(), tokens.begin() + i, tokens.begin() + i + m);
-    if (call.prompt && i + m < n)
-      for (ForwardHooks* h : hooks_) LC_TRY(h->after_chunk(*this));
-    if (on_chunk_ && !on_chunk_(i + m, n) && i + m < n)
-      return make_error(ErrorCode::kCancelled, fmt::format("cancelled after {} of {} tokens", i + m, n));
-  }
-  for (ForwardHooks* h : hooks_) LC_TRY(call.prompt ? h->after_prompt(*this, call) : h->after_token(*this));
+  pending_.active = true;
+  pending_.tokens = std::move(tokens);
+  pending_.call = call;
   return ok_status();
+}
+
+Expected<bool> Context::decode_step() {
+  if (!pending_.active) return make_error("decode_step: no decode call is pending (begin_decode first)");
+  PendingDecode& pd = pending_;
+  const DecodeCall& call = pd.call;
+  const Logits which = call.which;
+  const int64_t n = static_cast<int64_t>(pd.tokens.size());
+  const int64_t i = pd.done;
+  const int64_t m = std::min(params_.n_batch, n - i);
+  Logits w = Logits::kNone;
+  if (which == Logits::kAll) w = Logits::kAll;
+  if (which == Logits::kLast && i + m == n) w = Logits::kLast;
+  auto end_with = [&](const Status& s) -> Expected<bool> {
+    pending_ = PendingDecode{};
+    return s.error();
+  };
+  Status st = forward_chunk(pd.tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
+  if (!st.is_ok()) {
+    kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
+    return end_with(st);
+  }
+  tokens_.insert(tokens_.end(), pd.tokens.begin() + i, pd.tokens.begin() + i + m);
+  pd.done = i + m;
+  if (call.prompt && i + m < n)
+    for (ForwardHooks* h : hooks_)
+      if (Status s = h->after_chunk(*this); !s) return end_with(s);
+  if (on_chunk_ && !on_chunk_(i + m, n) && i + m < n)
+    return end_with(make_error(ErrorCode::kCancelled, fmt::format("cancelled after {} of {} tokens", i + m, n)));
+  if (i + m < n) return false;
+  const DecodeCall done_call = call;
+  pending_ = PendingDecode{};
+  for (ForwardHooks* h : hooks_) LC_TRY(done_call.prompt ? h->after_prompt(*this, done_call) : h->after_token(*this));
+  return true;
 }
 
 Status Context::evaluate_scratch(std::span<const int32_t> tokens) {
@@ -298,6 +326,165 @@ Status Context::evaluate_scratch(std::span<const int32_t> tokens) {
   kv_->truncate(P);
   n_past_ = P;
   return st;
+}
+
+void Context::prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float* vt, const int32_t* pos) const {
+  const HParams& hp = hp_;
+  const int64_t q_dim = hp.n_head * hp.head_dim, k_dim = hp.n_head_kv * hp.head_dim,
+                v_dim = hp.n_head_kv * hp.head_dim_v;
+  if (L.bq) kernels::add_inplace(qt, L.bq, q_dim);
+  if (L.bk) kernels::add_inplace(kt, L.bk, k_dim);
+  if (L.bv) kernels::add_inplace(vt, L.bv, v_dim);
+  if (L.q_norm) {
+    for (int64_t h = 0; h < hp.n_head; ++h)
+      kernels::rmsnorm(qt + h * hp.head_dim, L.q_norm, qt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
+    for (int64_t h = 0; h < hp.n_head_kv; ++h)
+      kernels::rmsnorm(kt + h * hp.head_dim, L.k_norm, kt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
+  }
+  // Queries and keys go to the attention backend and the cache before RoPE: the cache
+  // rotates keys with its table, the backend rotates queries at the positions it uses.
+  rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, pos);
+}
+
+std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::span<const int32_t> tokens) {
+  const int64_t B = static_cast<int64_t>(ctxs.size());
+  std::vector<Status> out(ctxs.size(), ok_status());
+  if (B == 0) return out;
+  auto fail_all = [&](const std::string& msg) {
+    for (auto& s : out) s = make_error(ErrorCode::kInvalidArgument, msg);
+    return out;
+  };
+  if (static_cast<int64_t>(tokens.size()) != B)
+    return fail_all(fmt::format("decode_batch: {} tokens for {} sequences", tokens.size(), B));
+  Context& lead = *ctxs[0];
+  const HParams& hp = lead.hp_;
+  if (B > lead.params_.n_batch)
+    return fail_all(fmt::format("decode_batch: {} sequences exceed the batch size {}", B, lead.params_.n_batch));
+  std::vector<char> live(ctxs.size(), 1);
+  for (int64_t i = 0; i < B; ++i) {
+    Context* c = ctxs[static_cast<size_t>(i)];
+    Status& s = out[static_cast<size_t>(i)];
+    if (c == nullptr || &c->model_ != &lead.model_) {
+      s = make_error(ErrorCode::kInvalidArgument, "decode_batch: every sequence must run on the same model");
+    } else if (std::find(ctxs.begin(), ctxs.begin() + i, c) != ctxs.begin() + i) {
+      s = make_error(ErrorCode::kInvalidArgument, "decode_batch: a context appears twice in one batch");
+    } else if (c->pending_.active) {
+      s = make_error(ErrorCode::kInvalidArgument, "decode_batch: the context has a decode call pending");
+    } else if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= hp.n_vocab) {
+      s = make_error(ErrorCode::kInvalidArgument, fmt::format("token id {} is outside the vocabulary [0, {})",
+                                                              tokens[static_cast<size_t>(i)], hp.n_vocab));
+    } else if (c->n_past_ + 1 > c->params_.n_ctx) {
+      s = make_error(ErrorCode::kContextFull, fmt::format("1 token does not fit: {} already in the context of {} "
+                                                          "(raise --ctx-size)", c->n_past_, c->params_.n_ctx));
+    }
+    if (!s) live[static_cast<size_t>(i)] = 0;
+  }
+  const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim, k_dim = hp.n_head_kv * hp.head_dim,
+                v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
+  const Model& model = lead.model_;
+  ThreadPool& pool = lead.pool_;
+  float* x = lead.x_.data();
+  float* cur = lead.cur_.data();
+  std::vector<int32_t> pos(static_cast<size_t>(B));
+  bool any_wq = false;
+  for (int64_t i = 0; i < B; ++i) {
+    Context* c = ctxs[static_cast<size_t>(i)];
+    const int32_t id = live[static_cast<size_t>(i)] ? tokens[static_cast<size_t>(i)] : 0;
+    kernels::dequantize_row(model.tok_embd().type, model.tok_embd().row(id), x + i * E, E);
+    pos[static_cast<size_t>(i)] = live[static_cast<size_t>(i)] ? static_cast<int32_t>(c->n_past_) : 0;
+    if (live[static_cast<size_t>(i)] && c->has_query_weights()) any_wq = true;
+  }
+  auto rows = [&](int64_t count, auto&& fn) {
+    pool.parallel_for(count, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    }, count >= 64 ? 8 : count);
+  };
+  float* q = lead.q_.data();
+  float* k = lead.k_.data();
+  float* v = lead.v_.data();
+  float* attn = lead.attn_.data();
+  for (int64_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = model.layers()[static_cast<size_t>(il)];
+    rows(B, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
+    if (!any_wq) {
+      const TensorView* w[3] = {&L.wq, &L.wk, &L.wv};
+      float* y[3] = {q, k, v};
+      kernels::matmul_multi(w, y, cur, B, pool);
+    } else {
+      // qTTT's trained W_q differs per sequence: the query rows go one by one.
+      const TensorView* w[2] = {&L.wk, &L.wv};
+      float* y[2] = {k, v};
+      kernels::matmul_multi(w, y, cur, B, pool);
+      for (int64_t i = 0; i < B; ++i) {
+        const Context* c = ctxs[static_cast<size_t>(i)];
+        const TensorView& wq = live[static_cast<size_t>(i)] && c->has_query_weights()
+                                   ? c->wq_views_[static_cast<size_t>(il)] : L.wq;
+        kernels::matmul(wq, cur + i * E, 1, q + i * q_dim, pool);
+      }
+    }
+    for (int64_t i = 0; i < B; ++i) {
+      if (!live[static_cast<size_t>(i)]) {
+        std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
+        continue;
+      }
+      Context& c = *ctxs[static_cast<size_t>(i)];
+      float* qi = q + i * q_dim;
+      const int32_t* pi = &pos[static_cast<size_t>(i)];
+      c.prepare_qkv_row(L, qi, k + i * k_dim, v + i * v_dim, pi);
+      for (ForwardHooks* h : c.hooks_) h->on_queries(il, qi, pi, 1);
+      Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi);
+      if (s) s = c.backend_->forward(il, 1, qi, pi, *c.kv_, attn + i * o_dim, c.pool_);
+      if (!s) {
+        c.kv_->truncate(c.n_past_);
+        out[static_cast<size_t>(i)] = s;
+        live[static_cast<size_t>(i)] = 0;
+        std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
+        continue;
+      }
+      for (ForwardHooks* h : c.hooks_) h->on_attention(c, il, qi, pi, 1);
+    }
+    kernels::matmul(L.wo, attn, B, cur, pool);
+    rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+    rows(B, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
+    {
+      const TensorView* w[2] = {&L.w_gate, &L.w_up};
+      float* y[2] = {lead.gate_.data(), lead.up_.data()};
+      kernels::matmul_multi(w, y, cur, B, pool);
+    }
+    rows(B, [&](int64_t t) {
+      float* g = lead.gate_.data() + t * hp.n_ff;
+      kernels::swiglu(g, lead.up_.data() + t * hp.n_ff, g, hp.n_ff);
+    });
+    kernels::matmul(L.w_down, lead.gate_.data(), B, cur, pool);
+    rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+  }
+  rows(B, [&](int64_t i) { kernels::rmsnorm(x + i * E, model.output_norm(), cur + i * E, E, hp.rms_eps); });
+  std::vector<float> logits;
+  try {
+    logits.resize(static_cast<size_t>(B * hp.n_vocab));
+  } catch (const std::bad_alloc&) {
+    for (int64_t i = 0; i < B; ++i)
+      if (live[static_cast<size_t>(i)]) {
+        ctxs[static_cast<size_t>(i)]->kv_->truncate(ctxs[static_cast<size_t>(i)]->n_past_);
+        out[static_cast<size_t>(i)] = make_error("decode_batch: out of memory for the logits");
+      }
+    return out;
+  }
+  kernels::matmul(model.output(), cur, B, logits.data(), pool);
+  for (int64_t i = 0; i < B; ++i) {
+    if (!live[static_cast<size_t>(i)]) continue;
+    Context& c = *ctxs[static_cast<size_t>(i)];
+    c.n_past_ += 1;
+    c.tokens_.push_back(tokens[static_cast<size_t>(i)]);
+    c.n_outputs_ = 1;
+    c.logits_.assign(logits.begin() + i * hp.n_vocab, logits.begin() + (i + 1) * hp.n_vocab);
+    for (ForwardHooks* h : c.hooks_)
+      if (Status s = h->after_token(c); !s) {
+        out[static_cast<size_t>(i)] = s;
+        break;
+      }
+  }
+  return out;
 }
 
 Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
@@ -328,21 +515,8 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       kernels::matmul_multi(w, y, cur, n, pool_);
     }
     rows(n, [&](int64_t t) {
-      float* qt = q_.data() + t * q_dim;
-      float* kt = k_.data() + t * k_dim;
-      float* vt = v_.data() + t * v_dim;
-      if (L.bq) kernels::add_inplace(qt, L.bq, q_dim);
-      if (L.bk) kernels::add_inplace(kt, L.bk, k_dim);
-      if (L.bv) kernels::add_inplace(vt, L.bv, v_dim);
-      if (L.q_norm) {
-        for (int64_t h = 0; h < hp.n_head; ++h)
-          kernels::rmsnorm(qt + h * hp.head_dim, L.q_norm, qt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
-        for (int64_t h = 0; h < hp.n_head_kv; ++h)
-          kernels::rmsnorm(kt + h * hp.head_dim, L.k_norm, kt + h * hp.head_dim, hp.head_dim, hp.rms_eps);
-      }
-      // Queries and keys go to the attention backend and the cache before RoPE: the cache
-      // rotates keys with its table, the backend rotates queries at the positions it uses.
-      rope_plan_->scale_q(qt, 1, hp.n_head, hp.head_dim, &pos_[static_cast<size_t>(t)]);
+      prepare_qkv_row(L, q_.data() + t * q_dim, k_.data() + t * k_dim, v_.data() + t * v_dim,
+                      &pos_[static_cast<size_t>(t)]);
     });
     for (ForwardHooks* h : hooks_) h->on_queries(il, q_.data(), pos_.data(), n);
     LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));

@@ -82,6 +82,28 @@ class Context {
   // No logits are kept.
   Status decode_context(std::span<const int32_t> tokens);
 
+  // ---- a decode() taken one forward chunk at a time ----
+  // The server interleaves a long prompt's chunks with other requests' decode steps.
+  // begin_decode() does what decode() (context_part: decode_context()) does before the first
+  // chunk (checks, SpecPC's selection) and keeps a copy of the tokens; decode_step() runs the
+  // next chunk of at most n_batch tokens and returns true once the call is complete (its hooks
+  // ran). decode() is begin_decode() then decode_step() until done, so the results are the same.
+  // An error in a step ends the call (its finished chunks stay in the cache). Any other
+  // operation on the context while a call is pending is the caller's mistake, except
+  // truncate()/clear(), which abandon it.
+  Status begin_decode(std::span<const int32_t> tokens, Logits which = Logits::kLast, bool context_part = false);
+  Expected<bool> decode_step();
+  bool decode_pending() const { return pending_.active; }
+
+  // Continuous batching: one generated token for each of several sequences (distinct contexts
+  // over the same model), in one forward pass over the weights. Row i is tokens[i] appended to
+  // ctxs[i] at its position n_past(); the weight products run once over the B rows, and each
+  // row's RoPE, cache, attention backend and hooks (press) are its own context's, so each
+  // sequence gets exactly what decode() of its one token gives. Logits as kLast. Returns one
+  // status per sequence: a sequence that fails (context full, budget, a hook's error) is left
+  // as it was, and the others go on. B must be at most the first context's n_batch.
+  static std::vector<Status> decode_batch(std::span<Context* const> ctxs, std::span<const int32_t> tokens);
+
   // Logits of output row i of the last decode() ([n_vocab]); row 0 for kLast.
   const float* logits(int64_t i = 0) const { return logits_.data() + i * hp_.n_vocab; }
   int64_t n_outputs() const { return n_outputs_; }
@@ -175,6 +197,17 @@ class Context {
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
   Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
   Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
+  // Biases, QK-norm and the rope plan's query scaling of one token's q, k, v rows of layer L.
+  void prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float* vt, const int32_t* pos) const;
+
+  // The decode() call in progress (begin_decode / decode_step).
+  struct PendingDecode {
+    bool active = false;
+    std::vector<int32_t> tokens;  // what is evaluated (after SpecPC's selection)
+    int64_t done = 0;             // tokens evaluated so far
+    DecodeCall call;
+  };
+  PendingDecode pending_;
 
   const Model& model_;
   const HParams& hp_;

@@ -1,0 +1,218 @@
+// Continuous batching (Context::decode_batch) and the chunk-at-a-time decode (begin_decode /
+// decode_step). Oracles: llama.cpp's logits for the golden models (every sequence of a batch,
+// teacher-forced on llama.cpp's greedy tokens), and for per-sequence methods the one-token
+// decode() path of a context with the same settings (itself checked against the goldens).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/context.h"
+#include "model/model.h"
+
+namespace lc {
+namespace {
+
+const std::string kGolden = std::string(LONGCTX_TEST_DATA) + "/golden/";
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  in.seekg(0, std::ios::end);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return v;
+}
+
+double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    m = std::max(m, std::isnan(d) ? INFINITY : d);
+  }
+  return m;
+}
+
+std::unique_ptr<Context> make(const Model& m, const std::string& attn = "", const std::string& press = "",
+                              int64_t n_batch = 64) {
+  ContextParams p;
+  p.n_ctx = 512;
+  p.n_batch = n_batch;
+  p.n_threads = 2;
+  p.kv_block = 16;
+  p.attn = attn;
+  p.kv_press = press;
+  auto c = Context::create(m, p);
+  EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().message);
+  return std::move(*c);
+}
+
+// Four sequences of one golden model in one batch: two copies of the greedy prompt p1 (one of
+// them teacher-forced on llama.cpp's greedy tokens, compared with llama.cpp's logits at every
+// step) beside the prompts p2 and p3, which must not disturb it.
+class BatchGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BatchGolden, EverySequenceMatchesLlamaCpp) {
+  const std::string name = GetParam();
+  auto model = Model::load(kGolden + "models/" + name + ".gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  std::ifstream in(kGolden + "cases/" + name + "/case.json");
+  const auto cj = nlohmann::json::parse(in);
+  const auto p1 = cj["prompts"]["p1"]["ids"].get<std::vector<int32_t>>();
+  const auto p2 = cj["prompts"]["p2"]["ids"].get<std::vector<int32_t>>();
+  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  const auto gold = cj["greedy"]["ids"].get<std::vector<int32_t>>();
+  const auto gen_logits = read_f32(kGolden + "cases/" + name + "/gen_logits.f32");
+  const int64_t nv = (*model)->hparams().n_vocab;
+  ASSERT_EQ(gen_logits.size(), gold.size() * static_cast<size_t>(nv));
+  std::vector<std::unique_ptr<Context>> cs;
+  for (const auto* p : {&p2, &p1, &p3, &p1}) {
+    cs.push_back(make(**model));
+    ASSERT_TRUE(cs.back()->decode(*p, Logits::kLast).is_ok());
+  }
+  std::vector<Context*> ptrs;
+  for (auto& c : cs) ptrs.push_back(c.get());
+  double worst = 0;
+  for (size_t k = 0; k < gold.size(); ++k) {
+    for (int i : {1, 3}) worst = std::max(worst, max_abs_diff(cs[i]->logits(0), gen_logits.data() + k * nv, nv));
+    // Sequences 0 and 2 follow their own argmax; 1 and 3 llama.cpp's greedy tokens.
+    std::vector<int32_t> next(4);
+    for (int i : {0, 2}) {
+      const float* lg = cs[i]->logits(0);
+      next[i] = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);
+    }
+    next[1] = next[3] = gold[k];
+    for (const Status& s : Context::decode_batch(ptrs, next)) ASSERT_TRUE(s.is_ok()) << s.message();
+  }
+  EXPECT_LE(worst, 1e-3) << name;  // the golden README's f32 tolerance
+  EXPECT_EQ(cs[1]->n_past(), static_cast<int64_t>(p1.size() + gold.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, BatchGolden,
+                         ::testing::Values("stories260K", "llama_gqa_f32", "qwen2_bias_f32", "qwen3_qknorm_f32",
+                                           "qwen2_yarn_f32"));
+
+const Model& stories() {
+  static std::unique_ptr<Model> m = [] {
+    auto r = Model::load(kGolden + "models/stories260K.gguf");
+    EXPECT_TRUE(r.has_value());
+    return std::move(*r);
+  }();
+  return *m;
+}
+
+std::vector<int32_t> prompt(int64_t n, int64_t salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(1 + (i * 37 + salt * 11) % 500);
+  return t;
+}
+
+// Each sequence keeps its own attention backend and press: a batch of four differently
+// configured sequences gives each the logits its own one-token decode() gives.
+TEST(DecodeBatch, EachSequenceKeepsItsMethods) {
+  struct Cfg {
+    std::string attn, press;
+    int64_t n_prompt;
+  };
+  const std::vector<Cfg> cfgs = {{"dense", "", 37},
+                                 {"quest:page=16,budget=64", "", 200},
+                                 {"streaming:sinks=4,window=48", "", 120},
+                                 {"dense", "snapkv:ratio=0.5,window=8", 150}};
+  std::vector<std::unique_ptr<Context>> batched, alone;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    for (auto* set : {&batched, &alone}) {
+      set->push_back(make(stories(), cfgs[i].attn, cfgs[i].press));
+      ASSERT_TRUE(set->back()->decode(prompt(cfgs[i].n_prompt, static_cast<int64_t>(i)), Logits::kLast).is_ok());
+    }
+  }
+  std::vector<Context*> ptrs;
+  for (auto& c : batched) ptrs.push_back(c.get());
+  const int64_t nv = stories().hparams().n_vocab;
+  for (int step = 0; step < 24; ++step) {
+    std::vector<int32_t> next;
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+      const double d = max_abs_diff(batched[i]->logits(0), alone[i]->logits(0), nv);
+      ASSERT_LE(d, 1e-4) << cfgs[i].attn << " " << cfgs[i].press << " step " << step;
+      const float* lg = alone[i]->logits(0);
+      next.push_back(static_cast<int32_t>(std::max_element(lg, lg + nv) - lg));
+      ASSERT_TRUE(alone[i]->decode(std::span<const int32_t>(&next.back(), 1)).is_ok());
+    }
+    for (const Status& s : Context::decode_batch(ptrs, next)) ASSERT_TRUE(s.is_ok()) << s.message();
+  }
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    EXPECT_EQ(batched[i]->tokens(), alone[i]->tokens()) << i;
+    for (int64_t il = 0; il < batched[i]->kv().n_layer(); ++il)
+      EXPECT_EQ(batched[i]->kv().n_tokens(il, 0), alone[i]->kv().n_tokens(il, 0)) << i;
+  }
+}
+
+// A sequence that cannot take its token fails alone; the others go on with correct logits.
+TEST(DecodeBatch, FailuresStayWithTheirSequence) {
+  ContextParams small;
+  small.n_ctx = 20;
+  small.n_threads = 1;
+  auto full = Context::create(stories(), small);
+  ASSERT_TRUE(full.has_value());
+  ASSERT_TRUE((*full)->decode(prompt(20, 9), Logits::kLast).is_ok());
+  auto a = make(stories()), ref = make(stories());
+  ASSERT_TRUE(a->decode(prompt(30, 1)).is_ok());
+  ASSERT_TRUE(ref->decode(prompt(30, 1)).is_ok());
+  auto other_model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(other_model.has_value());
+  auto foreign = make(**other_model);
+  ASSERT_TRUE(foreign->decode(prompt(5, 2)).is_ok());
+  std::vector<Context*> ptrs = {a.get(), full->get(), foreign.get(), a.get()};
+  const std::vector<int32_t> next = {7, 7, 7, 9};
+  const std::vector<Status> st = Context::decode_batch(ptrs, next);
+  ASSERT_EQ(st.size(), 4u);
+  EXPECT_TRUE(st[0].is_ok()) << st[0].message();
+  EXPECT_EQ(st[1].code(), ErrorCode::kContextFull) << st[1].message();
+  EXPECT_NE(st[2].message().find("same model"), std::string::npos) << st[2].message();
+  EXPECT_NE(st[3].message().find("twice"), std::string::npos) << st[3].message();
+  EXPECT_EQ((*full)->n_past(), 20);
+  EXPECT_EQ(foreign->n_past(), 5);
+  const int32_t t7 = 7;
+  ASSERT_TRUE(ref->decode(std::span<const int32_t>(&t7, 1)).is_ok());
+  EXPECT_LE(max_abs_diff(a->logits(0), ref->logits(0), stories().hparams().n_vocab), 1e-4);
+  const std::vector<int32_t> bad = {100000};
+  std::vector<Context*> one = {a.get()};
+  EXPECT_FALSE(Context::decode_batch(one, bad)[0].is_ok());
+  EXPECT_EQ(a->n_past(), 31);
+}
+
+// A prompt decoded a chunk at a time gives decode()'s logits, and other work may run between
+// the chunks (here another context's decode steps).
+TEST(DecodeBatch, ChunkAtATimeEqualsDecode) {
+  for (const std::string press : {"", "snapkv:ratio=0.5,window=8"}) {
+    auto whole = make(stories(), "dense", press, 16), stepped = make(stories(), "dense", press, 16),
+         other = make(stories());
+    const auto p = prompt(150, 3);
+    ASSERT_TRUE(whole->decode(p, Logits::kAll).is_ok());
+    ASSERT_TRUE(stepped->begin_decode(p, Logits::kAll).is_ok());
+    ASSERT_TRUE(other->decode(prompt(10, 4)).is_ok());
+    int steps = 0;
+    for (;;) {
+      auto done = stepped->decode_step();
+      ASSERT_TRUE(done.has_value()) << done.error().message;
+      ++steps;
+      const int32_t t = 5;
+      ASSERT_TRUE(other->decode(std::span<const int32_t>(&t, 1)).is_ok());
+      if (*done) break;
+      EXPECT_TRUE(stepped->decode_pending());
+    }
+    EXPECT_EQ(steps, 10);  // ceil(150 / 16)
+    EXPECT_FALSE(stepped->decode_pending());
+    const int64_t nv = stories().hparams().n_vocab;
+    EXPECT_EQ(stepped->n_outputs(), 150);
+    EXPECT_LE(max_abs_diff(stepped->logits(0), whole->logits(0), 150 * nv), 0.0) << press;
+    EXPECT_EQ(stepped->tokens(), whole->tokens()) << press;
+    EXPECT_FALSE(stepped->decode_step().has_value());  // nothing pending
+  }
+}
+
+}  // namespace
+}  // namespace lc
