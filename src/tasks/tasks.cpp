@@ -133,9 +133,16 @@ std::string PromptRenderer::text(const std::string& user, const std::string& ans
 }
 
 std::vector<int32_t> PromptRenderer::tokens(const std::string& user, const std::string& answer_prefix) const {
-  // Special-token text is parsed only in the template's own markup: with no template, a
-  // haystack that happened to contain "<s>" must stay text.
-  return tok_.encode(text(user, answer_prefix), true, tmpl_ != ChatTemplate::kNone);
+  // Special-token text is parsed only in the template's own markup (tokenize_chat): a haystack
+  // that happened to contain "<s>" or "<|im_end|>" stays text, with or without a template.
+  if (tmpl_ == ChatTemplate::kNone) return tok_.encode(text(user, answer_prefix), true, false);
+  const std::string full = text(user, answer_prefix);
+  const std::string rendered = apply_chat_template(tmpl_, {{"user", user}}, true);
+  const std::vector<ChatPart> chat = chat_template_parts(tmpl_, {{"user", user}}, true);
+  std::vector<Tokenizer::TextPart> parts;
+  for (const ChatPart& p : chat) parts.push_back({p.text, !p.is_content});
+  parts.push_back({std::string_view(full).substr(rendered.size()), false});  // the answer prefix
+  return tok_.encode_parts(parts, true);
 }
 
 namespace detail {
@@ -332,7 +339,11 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
       const size_t upos = full.find(s.user);
       if (cpos != std::string::npos && upos != std::string::npos) {
         const std::string head = full.substr(0, upos + cpos + s.context.size());
-        const std::vector<int32_t> ht = r.tokenizer().encode(head, true, r.chat_template() != ChatTemplate::kNone);
+        // The template's markup before the message parsed for special tokens, the message not.
+        const std::vector<int32_t> ht = r.tokenizer().encode_parts(
+            {{std::string_view(head).substr(0, upos), r.chat_template() != ChatTemplate::kNone},
+             {std::string_view(head).substr(upos), false}},
+            true);
         size_t i = 0;
         while (i < ht.size() && i < s.tokens.size() && ht[i] == s.tokens[i]) ++i;
         s.n_context_tokens = std::min<int64_t>(static_cast<int64_t>(i), s.n_prompt - 1);

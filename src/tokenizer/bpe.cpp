@@ -78,13 +78,13 @@ void BpeTokenizer::encode_fragment(std::string_view text, std::vector<int32_t>& 
   }
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_special,
-                                          bool parse_special) const {
+std::vector<int32_t> BpeTokenizer::encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                                   bool add_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_special && add_bos_) out.push_back(bos_);
   Scratch scratch;
-  for (const Segment& seg : partition(text, parse_special)) {
+  for (const Segment& seg : segs) {
     if (seg.token >= 0)
       out.push_back(seg.token);
     else

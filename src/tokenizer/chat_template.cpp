@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "tokenizer/tokenizer.h"
 
@@ -76,53 +77,95 @@ const char* chat_template_name(ChatTemplate t) {
   return "none";
 }
 
-std::string apply_chat_template(ChatTemplate t, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) {
-  std::string s;
+std::vector<ChatPart> chat_template_parts(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt) {
+  std::vector<ChatPart> parts;
+  // Markup is appended to the last part when that is markup too; contents are parts of their own.
+  const auto markup = [&parts](const std::string& m) {
+    if (m.empty()) return;
+    if (parts.empty() || parts.back().is_content)
+      parts.push_back({m, false});
+    else
+      parts.back().text += m;
+  };
+  const auto content = [&parts](std::string c) {
+    if (!c.empty()) parts.push_back({std::move(c), true});
+  };
   switch (t) {
     case ChatTemplate::kLlama3:
       // <|begin_of_text|> is the BOS token the tokenizer adds.
-      for (const auto& m : messages)
-        s += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) +
-             "<|eot_id|>";
-      if (add_generation_prompt) s += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      for (const auto& m : messages) {
+        markup("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n");
+        content(trim(m.content));
+        markup("<|eot_id|>");
+      }
+      if (add_generation_prompt) markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;
     case ChatTemplate::kChatML:
-      for (const auto& m : messages) s += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_generation_prompt) s += "<|im_start|>assistant\n";
+      for (const auto& m : messages) {
+        markup("<|im_start|>" + m.role + "\n");
+        content(m.content);
+        markup("<|im_end|>\n");
+      }
+      if (add_generation_prompt) markup("<|im_start|>assistant\n");
       break;
     case ChatTemplate::kLlama2: {
       // Llama-2 chat with <<SYS>> system prompts; <s> of the first turn is the tokenizer's BOS,
       // and every assistant turn ends with </s>. There is no generation prompt to add: the
       // model answers after [/INST].
       bool in_turn = true;
-      s += "[INST] ";
+      markup("[INST] ");
       for (const auto& m : messages) {
         if (!in_turn) {
           in_turn = true;
-          s += "[INST] ";
+          markup("[INST] ");
         }
         if (m.role == "system") {
-          s += "<<SYS>>\n" + m.content + "\n<</SYS>>\n\n";
+          markup("<<SYS>>\n");
+          content(m.content);
+          markup("\n<</SYS>>\n\n");
         } else if (m.role == "user") {
-          s += m.content + " [/INST]";
+          content(m.content);
+          markup(" [/INST]");
         } else {
-          s += m.content + "</s>";
+          content(m.content);
+          markup("</s>");
           in_turn = false;
         }
       }
       break;
     }
     case ChatTemplate::kZephyr:
-      for (const auto& m : messages) s += "<|" + m.role + "|>\n" + m.content + "<|endoftext|>\n";
-      if (add_generation_prompt) s += "<|assistant|>\n";
+      for (const auto& m : messages) {
+        markup("<|" + m.role + "|>\n");
+        content(m.content);
+        markup("<|endoftext|>\n");
+      }
+      if (add_generation_prompt) markup("<|assistant|>\n");
       break;
     case ChatTemplate::kNone:
       // No template: the plain concatenation of the contents.
-      for (const auto& m : messages) s += m.content;
+      for (const auto& m : messages) content(m.content);
       break;
   }
+  return parts;
+}
+
+std::string apply_chat_template(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt) {
+  std::string s;
+  for (const ChatPart& p : chat_template_parts(t, messages, add_generation_prompt)) s += p.text;
   return s;
+}
+
+std::vector<int32_t> tokenize_chat(const Tokenizer& tok, ChatTemplate t,
+                                   const std::vector<ChatMessage>& messages,
+                                   bool add_generation_prompt, bool add_special) {
+  const std::vector<ChatPart> parts = chat_template_parts(t, messages, add_generation_prompt);
+  std::vector<Tokenizer::TextPart> tp;
+  tp.reserve(parts.size());
+  for (const ChatPart& p : parts) tp.push_back({p.text, !p.is_content});
+  return tok.encode_parts(tp, add_special);
 }
 
 }  // namespace lc

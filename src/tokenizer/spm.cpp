@@ -67,14 +67,14 @@ void SpmTokenizer::encode_chunk(std::string_view text, std::vector<int32_t>& out
   }
 }
 
-std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_special,
-                                          bool parse_special) const {
+std::vector<int32_t> SpmTokenizer::encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                                   bool add_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_special && add_bos_) out.push_back(bos_);
   bool prev_special = true;  // a fragment at the start or after a special token gets a space
   std::string buf;
-  for (const Segment& seg : partition(text, parse_special)) {
+  for (const Segment& seg : segs) {
     if (seg.token >= 0) {
       out.push_back(seg.token);
       prev_special = true;

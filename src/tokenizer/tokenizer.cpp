@@ -466,6 +466,52 @@ std::vector<Tokenizer::Segment> Tokenizer::partition(std::string_view text,
   return out;
 }
 
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
+                                      bool parse_special) const {
+  return encode_segments(text, partition(text, parse_special), add_special);
+}
+
+std::vector<int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& parts, bool add_special) const {
+  std::string text;
+  for (const TextPart& p : parts) text += p.text;
+  // Each part is partitioned with its own parse_special; raw runs that meet at a part boundary
+  // become one fragment, as they are in the concatenation.
+  std::vector<Segment> segs;
+  size_t at = 0;
+  for (const TextPart& p : parts) {
+    for (Segment s : partition(p.text, p.parse_special)) {
+      s.begin += at;
+      s.end += at;
+      if (s.token < 0 && !segs.empty() && segs.back().token < 0 && segs.back().end == s.begin)
+        segs.back().end = s.end;
+      else
+        segs.push_back(s);
+    }
+    at += p.text.size();
+  }
+  // A special token that strips spaces (lstrip/rstrip, e.g. phi-3's <|user|>) strips them
+  // across a part boundary too, as partition() does on the whole text.
+  const auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  const auto all_space = [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i)
+      if (!is_space(text[i])) return false;
+    return true;
+  };
+  for (size_t i = 0; i < segs.size(); ++i) {
+    if (segs[i].token < 0) continue;
+    const uint32_t bits = attr_bits_[static_cast<size_t>(segs[i].token)];
+    if ((bits & tok::kAttrRstrip) && i + 1 < segs.size() && segs[i + 1].token < 0 &&
+        all_space(segs[i].end, segs[i + 1].begin))
+      while (segs[i + 1].begin < segs[i + 1].end && is_space(text[segs[i + 1].begin])) ++segs[i + 1].begin;
+    if ((bits & tok::kAttrLstrip) && i > 0 && segs[i - 1].token < 0 && all_space(segs[i - 1].end, segs[i].begin))
+      while (segs[i - 1].end > segs[i - 1].begin && is_space(text[segs[i - 1].end - 1])) --segs[i - 1].end;
+  }
+  std::erase_if(segs, [](const Segment& s) { return s.token < 0 && s.begin >= s.end; });
+  return encode_segments(text, segs, add_special);
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool special) const {
   // llama_detokenize(remove_special = false, unparse_special = special): the first token loses
   // one leading space when the vocabulary prefixes one, even if that token prints nothing.

@@ -31,8 +31,16 @@ class Tokenizer {
 
   // add_special: BOS/EOS as the model's add_bos/add_eos flags say.
   // parse_special: text matching special/control tokens becomes those tokens.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_special,
-                                      bool parse_special) const = 0;
+  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
+  // A text given in parts, each with its own parse_special; the parts are encoded as their
+  // concatenation would be (raw text runs across part boundaries, so SentencePiece's space
+  // prefix and BPE's pre-tokeniser see the same fragments), except that special-token text is
+  // parsed only inside the parts that ask for it. encode(t, a, p) == encode_parts({{t, p}}, a).
+  struct TextPart {
+    std::string_view text;
+    bool parse_special = false;
+  };
+  std::vector<int32_t> encode_parts(const std::vector<TextPart>& parts, bool add_special) const;
   // Bytes of one token (SentencePiece spaces and byte tokens resolved). Control tokens give ""
   // unless `special` is set.
   virtual std::string token_to_piece(int32_t id, bool special = false) const = 0;
@@ -68,6 +76,9 @@ class Tokenizer {
   // Splits out special tokens as llama.cpp's tokenizer_st_partition does: user-defined tokens
   // always, control tokens only when parse_special.
   std::vector<Segment> partition(std::string_view text, bool parse_special) const;
+  // Encodes `text` already partitioned into `segs` (in order, raw segments as ranges of text).
+  virtual std::vector<int32_t> encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                               bool add_special) const = 0;
   // The precomputed piece of a token (as token_to_piece with special = true), or "" for
   // control/unknown tokens unless `special`.
   const std::string& piece(int32_t id, bool special) const;
@@ -130,5 +141,22 @@ Expected<ChatTemplate> chat_template_from_name(std::string_view name);
 const char* chat_template_name(ChatTemplate t);
 std::string apply_chat_template(ChatTemplate t, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
+// The same rendering in parts: the template's own markup (is_content false) and each
+// message's content (is_content true). Their concatenation is apply_chat_template's string.
+struct ChatPart {
+  std::string text;
+  bool is_content = false;
+};
+std::vector<ChatPart> chat_template_parts(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt);
+// The conversation's token ids, for every caller that sends chat messages to a model: the
+// template's markup is encoded with special-token parsing and the messages' contents without,
+// so a message that contains "<|im_end|>" (or "<s>", ...) gets the text's tokens, never the
+// special token. add_special: BOS/EOS as the vocabulary asks, as in Tokenizer::encode. When no
+// content holds special-token text, the ids equal tok.encode(apply_chat_template(...),
+// add_special, true).
+std::vector<int32_t> tokenize_chat(const Tokenizer& tok, ChatTemplate t,
+                                   const std::vector<ChatMessage>& messages,
+                                   bool add_generation_prompt, bool add_special);
 
 }  // namespace lc

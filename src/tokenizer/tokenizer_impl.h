@@ -102,8 +102,8 @@ int parse_byte_token(std::string_view text);
 // SentencePiece BPE ("llama"): bigram merges by score over characters, byte fallback.
 class SpmTokenizer final : public Tokenizer {
  public:
-  std::vector<int32_t> encode(std::string_view text, bool add_special,
-                              bool parse_special) const override;
+  std::vector<int32_t> encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                       bool add_special) const override;
   std::string token_to_piece(int32_t id, bool special = false) const override;
 
  private:
@@ -119,8 +119,8 @@ class SpmTokenizer final : public Tokenizer {
 class BpeTokenizer final : public Tokenizer {
  public:
   BpeTokenizer() : pre_tok_(tok::PreType::kDefault) {}
-  std::vector<int32_t> encode(std::string_view text, bool add_special,
-                              bool parse_special) const override;
+  std::vector<int32_t> encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                       bool add_special) const override;
   std::string token_to_piece(int32_t id, bool special = false) const override;
 
  private:
