@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace lc {
@@ -13,6 +14,10 @@ Status validate(const SamplerParams& p) {
   if (!std::isfinite(p.repeat_penalty) || p.repeat_penalty <= 0)
     return make_error("--repeat-penalty must be a finite value > 0");
   if (p.repeat_last_n < 0) return make_error("--repeat-last-n must be >= 0");
+  if (!std::isfinite(p.presence_penalty) || std::fabs(p.presence_penalty) > 2)
+    return make_error("presence_penalty must be in [-2, 2]");
+  if (!std::isfinite(p.frequency_penalty) || std::fabs(p.frequency_penalty) > 2)
+    return make_error("frequency_penalty must be in [-2, 2]");
   return ok_status();
 }
 
@@ -37,6 +42,16 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, std::span<const in
       if (id < 0 || id >= n_vocab) continue;
       float& l = cands_[static_cast<size_t>(id)].logit;
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    }
+  }
+
+  if ((p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) && p_.repeat_last_n > 0 && !history.empty()) {
+    const size_t n = std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
+    std::unordered_map<int32_t, int> count;
+    for (size_t i = history.size() - n; i < history.size(); ++i) ++count[history[i]];
+    for (const auto& [id, c] : count) {
+      if (id < 0 || id >= n_vocab) continue;
+      cands_[static_cast<size_t>(id)].logit -= static_cast<float>(c) * p_.frequency_penalty + p_.presence_penalty;
     }
   }
 

@@ -17,6 +17,9 @@ struct SamplerParams {
   float top_p = 0.95f;       // >= 1: off
   float min_p = 0.05f;       // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off
+  // OpenAI's presence and frequency penalties, as llama.cpp applies them: a token seen c > 0
+  // times in the last repeat_last_n tokens loses c * frequency_penalty + presence_penalty.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // 0: off
   int32_t repeat_last_n = 64;
   uint64_t seed = 0;
 };

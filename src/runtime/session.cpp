@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -97,46 +98,50 @@ Status Session::validate(const Prompt& prompt) const {
 
 Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, const GenerateOptions& g,
                                     const TokenCallback& on_token) {
-  cancel_.store(false, std::memory_order_relaxed);
-  logits_ready_ = false;
-  LC_TRY(validate(prompt));
-  ctx_->clear();
-  history_.clear();
   QueryWeightsGuard restore{*ctx_};
-  RequestStats st;
-  const int64_t n_doc = document_tokens(prompt);
-  const QtttParams& qttt = params_.qttt;
-  history_ = prompt.tokens;
-  const KvPress* press = ctx_->press();
-  if (press && !press->schedule().query_aware && n_doc > 0) {
-    // Query-agnostic: the press compresses the document before the question is read.
-    LC_TRY(decode_timed(std::span<const int32_t>(prompt.tokens.data(), static_cast<size_t>(n_doc)), Logits::kNone,
-                        true, st));
-    // The cache holds the (with SpecPC, selected) document; the question follows.
-    history_ = ctx_->tokens();
-    history_.insert(history_.end(), prompt.tokens.begin() + n_doc, prompt.tokens.end());
+  LC_TRY(begin_run(prompt, g.qttt_seed));
+  for (;;) {
+    LC_ASSIGN_OR_RETURN(bool done, prefill_step());
+    if (done) break;
   }
-  if (qttt.enabled()) {
-    // qTTT: one prefill of the document, a few steps on the query projections; the question and
-    // the answer then read the cache with the trained W_q. (A press and qTTT never meet: the
-    // Session refuses the pair when it is made.)
-    LC_TRY(decode_timed(std::span<const int32_t>(history_.data(), static_cast<size_t>(n_doc)), Logits::kNone, false,
-                        st));
-    LC_ASSIGN_OR_RETURN(st.qttt, run_qttt(*ctx_, qttt, g.qttt_seed, n_doc));
-    st.qttt_ran = true;
-  }
-  const int64_t start = ctx_->n_past();
-  if (start >= static_cast<int64_t>(history_.size())) return make_error("internal: the cache already holds the whole prompt");
-  LC_TRY(decode_timed(std::span<const int32_t>(history_.data() + start, history_.size() - static_cast<size_t>(start)),
-                      Logits::kLast, false, st));
+  RequestStats st = plan_.st;
   LC_TRY(generate(sampler, g, on_token, st));
   return st;
 }
 
 Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
                                               const TokenCallback& on_token) {
+  LC_TRY(begin_continue(std::move(tokens)));
+  for (;;) {
+    LC_ASSIGN_OR_RETURN(bool done, prefill_step());
+    if (done) break;
+  }
+  RequestStats st = plan_.st;
+  LC_TRY(generate(sampler, g, on_token, st));
+  return st;
+}
+
+Status Session::begin_run(const Prompt& prompt, uint64_t qttt_seed) {
   cancel_.store(false, std::memory_order_relaxed);
   logits_ready_ = false;
+  plan_ = PrefillPlan{};
+  LC_TRY(validate(prompt));
+  ctx_->clear();
+  history_ = prompt.tokens;
+  plan_.n_doc = document_tokens(prompt);
+  plan_.qttt_seed = qttt_seed;
+  const KvPress* press = ctx_->press();
+  if (press && !press->schedule().query_aware && plan_.n_doc > 0)
+    plan_.stage = PrefillPlan::kAgnostic;  // the press compresses the document before the question is read
+  else
+    plan_.stage = params_.qttt.enabled() ? PrefillPlan::kQtttDoc : PrefillPlan::kRest;
+  return ok_status();
+}
+
+Status Session::begin_continue(std::vector<int32_t> tokens) {
+  cancel_.store(false, std::memory_order_relaxed);
+  logits_ready_ = false;
+  plan_ = PrefillPlan{};
   LC_TRY(check_multi_turn());
   LC_TRY(check_prompt(tokens, *ctx_));
   // Keep the longest prefix the cache holds (the way servers reuse a prompt cache: a template's
@@ -148,12 +153,80 @@ Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampl
   if (common == tokens.size()) --common;
   ctx_->truncate(static_cast<int64_t>(common));
   history_ = std::move(tokens);
-  RequestStats st;
-  st.n_reused = static_cast<int64_t>(common);
-  LC_TRY(decode_timed(std::span<const int32_t>(history_.data() + common, history_.size() - common), Logits::kLast,
-                      false, st));
-  LC_TRY(generate(sampler, g, on_token, st));
-  return st;
+  plan_.st.n_reused = static_cast<int64_t>(common);
+  plan_.stage = PrefillPlan::kRest;
+  return ok_status();
+}
+
+Expected<bool> Session::prefill_step() {
+  PrefillPlan& pl = plan_;
+  auto fail = [&](Error e) -> Expected<bool> {
+    pl.stage = PrefillPlan::kIdle;
+    pl.in_call = false;
+    return e;
+  };
+  switch (pl.stage) {
+    case PrefillPlan::kIdle:
+      return make_error(ErrorCode::kInvalidArgument, "prefill_step: no request begun (begin_run or begin_continue)");
+    case PrefillPlan::kDone:
+      return true;
+    case PrefillPlan::kQtttTrain: {
+      // qTTT: a few steps on the query projections after the document's prefill; the question
+      // and the answer then read the cache with the trained W_q. (A press and qTTT never meet:
+      // the Session refuses the pair when it is made.)
+      auto r = run_qttt(*ctx_, params_.qttt, pl.qttt_seed, pl.n_doc);
+      if (!r) return fail(r.error());
+      pl.st.qttt = *r;
+      pl.st.qttt_ran = true;
+      pl.stage = PrefillPlan::kRest;
+      return false;
+    }
+    default:
+      break;
+  }
+  if (!pl.in_call) {
+    std::span<const int32_t> toks;
+    Logits which = Logits::kNone;
+    const bool context_part = pl.stage == PrefillPlan::kAgnostic;
+    if (pl.stage == PrefillPlan::kAgnostic || pl.stage == PrefillPlan::kQtttDoc) {
+      toks = std::span<const int32_t>(history_.data(), static_cast<size_t>(pl.n_doc));
+    } else {
+      const int64_t start = ctx_->n_past();
+      if (start >= static_cast<int64_t>(history_.size()))
+        return fail(Error{"internal: the cache already holds the whole prompt"});
+      toks = std::span<const int32_t>(history_.data() + start, history_.size() - static_cast<size_t>(start));
+      which = Logits::kLast;
+    }
+    const double t0 = now_seconds();
+    Status s = ctx_->begin_decode(toks, which, context_part);
+    pl.st.t_prompt += now_seconds() - t0;
+    if (!s) return fail(s.error());
+    pl.in_call = true;
+    pl.stage_tokens = static_cast<int64_t>(toks.size());
+  }
+  const double t0 = now_seconds();
+  auto done = ctx_->decode_step();
+  pl.st.t_prompt += now_seconds() - t0;
+  if (!done) return fail(done.error());
+  if (!*done) return false;
+  pl.in_call = false;
+  pl.st.n_prompt += pl.stage_tokens;
+  switch (pl.stage) {
+    case PrefillPlan::kAgnostic: {
+      // The cache holds the (with SpecPC, selected) document; the question follows.
+      std::vector<int32_t> question(history_.begin() + pl.n_doc, history_.end());
+      history_ = ctx_->tokens();
+      history_.insert(history_.end(), question.begin(), question.end());
+      pl.stage = params_.qttt.enabled() ? PrefillPlan::kQtttDoc : PrefillPlan::kRest;
+      return false;
+    }
+    case PrefillPlan::kQtttDoc:
+      pl.stage = PrefillPlan::kQtttTrain;
+      return false;
+    default:
+      pl.stage = PrefillPlan::kDone;
+      return true;
+  }
 }
 
 Status Session::append(std::span<const int32_t> tokens, RequestStats& st) {
@@ -218,85 +291,144 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stop) {
 }  // namespace
 
 Status Session::generate(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token, RequestStats& st) {
-  const Tokenizer& tok = model_.tokenizer();
-  const int32_t n_vocab = tok.n_vocab();
-  for (const auto& s : g.stop)
-    if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "a stop string is empty");
-  StreamDecoder dec(tok);
-  size_t emitted = 0;  // bytes of st.text passed to on_token
-  // Passes the final part of the text on; with stop strings, text that may begin one waits.
-  auto emit = [&](int32_t id, bool final_piece) -> bool {
-    const size_t upto = final_piece || g.stop.empty() ? st.text.size() : st.text.size() - held_back(st.text, g.stop);
-    if (upto <= emitted && !g.stop.empty()) return true;
-    const std::string_view piece = std::string_view(st.text).substr(emitted, upto - emitted);
-    emitted = upto;
-    return !on_token || on_token(id, piece);
-  };
-  // Ends the text at the first stop string in it (searched from where a new one could start).
-  auto find_stop = [&](size_t from) -> size_t {
-    size_t at = std::string::npos;
-    for (const auto& s : g.stop) at = std::min(at, st.text.find(s, from));
-    return at;
-  };
-  size_t longest = 0;  // a new stop string can start at most this far back
-  for (const auto& s : g.stop) longest = std::max(longest, s.size());
-  const double t0 = now_seconds();
-  auto finish = [&]() {
-    st.t_gen += now_seconds() - t0;
-    return ok_status();
-  };
-  for (int64_t i = 0; i < g.n_predict; ++i) {
-    if (cancelled()) {
-      st.stop = StopReason::kCancelled;
-      break;
+  Generation gen(*this, sampler, g, on_token, st);
+  for (;;) {
+    auto next = gen.next();
+    if (!next) {
+      gen.finish();
+      return next.error();
     }
-    const int32_t id = sampler.sample(ctx_->logits(0), n_vocab, history_);
-    history_.push_back(id);
-    st.generated.push_back(id);
-    ++st.n_gen;
-    if (tok.is_eog(id)) {
-      st.stop = StopReason::kEog;
-      const std::string rest = dec.flush();
-      st.text += rest;
-      if (on_token && emitted < st.text.size()) emit(id, true);
-      return finish();
-    }
-    const size_t search_from = st.text.size() >= longest ? st.text.size() - longest + 1 : 0;
-    st.text += dec.push(id);
-    if (!g.stop.empty()) {
-      const size_t at = find_stop(search_from);
-      if (at != std::string::npos) {
-        st.text.resize(at);
-        emit(id, true);
-        st.stop = StopReason::kStopString;
-        return finish();
-      }
-    }
-    if (!emit(id, false)) {
-      st.stop = StopReason::kCallback;
-      return finish();
-    }
-    if (i + 1 == g.n_predict) break;  // the last token needs no forward pass
-    if (ctx_->n_past() >= ctx_->n_ctx()) {
-      (void)finish();
-      return make_error(ErrorCode::kContextFull,
-                        fmt::format("context full after {} tokens (raise --ctx-size)", ctx_->n_ctx()));
-    }
+    if (!*next) break;
+    const int32_t id = **next;
     if (Status s = ctx_->decode(std::span<const int32_t>(&id, 1), Logits::kLast); !s) {
-      (void)finish();
+      gen.finish();
       return s;
     }
   }
-  st.text += dec.flush();
-  if (!g.stop.empty()) {
-    const size_t at = find_stop(emitted);
+  gen.finish();
+  return ok_status();
+}
+
+Generation::Generation(Session& session, Sampler& sampler, const GenerateOptions& g, TokenCallback on_token,
+                       RequestStats& st)
+    : s_(session), sampler_(sampler), g_(g), on_token_(std::move(on_token)), st_(st),
+      dec_(session.model().tokenizer()), t0_(now_seconds()) {
+  for (const auto& stop : g_.stop) longest_ = std::max(longest_, stop.size());
+}
+
+// Passes the final part of the text on; with stop strings, text that may begin one waits.
+bool Generation::emit(int32_t id, bool final_piece) {
+  const size_t upto =
+      final_piece || g_.stop.empty() ? st_.text.size() : st_.text.size() - held_back(st_.text, g_.stop);
+  if (upto <= emitted_ && !g_.stop.empty()) return true;
+  const std::string_view piece = std::string_view(st_.text).substr(emitted_, upto - emitted_);
+  emitted_ = upto;
+  return !on_token_ || on_token_(id, piece);
+}
+
+// Where the first stop string in the text starts (searched from where a new one could start).
+size_t Generation::find_stop(size_t from) const {
+  size_t at = std::string::npos;
+  for (const auto& stop : g_.stop) at = std::min(at, st_.text.find(stop, from));
+  return at;
+}
+
+void Generation::record_logprobs(const float* logits, int32_t id) {
+  const int32_t nv = s_.model().tokenizer().n_vocab();
+  const float mx = *std::max_element(logits, logits + nv);
+  double sum = 0;
+  for (int32_t j = 0; j < nv; ++j) sum += std::exp(static_cast<double>(logits[j]) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob tl;
+  tl.id = id;
+  tl.logprob = static_cast<float>(logits[id] - lse);
+  const int n = std::min(g_.n_probs, nv);
+  if (n > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(nv));
+    for (int32_t j = 0; j < nv; ++j) idx[static_cast<size_t>(j)] = j;
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int k = 0; k < n; ++k)
+      tl.top.emplace_back(idx[static_cast<size_t>(k)], static_cast<float>(logits[idx[static_cast<size_t>(k)]] - lse));
+  }
+  st_.logprobs.push_back(std::move(tl));
+}
+
+Expected<std::optional<int32_t>> Generation::next() {
+  using Next = std::optional<int32_t>;
+  if (ended_) return Next{};
+  // The end of an answer that neither a stop string nor end-of-generation ended: the text left
+  // in the decoder, cut at a stop string that the flush completed.
+  auto tail = [&]() {
+    ended_ = true;
+    st_.text += dec_.flush();
+    if (!g_.stop.empty()) {
+      const size_t at = find_stop(emitted_);
+      if (at != std::string::npos) {
+        st_.text.resize(at);
+        st_.stop = StopReason::kStopString;
+      }
+    }
+    if (emitted_ < st_.text.size() && on_token_) emit(-1, true);
+    return Next{};
+  };
+  if (i_ == 0)
+    for (const auto& stop : g_.stop)
+      if (stop.empty()) {
+        ended_ = true;
+        return make_error(ErrorCode::kInvalidArgument, "a stop string is empty");
+      }
+  if (i_ >= g_.n_predict) return tail();
+  if (s_.cancelled()) {
+    st_.stop = StopReason::kCancelled;
+    return tail();
+  }
+  const Tokenizer& tok = s_.model().tokenizer();
+  const float* logits = s_.ctx_->logits(0);
+  const int32_t id = sampler_.sample(logits, tok.n_vocab(), s_.history_);
+  if (g_.n_probs >= 0) record_logprobs(logits, id);
+  s_.history_.push_back(id);
+  st_.generated.push_back(id);
+  ++st_.n_gen;
+  if (tok.is_eog(id)) {
+    ended_ = true;
+    st_.stop = StopReason::kEog;
+    st_.text += dec_.flush();
+    if (on_token_ && emitted_ < st_.text.size()) emit(id, true);
+    return Next{};
+  }
+  const size_t search_from = st_.text.size() >= longest_ ? st_.text.size() - longest_ + 1 : 0;
+  st_.text += dec_.push(id);
+  if (!g_.stop.empty()) {
+    const size_t at = find_stop(search_from);
     if (at != std::string::npos) {
-      st.text.resize(at);
-      st.stop = StopReason::kStopString;
+      ended_ = true;
+      st_.text.resize(at);
+      emit(id, true);
+      st_.stop = StopReason::kStopString;
+      return Next{};
     }
   }
-  if (emitted < st.text.size() && on_token) emit(-1, true);
-  return finish();
+  if (!emit(id, false)) {
+    ended_ = true;
+    st_.stop = StopReason::kCallback;
+    return Next{};
+  }
+  ++i_;
+  if (i_ == g_.n_predict) return tail();  // the last token needs no forward pass
+  if (s_.ctx_->n_past() >= s_.ctx_->n_ctx()) {
+    ended_ = true;
+    return make_error(ErrorCode::kContextFull,
+                      fmt::format("context full after {} tokens (raise --ctx-size)", s_.ctx_->n_ctx()));
+  }
+  return Next{id};
+}
+
+void Generation::finish() {
+  if (finished_) return;
+  finished_ = true;
+  st_.t_gen += now_seconds() - t0_;
 }
 
 namespace {

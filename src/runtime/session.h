@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "model/model.h"
 #include "runtime/qttt.h"
 #include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lc {
 
@@ -51,6 +54,15 @@ struct GenerateOptions {
   int64_t n_predict = 128;         // cap on generated tokens
   std::vector<std::string> stop;   // generation ends before the first of these strings
   uint64_t qttt_seed = 0;          // seed of qTTT's span draws
+  // Log-probabilities of each generated token and of the n_probs most likely ones, from the
+  // model's distribution (log-softmax of the logits, before penalties and filters). -1: none.
+  int n_probs = -1;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the n_probs most likely tokens, best first
 };
 
 // Called with each piece of generated text as it becomes final (never a partial UTF-8
@@ -70,9 +82,12 @@ struct RequestStats {
   StopReason stop = StopReason::kLength;
   std::string text;       // the generated text, stop string excluded
   std::vector<int32_t> generated;  // the generated token ids
+  std::vector<TokenLogprob> logprobs;  // one per generated token when n_probs >= 0
   bool qttt_ran = false;
   QtttStats qttt;
 };
+
+class Generation;
 
 class Session {
  public:
@@ -98,6 +113,19 @@ class Session {
   // Whether continue_with() can work with these methods: a query-agnostic press needs to know
   // where the question starts, and SpecPC compresses one prompt before its prefill.
   Status check_multi_turn() const;
+
+  // ---- a request in steps (the server interleaves many Sessions) ----
+  // begin_run() / begin_continue() make run()'s / continue_with()'s checks and set the prompt's
+  // work up; prefill_step() does the next piece of it (one forward chunk of at most n_batch
+  // tokens, or qTTT's training) and returns true once the prompt is in and the logits of its
+  // last token are ready; prefill_stats() are the figures so far. Then a Generation (below)
+  // samples the answer a token at a time. run() and continue_with() are these steps in a loop,
+  // so the results are the same. end_request() puts the model's own W_q back after qTTT.
+  Status begin_run(const Prompt& prompt, uint64_t qttt_seed = 0);
+  Status begin_continue(std::vector<int32_t> tokens);
+  Expected<bool> prefill_step();
+  const RequestStats& prefill_stats() const { return plan_.st; }
+  void end_request() { ctx_->clear_query_weights(); }
 
   // ---- working memory, turn by turn (the Sculptor reader) ----
   // Evaluates `tokens` after what the cache holds (the Context's press still runs on its
@@ -141,6 +169,18 @@ class Session {
   // history_'s last token), appending them to history_.
   Status generate(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token, RequestStats& st);
   Status decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st);
+  friend class Generation;
+
+  // The prompt work of the request begun by begin_run / begin_continue.
+  struct PrefillPlan {
+    enum Stage { kIdle, kAgnostic, kQtttDoc, kQtttTrain, kRest, kDone } stage = kIdle;
+    int64_t n_doc = 0;           // document tokens (run)
+    int64_t stage_tokens = 0;    // tokens of the decode call in progress
+    bool in_call = false;        // a begin_decode of this stage is pending
+    uint64_t qttt_seed = 0;
+    RequestStats st;
+  };
+  PrefillPlan plan_;
 
   const Model& model_;
   SessionParams params_;
@@ -149,6 +189,39 @@ class Session {
   std::atomic<bool> cancel_{false};
   std::function<void(int64_t, int64_t)> progress_;
   bool logits_ready_ = false;  // the last operation was append(): generate_next() may run
+};
+
+// The answer of one request, a token at a time: next() samples from the logits the Session's
+// context holds, streams the text (stop strings held back, complete UTF-8 only) and returns
+// the token that must be evaluated before the next call, or nothing once the answer has ended
+// (RequestStats::stop says why). The caller evaluates it alone (Session::context().decode) or
+// batched with other Sessions' tokens (Context::decode_batch), then calls next() again.
+// finish() flushes the text left and fills the timings; call it once the answer has ended or
+// when abandoning it.
+class Generation {
+ public:
+  Generation(Session& session, Sampler& sampler, const GenerateOptions& g, TokenCallback on_token,
+             RequestStats& st);
+  Expected<std::optional<int32_t>> next();
+  void finish();
+  bool ended() const { return ended_; }
+  RequestStats& stats() { return st_; }
+
+ private:
+  bool emit(int32_t id, bool final_piece);
+  size_t find_stop(size_t from) const;
+  void record_logprobs(const float* logits, int32_t id);
+
+  Session& s_;
+  Sampler& sampler_;
+  GenerateOptions g_;
+  TokenCallback on_token_;
+  RequestStats& st_;
+  StreamDecoder dec_;
+  size_t emitted_ = 0, longest_ = 0;
+  int64_t i_ = 0;
+  double t0_ = 0;
+  bool ended_ = false, finished_ = false;
 };
 
 }  // namespace lc

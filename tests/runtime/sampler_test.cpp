@@ -31,6 +31,25 @@ TEST(Sampler, RepeatPenaltyFollowsFormula) {
   EXPECT_EQ(s.sample(l.data(), 3, hist), 0);
 }
 
+TEST(Sampler, PresenceAndFrequencyPenaltiesFollowFormula) {
+  // logit - count * frequency - presence, for tokens seen in the window only.
+  SamplerParams p;
+  p.temp = 0;
+  p.frequency_penalty = 0.4f;
+  p.presence_penalty = 0.3f;
+  p.repeat_last_n = 3;
+  std::vector<int32_t> hist = {0, 1, 1, 2};  // the window sees 1 twice and 2 once; 0 is outside it
+  // Token 1: 3.0 - 2 * 0.4 - 0.3 = 1.9; token 2: 2.5 - 0.4 - 0.3 = 1.8; token 3 (unseen): 1.85.
+  std::vector<float> l = {1.0f, 3.0f, 2.5f, 1.85f};
+  EXPECT_EQ(Sampler(p).sample(l.data(), 4, hist), 1);
+  l[3] = 1.95f;  // above 1.9
+  EXPECT_EQ(Sampler(p).sample(l.data(), 4, hist), 3);
+  l = {2.0f, 1.0f, 1.0f, 1.0f};  // token 0 is outside the window: not penalised
+  EXPECT_EQ(Sampler(p).sample(l.data(), 4, hist), 0);
+  p.presence_penalty = 2.5f;
+  EXPECT_FALSE(validate(p).is_ok());
+}
+
 TEST(Sampler, FrequenciesFollowSoftmaxAtTemperature) {
   SamplerParams p;
   p.temp = 0.7f;

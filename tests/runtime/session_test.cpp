@@ -416,3 +416,153 @@ TEST(SessionSave, BadFilesAreErrors) {
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+// The server's flow: requests begun on several Sessions, their prompts prefilled a chunk at a
+// time in turns, their answers sampled by Generations whose tokens are evaluated together
+// (Context::decode_batch). Each answer equals what run() / continue_with() gives alone, also
+// with stop strings, a press and logprobs.
+TEST(SessionSteps, InterleavedPrefillAndBatchedGenerationEqualRun) {
+  auto model = load();
+  struct Req {
+    int copies;
+    std::string press;
+    std::vector<std::string> stop;
+    int64_t n_predict;
+  };
+  const std::vector<Req> reqs = {{1, "", {}, 40}, {3, "", {" mom"}, 60}, {2, "snapkv:ratio=0.5,window=8", {}, 30},
+                                 {5, "", {}, 7}};
+  std::vector<RequestStats> want;
+  for (const Req& r : reqs) {
+    SessionParams p = params();
+    p.ctx.kv_press = r.press;
+    auto s = Session::create(*model, p);
+    ASSERT_TRUE(s.has_value()) << s.error().message;
+    Sampler sm = greedy();
+    GenerateOptions g;
+    g.n_predict = r.n_predict;
+    g.stop = r.stop;
+    g.n_probs = 3;
+    auto st = (*s)->run(Prompt{story_tokens(*model, r.copies)}, sm, g, nullptr);
+    ASSERT_TRUE(st.has_value()) << st.error().message;
+    want.push_back(*st);
+  }
+  std::vector<std::unique_ptr<Session>> ss;
+  std::vector<Sampler> samplers;
+  std::vector<RequestStats> got(reqs.size());
+  std::vector<std::string> streamed(reqs.size());
+  std::vector<std::unique_ptr<Generation>> gens(reqs.size());
+  std::vector<bool> prefilled(reqs.size(), false);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SessionParams p = params();
+    p.ctx.kv_press = reqs[i].press;
+    auto s = Session::create(*model, p);
+    ASSERT_TRUE(s.has_value());
+    ss.push_back(std::move(*s));
+    samplers.push_back(greedy());
+    ASSERT_TRUE(ss[i]->begin_run(Prompt{story_tokens(*model, reqs[i].copies)}).is_ok());
+  }
+  for (int round = 0; round < 1000; ++round) {
+    bool any = false;
+    std::vector<Context*> ctxs;
+    std::vector<int32_t> toks;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (!prefilled[i]) {
+        any = true;
+        auto done = ss[i]->prefill_step();
+        ASSERT_TRUE(done.has_value()) << done.error().message;
+        if (*done) {
+          prefilled[i] = true;
+          got[i] = ss[i]->prefill_stats();
+          GenerateOptions g;
+          g.n_predict = reqs[i].n_predict;
+          g.stop = reqs[i].stop;
+          g.n_probs = 3;
+          gens[i] = std::make_unique<Generation>(
+              *ss[i], samplers[i], g,
+              [&, i](int32_t, std::string_view t) {
+                streamed[i] += t;
+                return true;
+              },
+              got[i]);
+        }
+        continue;
+      }
+      if (gens[i]->ended()) continue;
+      any = true;
+      auto next = gens[i]->next();
+      ASSERT_TRUE(next.has_value()) << next.error().message;
+      if (!*next) {
+        gens[i]->finish();
+        continue;
+      }
+      ctxs.push_back(&ss[i]->context());
+      toks.push_back(**next);
+      who.push_back(i);
+    }
+    for (const Status& s : Context::decode_batch(ctxs, toks)) ASSERT_TRUE(s.is_ok()) << s.message();
+    if (!any) break;
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(gens[i] && gens[i]->ended()) << i;
+    EXPECT_EQ(got[i].generated, want[i].generated) << i;
+    EXPECT_EQ(got[i].text, want[i].text) << i;
+    EXPECT_EQ(streamed[i], want[i].text) << i;
+    EXPECT_EQ(got[i].stop, want[i].stop) << i;
+    EXPECT_EQ(got[i].n_prompt, want[i].n_prompt) << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << i;
+    for (size_t k = 0; k < got[i].logprobs.size(); ++k) {
+      EXPECT_EQ(got[i].logprobs[k].id, want[i].logprobs[k].id);
+      EXPECT_NEAR(got[i].logprobs[k].logprob, want[i].logprobs[k].logprob, 1e-4);
+      ASSERT_EQ(got[i].logprobs[k].top.size(), 3u);
+    }
+    EXPECT_EQ(ss[i]->history().size(), story_tokens(*model, reqs[i].copies).size() + got[i].generated.size()) << i;
+  }
+  EXPECT_EQ(want[1].stop, StopReason::kStopString) << want[1].text;
+  EXPECT_EQ(want[3].stop, StopReason::kLength);
+}
+
+// Logprobs against their definition: log-softmax of the logits the token was sampled from,
+// computed here in double precision; the greedy token is the top one.
+TEST(SessionSteps, LogprobsAreTheLogSoftmaxOfTheLogits) {
+  auto model = load();
+  auto s = Session::create(*model, params());
+  ASSERT_TRUE(s.has_value());
+  const auto prompt = story_tokens(*model);
+  ASSERT_TRUE((*s)->begin_run(Prompt{prompt}).is_ok());
+  for (;;) {
+    auto d = (*s)->prefill_step();
+    ASSERT_TRUE(d.has_value());
+    if (*d) break;
+  }
+  const int32_t nv = model->tokenizer().n_vocab();
+  std::vector<float> logits((*s)->context().logits(0), (*s)->context().logits(0) + nv);
+  RequestStats st;
+  Sampler sm = greedy();
+  GenerateOptions g;
+  g.n_predict = 1;
+  g.n_probs = 5;
+  Generation gen(**s, sm, g, nullptr, st);
+  auto n = gen.next();
+  ASSERT_TRUE(n.has_value());
+  EXPECT_FALSE(n->has_value());  // n_predict 1: no forward pass needed
+  ASSERT_EQ(st.logprobs.size(), 1u);
+  double mx = -INFINITY, sum = 0;
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double lse = mx + std::log(sum);
+  const TokenLogprob& tl = st.logprobs[0];
+  EXPECT_NEAR(tl.logprob, logits[static_cast<size_t>(tl.id)] - lse, 1e-5);
+  ASSERT_EQ(tl.top.size(), 5u);
+  EXPECT_EQ(tl.top[0].first, tl.id);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_NEAR(tl.top[k].second, logits[static_cast<size_t>(tl.top[k].first)] - lse, 1e-5);
+    if (k) EXPECT_GE(tl.top[k - 1].second, tl.top[k].second);
+  }
+}
+
+}  // namespace
+}  // namespace lc
