@@ -189,7 +189,8 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
     if (!std::getline(std::cin, line) || line.empty()) break;
     msgs.push_back({"user", line});
     // The whole conversation, re-rendered; the Session evaluates what the cache does not hold.
-    std::vector<int32_t> ids = tok.encode(lc::apply_chat_template(tmpl, msgs, true), true, true);
+    // Special-token text typed into a message stays text: only the template's markup is parsed.
+    std::vector<int32_t> ids = lc::tokenize_chat(tok, tmpl, msgs, true, true);
     auto st = (*session)->continue_with(std::move(ids), sampler, go, print_piece);
     if (!st) return fail(st.error().message);
     std::fputc('\n', stdout);
@@ -306,9 +307,10 @@ int cmd_tokenize(const CommonOpts& co, const std::string& prompt, const std::str
     if (!t) return fail(t.error().message);
     text = std::move(*t);
   }
-  auto model = load_model(co);
-  if (!model) return fail(model.error().message);
-  const lc::Tokenizer& tok = (*model)->tokenizer();
+  // Only the tokenizer is read, so a vocabulary-only GGUF does (as llama-tokenize's vocab_only).
+  auto loaded = load_tokenizer(co);
+  if (!loaded) return fail(loaded.error().message);
+  const lc::Tokenizer& tok = *loaded->tok;
   auto ids = tok.encode(text, !no_bos, parse_special);
   if (ids_only) {
     fmt::print("[");
@@ -605,7 +607,7 @@ int main(int argc, char** argv) {
   SamplingOpts run_so;
   std::string run_prompt = "Once upon a time", run_file, run_question;
   int64_t run_n = 128;
-  bool run_no_bos = false, run_special = false;
+  bool run_no_bos = false, run_special = false, run_no_special = false;
   auto* run = app.add_subcommand("run", "generate a continuation of a prompt, streamed as it is produced");
   run_co.add(run);
   run_so.add(run);
@@ -615,7 +617,10 @@ int main(int argc, char** argv) {
                   "(--kv-press ...,query=agnostic) compresses the prompt before reading it");
   run->add_option("-n,--n-predict", run_n, "tokens to generate")->capture_default_str();
   run->add_flag("--no-bos", run_no_bos, "do not add the BOS/EOS tokens the model asks for");
-  run->add_flag("--parse-special", run_special, "turn special-token text in the prompt into those tokens");
+  // As llama-cli, which tokenizes the prompt with parse_special = true.
+  auto* run_ps = run->add_flag("--parse-special", run_special, "turn special-token text in the prompt into those tokens (the "
+                "default, as llama-cli does)");
+  run->add_flag("--no-parse-special", run_no_special, "keep special-token text in the prompt as text")->excludes(run_ps);
   std::string run_prompt_cache;
   run->add_option("--prompt-cache", run_prompt_cache,
                   "session file: when it exists, the run continues from it (the prompt's prefix it holds is not "
@@ -641,13 +646,17 @@ int main(int argc, char** argv) {
 
   CommonOpts tok_co;
   std::string tok_prompt, tok_file;
-  bool tok_no_bos = false, tok_special = false, tok_ids = false;
-  auto* tokc = app.add_subcommand("tokenize", "print the token ids and pieces of a text");
+  bool tok_no_bos = false, tok_special = false, tok_no_special = false, tok_ids = false;
+  auto* tokc = app.add_subcommand("tokenize", "print the token ids and pieces of a text (-m may be a vocabulary-only "
+                                  "GGUF)");
   tok_co.add(tokc);
   tokc->add_option("-p,--prompt", tok_prompt, "text");
   tokc->add_option("-f,--file", tok_file, "read the text from a file");
   tokc->add_flag("--no-bos", tok_no_bos, "do not add BOS/EOS");
-  tokc->add_flag("--parse-special", tok_special, "parse special-token text");
+  // As llama-tokenize: special-token text is parsed unless --no-parse-special.
+  auto* tok_ps = tokc->add_flag("--parse-special", tok_special, "parse special-token text into those tokens (the default, as "
+                 "llama-tokenize)");
+  tokc->add_flag("--no-parse-special", tok_no_special, "keep special-token text as text")->excludes(tok_ps);
   tokc->add_flag("--ids", tok_ids, "print only the list of ids");
 
   CommonOpts ppl_co;
@@ -741,19 +750,23 @@ int main(int argc, char** argv) {
   mm->add_option("--layers", mm_layers,
                  "layers instead of the shape's (0: the shape's; e.g. 4: a small draft with the same vocabulary for speckv)");
 
+  // llama.cpp's -ctk, -ctv, -fa, -ngl: CLI11 takes only one letter after a single dash.
+  std::vector<std::string> arg_storage;
+  std::vector<char*> args;
+  llama_cpp_flag_aliases(argc, argv, arg_storage, args);
   try {
-    app.parse(argc, argv);
+    app.parse(argc, args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
     if (*run)
       return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_question, run_n, run_no_bos,
-                     run_special, run_qttt, run_prompt_cache);
+                     !run_no_special, run_qttt, run_prompt_cache);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_total, cal_out);
-    if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, tok_special, tok_ids);
+    if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, !tok_no_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave);
     if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);

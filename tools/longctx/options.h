@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <limits>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -18,6 +20,8 @@ struct CacheOpts {
   int64_t kv_block = 64;
   std::string kv_type_k = "f32", kv_type_v = "f32", kv_spill;
   int64_t kv_budget = 0;  // bytes; 0: no cap
+  // --kv-type-k/-v are also spelt --cache-type-k/-v, and -ctk/-ctv (llama.cpp's names; main()
+  // rewrites the single-dash forms, see llama_cpp_flag_aliases).
   void add(CLI::App* app);
   lc::Status apply(lc::ContextParams& p) const;
 };
@@ -30,17 +34,48 @@ struct CommonOpts {
   int64_t n_batch = 512;
   int threads = 0;
   std::string rope, attn, kv_press, draft;
+  // llama.cpp's rope flags, turned into a --rope spec by rope_spec() (NaN / -1 / "": not given).
+  struct LlamaRope {
+    std::string scaling;  // --rope-scaling none|linear|yarn
+    double freq_base = std::numeric_limits<double>::quiet_NaN();
+    double freq_scale = std::numeric_limits<double>::quiet_NaN();
+    double scale = std::numeric_limits<double>::quiet_NaN();  // --rope-scale (= 1 / freq_scale)
+    int64_t yarn_orig_ctx = -1;
+    double yarn_ext_factor = std::numeric_limits<double>::quiet_NaN();
+    double yarn_attn_factor = std::numeric_limits<double>::quiet_NaN();
+    double yarn_beta_fast = std::numeric_limits<double>::quiet_NaN();
+    double yarn_beta_slow = std::numeric_limits<double>::quiet_NaN();
+    bool any() const;
+  } llama_rope;
+  std::string flash_attn;  // -fa/--flash-attn on|off|auto: accepted, no effect
+  std::string n_gpu_layers;  // -ngl N|auto|all: accepted, with a notice
   CacheOpts cache;
   bool verbose = false;
   mutable std::shared_ptr<lc::Model> draft_model;  // --draft, loaded by ctx_params()
   void add(CLI::App* app);
   lc::Expected<lc::ContextParams> ctx_params() const;
+  // The rope spec to run: --rope, or the llama.cpp rope flags translated (an error when both
+  // are given, or when the flags do not make a method; see docs/rope.md).
+  lc::Expected<std::string> rope_spec() const;
 };
+
+// llama.cpp's single-dash multi-letter flags, which CLI11 cannot declare (it would read -ctk as
+// -c tk): -ctk, -ctv, -fa, -ngl become --cache-type-k, --cache-type-v, --flash-attn,
+// --n-gpu-layers. Arguments after "--" are left alone. Applied to argv before parsing.
+void llama_cpp_flag_aliases(int argc, char** argv, std::vector<std::string>& storage,
+                            std::vector<char*>& out);
 
 // Prints "longctx: error: MSG" to stderr (after flushing stdout) and returns exit code 1.
 int fail(const std::string& msg);
 // The model of -m, or the embedded model without it; --verbose turns on info logging.
 lc::Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o);
+// Only the tokenizer of -m (or of the embedded model): a vocabulary-only GGUF does, and no
+// weights are read, as llama-tokenize loads with vocab_only.
+struct LoadedTokenizer {
+  std::unique_ptr<lc::gguf::File> file;
+  std::unique_ptr<lc::Tokenizer> tok;
+};
+lc::Expected<LoadedTokenizer> load_tokenizer(const CommonOpts& o);
 
 struct SamplingOpts {
   lc::SamplerParams p;
