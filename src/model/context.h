@@ -176,6 +176,7 @@ class Context {
   const KvCache& kv() const { return *kv_; }
   KvCache& kv() { return *kv_; }
   const AttentionBackend& attention() const { return *backend_; }
+  AttentionBackend& attention() { return *backend_; }  // diagnostics: record_selection
   // Replaces the attention backend (a spec as --attn takes) for the tokens decoded next; the
   // cache is kept and the new backend builds what it summarises of it lazily. Benchmarks fill
   // a deep cache with a cheap backend and time another over it.

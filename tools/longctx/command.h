@@ -25,3 +25,6 @@ std::vector<RegisteredCommand> add_vocab_commands(CLI::App* app);
 
 // `longctx read` (reading agents over a long document): cmd_read.cpp.
 std::vector<RegisteredCommand> add_read_commands(CLI::App* app);
+
+// `longctx serve` (the OpenAI-compatible HTTP server): cmd_serve.cpp.
+std::vector<RegisteredCommand> add_serve_commands(CLI::App* app);

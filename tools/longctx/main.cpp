@@ -737,6 +737,7 @@ int main(int argc, char** argv) {
   for (auto& c : add_vocab_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_methods_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_read_commands(&app)) extra.push_back(std::move(c));
+  for (auto& c : add_serve_commands(&app)) extra.push_back(std::move(c));
 
   std::string mm_shape = "smollm2-135m", mm_type = "f16", mm_vocab, mm_out;
   uint64_t mm_seed = 42;

@@ -235,7 +235,8 @@ lc::Expected<std::string> CommonOpts::rope_spec() const {
 
 void llama_cpp_flag_aliases(int argc, char** argv, std::vector<std::string>& storage, std::vector<char*>& out) {
   static const std::pair<const char*, const char*> kAliases[] = {
-      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-fa", "--flash-attn"}, {"-ngl", "--n-gpu-layers"}};
+      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-fa", "--flash-attn"}, {"-ngl", "--n-gpu-layers"},
+      {"-np", "--parallel"}};
   storage.assign(argv, argv + argc);
   bool rest = false;
   for (std::string& a : storage) {
