@@ -422,10 +422,13 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
         kernels::matmul(wq, cur + i * E, 1, q + i * q_dim, pool);
       }
     }
-    for (int64_t i = 0; i < B; ++i) {
+    // Row i's attention over its own cache. With at least as many rows as threads, the rows
+    // are spread over the threads, each running its rows' backends single-threaded (one
+    // parallel region per layer instead of one per row); otherwise each row uses the pool.
+    auto attend = [&](int64_t i, ThreadPool& tp) {
       if (!live[static_cast<size_t>(i)]) {
         std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
-        continue;
+        return;
       }
       Context& c = *ctxs[static_cast<size_t>(i)];
       float* qi = q + i * q_dim;
@@ -433,15 +436,23 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
       c.prepare_qkv_row(L, qi, k + i * k_dim, v + i * v_dim, pi);
       for (ForwardHooks* h : c.hooks_) h->on_queries(il, qi, pi, 1);
       Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi);
-      if (s) s = c.backend_->forward(il, 1, qi, pi, *c.kv_, attn + i * o_dim, c.pool_);
+      if (s) s = c.backend_->forward(il, 1, qi, pi, *c.kv_, attn + i * o_dim, tp);
       if (!s) {
         c.kv_->truncate(c.n_past_);
         out[static_cast<size_t>(i)] = s;
         live[static_cast<size_t>(i)] = 0;
         std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
-        continue;
+        return;
       }
       for (ForwardHooks* h : c.hooks_) h->on_attention(c, il, qi, pi, 1);
+    };
+    if (pool.size() > 1 && B >= pool.size()) {
+      pool.for_each_dynamic(B, [&](int64_t i, int) {
+        thread_local ThreadPool serial(1);
+        attend(i, serial);
+      });
+    } else {
+      for (int64_t i = 0; i < B; ++i) attend(i, pool);
     }
     kernels::matmul(L.wo, attn, B, cur, pool);
     rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });

@@ -391,7 +391,7 @@ Expected<std::optional<int32_t>> Generation::next() {
   s_.history_.push_back(id);
   st_.generated.push_back(id);
   ++st_.n_gen;
-  if (tok.is_eog(id)) {
+  if (tok.is_eog(id) && !g_.ignore_eos) {
     ended_ = true;
     st_.stop = StopReason::kEog;
     st_.text += dec_.flush();

@@ -57,6 +57,7 @@ struct GenerateOptions {
   // Log-probabilities of each generated token and of the n_probs most likely ones, from the
   // model's distribution (log-softmax of the logits, before penalties and filters). -1: none.
   int n_probs = -1;
+  bool ignore_eos = false;  // end-of-generation tokens do not end the answer (benchmarks)
 };
 
 struct TokenLogprob {

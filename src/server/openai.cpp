@@ -116,6 +116,7 @@ bool parse_request(Endpoint ep, const json& body, const Tokenizer& tok, const Re
   r.number("n", n, 1, 128);
   if (r.ok && n != 1) return r.fail("'n' must be 1: one choice per request");
   r.boolean("stream", out.stream);
+  r.boolean("ignore_eos", spec.gen.ignore_eos);  // llama-server's extension
   if (const json* so = r.get("stream_options")) {
     if (!so->is_object()) return r.fail("'stream_options' must be an object");
     Reader sr{*so, err};

@@ -372,3 +372,78 @@ TEST(Server, MemoryStaysFlatOver1000Requests) {
 
 }  // namespace
 }  // namespace lc::server
+
+namespace lc::server {
+namespace {
+
+// A sparse backend's read map: which parts of the sequence the last token read, per bin; for
+// quest with a budget of 64 tokens over ~300, some bins are unread and the last one is read.
+TEST(Server, ReadMapShowsWhatASparseBackendRead) {
+  TestServer srv;
+  auto c = srv.client();
+  int status = 0;
+  json r = post(c, "/v1/completions",
+                {{"prompt", story(12, 0)},
+                 {"max_tokens", 4},
+                 {"longctx", {{"attn", "quest:page=16,budget=64"}, {"read_map", true}}}},
+                &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  ASSERT_TRUE(r.contains("longctx")) << r.dump();
+  const auto map = r["longctx"]["read_map"].get<std::vector<float>>();
+  ASSERT_EQ(map.size(), 64u);
+  int unread = 0;
+  for (float v : map) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LE(v, 1.0f);
+    unread += v == 0.0f;
+  }
+  EXPECT_GT(unread, 0);
+  EXPECT_GT(map.back(), 0.0f);
+  // Dense reads everything.
+  r = post(c, "/v1/completions",
+           {{"prompt", story(12, 0)}, {"max_tokens", 4}, {"longctx", {{"attn", "dense"}, {"read_map", true}}}});
+  for (float v : r["longctx"]["read_map"].get<std::vector<float>>()) EXPECT_EQ(v, 1.0f);
+}
+
+// A reader runs through the server: the messages before the last user message are its
+// document, the last one its question.
+TEST(Server, ReaderRequestsRunTheReader) {
+  TestServer srv;
+  auto c = srv.client();
+  int status = 0;
+  json r = post(c, "/v1/chat/completions",
+                {{"messages",
+                  {{{"role", "user"}, {"content", story(30, 1)}}, {{"role", "user"}, {"content", "Who played?"}}}},
+                 {"max_tokens", 8},
+                 {"longctx", {{"reader", "memagent:chunk=128,memory=32,window=1024"}}}},
+                &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_TRUE(r["choices"][0]["message"]["content"].is_string());
+  EXPECT_GT(r["usage"]["prompt_tokens"].get<int64_t>(), 300);  // every call's prompt, over the whole story
+}
+
+// SJF takes the shortest prompt first, and aging lets a long one that waited go first.
+TEST(Scheduler, FcfsAndSjfWithAging) {
+  auto fcfs = make_scheduler("fcfs");
+  auto sjf = make_scheduler("sjf", 100.0);
+  ASSERT_TRUE(fcfs.has_value() && sjf.has_value());
+  EXPECT_FALSE(make_scheduler("lifo").has_value());
+  std::deque<std::shared_ptr<Job>> q;
+  auto job = [](uint64_t id, size_t n, double t) {
+    JobSpec s;
+    s.prompt.assign(n, 1);
+    auto j = std::make_shared<Job>(id, s, 1e9);
+    j->t_submit = t;
+    return j;
+  };
+  q.push_back(job(1, 1000, 10.0));
+  q.push_back(job(2, 50, 10.0));
+  q.push_back(job(3, 10, 10.0));
+  EXPECT_EQ((*fcfs)->pick(q, 10.0), 0u);
+  EXPECT_EQ((*sjf)->pick(q, 10.0), 2u);
+  q[0]->t_submit = 0.0;  // waited 10 s: 1000 - 100 * 10 = 0 < 10
+  EXPECT_EQ((*sjf)->pick(q, 10.0), 0u);
+}
+
+}  // namespace
+}  // namespace lc::server

@@ -7,7 +7,9 @@
 #include <memory>
 #include <thread>
 
-#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "command.h"
 #include "core/log.h"
@@ -18,6 +20,8 @@
 #include "server/http.h"
 
 namespace {
+
+int g_stop_pipe[2] = {-1, -1};
 
 struct ServeArgs {
   CommonOpts co;
@@ -66,12 +70,17 @@ int cmd_serve(const ServeArgs& a) {
   if (a.n_predict > a.max_tokens)
     return fail(fmt::format("-n/--n-predict {} is above --max-tokens {}", a.n_predict, a.max_tokens));
 
-  // Signals go to one thread that stops the server; every other thread blocks them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // SIGINT and SIGTERM write a byte to a pipe (whichever thread they land on: the BLAS library
+  // has threads of its own); a thread waiting on the pipe stops the server.
+  if (pipe(g_stop_pipe) != 0) return fail("cannot create a pipe");
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    const char b = 1;
+    (void)!write(g_stop_pipe[1], &b, 1);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
   auto engine = lc::server::Engine::create(**model, ep);
@@ -91,9 +100,10 @@ int cmd_serve(const ServeArgs& a) {
   lc::server::HttpServer server(**engine, hp);
   auto port = server.bind();
   if (!port) return fail(port.error().message);
-  std::thread sig([&server, sigs] {
-    int got = 0;
-    sigwait(&sigs, &got);
+  std::thread sig([&server] {
+    char b = 0;
+    while (read(g_stop_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
     server.stop();
   });
   fmt::print("listening on http://{}:{}\n", a.host, *port);
@@ -103,7 +113,8 @@ int cmd_serve(const ServeArgs& a) {
              lc::chat_template_name(tmpl), a.schedule, hp.api_key.empty() ? "" : ", API key required");
   server.run();
   // However the server stopped, the signal thread is released before it is joined.
-  pthread_kill(sig.native_handle(), SIGTERM);
+  const char b = 0;
+  (void)!write(g_stop_pipe[1], &b, 1);
   sig.join();
   return 0;
 }

@@ -28,3 +28,6 @@ std::vector<RegisteredCommand> add_read_commands(CLI::App* app);
 
 // `longctx serve` (the OpenAI-compatible HTTP server): cmd_serve.cpp.
 std::vector<RegisteredCommand> add_serve_commands(CLI::App* app);
+
+// `longctx bench serve` (the server under concurrent clients): cmd_bench_serve.cpp.
+std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench);

@@ -733,6 +733,7 @@ int main(int argc, char** argv) {
   cal->add_option("-o,--output", cal_out, "heads file to write")->capture_default_str();
 
   std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
+  for (auto& c : add_bench_serve_commands(bench)) extra.push_back(std::move(c));
   for (auto& c : add_train_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_vocab_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_methods_commands(&app)) extra.push_back(std::move(c));
