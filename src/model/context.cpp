@@ -46,7 +46,8 @@ AttnShape attn_shape_of(const HParams& hp) {
 
 Context::Context(const Model& model, const ContextParams& p)
     : model_(model), hp_(model.hparams()), params_(p),
-      pool_(p.n_threads > 0 ? p.n_threads : default_thread_count()) {}
+      own_pool_(p.pool ? nullptr : std::make_unique<ThreadPool>(p.n_threads > 0 ? p.n_threads : default_thread_count())),
+      pool_(p.pool ? p.pool : own_pool_.get()) {}
 
 Context::~Context() = default;
 
@@ -382,7 +383,7 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
   const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim, k_dim = hp.n_head_kv * hp.head_dim,
                 v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
   const Model& model = lead.model_;
-  ThreadPool& pool = lead.pool_;
+  ThreadPool& pool = *lead.pool_;
   float* x = lead.x_.data();
   float* cur = lead.cur_.data();
   std::vector<int32_t> pos(static_cast<size_t>(B));
@@ -512,7 +513,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   }
 
   auto rows = [&](int64_t count, auto&& fn) {
-    pool_.parallel_for(count, [&](int64_t b, int64_t e, int) {
+    pool_->parallel_for(count, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) fn(i);
     }, count >= 64 ? 8 : count);
   };
@@ -523,7 +524,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     {
       const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
       float* y[3] = {q_.data(), k_.data(), v_.data()};
-      kernels::matmul_multi(w, y, cur, n, pool_);
+      kernels::matmul_multi(w, y, cur, n, *pool_);
     }
     rows(n, [&](int64_t t) {
       prepare_qkv_row(L, q_.data() + t * q_dim, k_.data() + t * k_dim, v_.data() + t * v_dim,
@@ -531,21 +532,21 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     });
     for (ForwardHooks* h : hooks_) h->on_queries(il, q_.data(), pos_.data(), n);
     LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
-    LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), pool_));
+    LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_));
     for (ForwardHooks* h : hooks_) h->on_attention(*this, il, q_.data(), pos_.data(), n);
-    kernels::matmul(L.wo, attn_.data(), n, cur, pool_);
+    kernels::matmul(L.wo, attn_.data(), n, cur, *pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
 
     rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
     {
       const TensorView* w[2] = {&L.w_gate, &L.w_up};
       float* y[2] = {gate_.data(), up_.data()};
-      kernels::matmul_multi(w, y, cur, n, pool_);
+      kernels::matmul_multi(w, y, cur, n, *pool_);
     }
     rows(n, [&](int64_t t) {
       kernels::swiglu(gate_.data() + t * hp.n_ff, up_.data() + t * hp.n_ff, gate_.data() + t * hp.n_ff, hp.n_ff);
     });
-    kernels::matmul(L.w_down, gate_.data(), n, cur, pool_);
+    kernels::matmul(L.w_down, gate_.data(), n, cur, *pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
   }
   n_past_ += n;
@@ -556,7 +557,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   rows(n_out, [&](int64_t i) {
     kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
   });
-  kernels::matmul(model_.output(), cur, n_out, logits, pool_);
+  kernels::matmul(model_.output(), cur, n_out, logits, *pool_);
   return ok_status();
 }
 

@@ -32,6 +32,10 @@ struct ContextParams {
   int64_t n_ctx = 0;
   int64_t n_batch = 512; // tokens per forward chunk
   int n_threads = 0;     // 0: all cores
+  // A pool to run on instead of one of the context's own (the server's slots share one, so
+  // that idle pools do not spin beside the busy one). It must outlive the context, and only
+  // one thread at a time may drive the contexts that share it. n_threads is then ignored.
+  ThreadPool* pool = nullptr;
   std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
   std::string attn;  // --attn spec (attention backend registry); empty: the model's default (dense, or fixed)
   int64_t kv_block = 64;       // --kv-block: tokens per KV block
@@ -184,7 +188,7 @@ class Context {
   // The press attached to the forward pass (null: none), and its runner.
   const KvPress* press() const;
   const PressRunner* press_runner() const { return press_.get(); }
-  ThreadPool& pool() { return pool_; }
+  ThreadPool& pool() { return *pool_; }
   size_t activation_bytes() const;
   // qTTT (runtime/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,
   // by the f32 rows of wq: [n_layer, n_head * head_dim, n_embd]. The model's weights are never
@@ -213,7 +217,8 @@ class Context {
   const Model& model_;
   const HParams& hp_;
   ContextParams params_;
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;  // null when ContextParams::pool is given
+  ThreadPool* pool_ = nullptr;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<PressRunner> press_;  // null: no compression

@@ -164,6 +164,8 @@ Expected<std::unique_ptr<Engine>> Engine::create(const Model& model, const Engin
     e->budget_ = avail > 0 ? static_cast<size_t>(avail / 4 * 3) : size_t{8} << 30;
   }
   e->m_.kv_budget_bytes = e->budget_;
+  e->pool_ = std::make_unique<ThreadPool>(p.defaults.ctx.n_threads > 0 ? p.defaults.ctx.n_threads
+                                                                       : default_thread_count());
   for (int i = 0; i < p.n_slots; ++i) {
     auto sl = std::make_unique<Slot>();
     sl->id = i;
@@ -357,6 +359,7 @@ void Engine::start(Slot& s) {
   if (!s.session) {
     sp->ctx.n_ctx = 0;  // grows with the request, within its reservation
     sp->ctx.kv_budget = static_cast<int64_t>(s.cap);
+    sp->ctx.pool = pool_.get();
     auto made = Session::create(model_, *sp);
     if (!made) return finish(s, api_error(made.error()));
     s.session = std::move(*made);
@@ -449,19 +452,20 @@ void Engine::finish(Slot& s, std::optional<ApiError> err) {
     const Selection& sel = s.session->context().attention().selection();
     const int64_t n = s.session->n_past();
     if (n > 0 && !sel.keys.empty()) {
-      std::vector<int64_t> hit(kReadMapBins, 0), size(kReadMapBins, 0);
+      const int64_t bins = std::min<int64_t>(kReadMapBins, n);  // no empty bins
+      std::vector<int64_t> hit(static_cast<size_t>(bins), 0), size(static_cast<size_t>(bins), 0);
       std::vector<char> read(static_cast<size_t>(n), 0);
       const int64_t last_row = sel.n - 1;
       for (int64_t h = 0; h < sel.n_head; ++h)
         for (const SelectedKey& k : sel.keys[static_cast<size_t>(last_row * sel.n_head + h)])
           if (k.seq_index >= 0 && k.seq_index < n) read[static_cast<size_t>(k.seq_index)] = 1;
       for (int64_t t = 0; t < n; ++t) {
-        const size_t b = static_cast<size_t>(t * kReadMapBins / n);
+        const size_t b = static_cast<size_t>(t * bins / n);
         ++size[b];
         hit[b] += read[static_cast<size_t>(t)];
       }
-      for (int b = 0; b < kReadMapBins; ++b)
-        map.push_back(size[b] ? static_cast<float>(hit[b]) / static_cast<float>(size[b]) : 0.0f);
+      for (size_t b = 0; b < static_cast<size_t>(bins); ++b)
+        map.push_back(static_cast<float>(hit[b]) / static_cast<float>(size[b]));
     }
   }
   if (s.session) {
@@ -731,6 +735,7 @@ std::optional<ApiError> Engine::slot_action(int id, const std::string& action, c
         SessionParams sp = p_.defaults;
         sp.ctx.n_ctx = 0;
         sp.ctx.kv_budget = static_cast<int64_t>(budget_ - others);
+        sp.ctx.pool = pool_.get();
         auto made = Session::create(model_, sp);
         if (!made) {
           r = ApiError{500, made.error().message, "server_error"};

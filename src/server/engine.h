@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -193,6 +194,7 @@ class Engine {
   const Model& model_;
   EngineParams p_;
   std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<ThreadPool> pool_;  // every slot's session runs on it (the engine's thread drives them)
   size_t bytes_per_token_ = 0;
   int64_t block_tokens_ = 64;
   size_t budget_ = 0;

@@ -128,6 +128,7 @@ std::vector<RegisteredCommand> add_serve_commands(CLI::App* app) {
                "without -m, the project's reader model");
   a->co.add(serve);
   a->so.add(serve);
+  serve->get_option("--model")->description("GGUF model (default: the embedded reader model, longctx-2l-reader)");
   serve->add_option("--host", a->host, "address to listen on")->capture_default_str();
   serve->add_option("--port", a->port, "port (0: any free port, printed)")
       ->check(CLI::Range(0, 65535))->capture_default_str();
