@@ -284,14 +284,14 @@ Status Context::begin_decode(std::span<const int32_t> in, Logits which, bool con
   return ok_status();
 }
 
-Expected<bool> Context::decode_step() {
+Expected<bool> Context::decode_step(int64_t max_tokens) {
   if (!pending_.active) return make_error("decode_step: no decode call is pending (begin_decode first)");
   PendingDecode& pd = pending_;
   const DecodeCall& call = pd.call;
   const Logits which = call.which;
   const int64_t n = static_cast<int64_t>(pd.tokens.size());
   const int64_t i = pd.done;
-  const int64_t m = std::min(params_.n_batch, n - i);
+  const int64_t m = std::min({params_.n_batch, n - i, max_tokens > 0 ? max_tokens : n});
   Logits w = Logits::kNone;
   if (which == Logits::kAll) w = Logits::kAll;
   if (which == Logits::kLast && i + m == n) w = Logits::kLast;

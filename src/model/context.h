@@ -96,7 +96,9 @@ class Context {
   // operation on the context while a call is pending is the caller's mistake, except
   // truncate()/clear(), which abandon it.
   Status begin_decode(std::span<const int32_t> tokens, Logits which = Logits::kLast, bool context_part = false);
-  Expected<bool> decode_step();
+  // max_tokens > 0 caps this chunk below n_batch (the server keeps a prefill step about as
+  // long as a decode step while other requests generate).
+  Expected<bool> decode_step(int64_t max_tokens = 0);
   bool decode_pending() const { return pending_.active; }
 
   // Continuous batching: one generated token for each of several sequences (distinct contexts

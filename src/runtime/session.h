@@ -124,7 +124,7 @@ class Session {
   // so the results are the same. end_request() puts the model's own W_q back after qTTT.
   Status begin_run(const Prompt& prompt, uint64_t qttt_seed = 0);
   Status begin_continue(std::vector<int32_t> tokens);
-  Expected<bool> prefill_step();
+  Expected<bool> prefill_step(int64_t max_tokens = 0);  // max_tokens: Context::decode_step
   const RequestStats& prefill_stats() const { return plan_.st; }
   void end_request() { ctx_->clear_query_weights(); }
 

@@ -114,6 +114,7 @@ struct Engine::Slot {
   RequestStats st;
   size_t logprobs_sent = 0;
   bool timed_out = false;
+  double prefill_tok_s = 0;  // seconds per prompt token of its last prefill step
   // A reader's run (its own thread and Session).
   std::thread reader;
   std::atomic<bool> reader_done{false};
@@ -347,6 +348,7 @@ void Engine::start(Slot& s) {
   s.st = RequestStats{};
   s.logprobs_sent = 0;
   s.timed_out = false;
+  s.prefill_tok_s = 0;
   s.gen.reset();
   if (!spec.methods.reader.empty()) {
     s.reader_done = false;
@@ -378,7 +380,23 @@ void Engine::step_prefill() {
     Slot& s = *slots_[(prefill_rr_ + k) % n];
     if (!s.job || s.phase != JobPhase::kPrefill) continue;
     prefill_rr_ = (prefill_rr_ + k + 1) % n;
-    auto done = s.session->prefill_step();
+    // While other requests generate, a prefill step takes about as long as their decode step,
+    // so that a long document does not stall them: the chunk is sized from this slot's last
+    // cost per token (exact for methods without a press; a press keeps its chunking).
+    bool others = false;
+    for (auto& o : slots_) others = others || (o->job && o->phase == JobPhase::kGenerating);
+    int64_t cap = 0;
+    if (others && s.session->context().press() == nullptr) {
+      cap = s.prefill_tok_s > 0 && decode_step_s_ > 0
+                ? std::clamp<int64_t>(static_cast<int64_t>(decode_step_s_ / s.prefill_tok_s), 1,
+                                      s.session->context().n_batch())
+                : 16;
+    }
+    const int64_t before = s.session->n_past();
+    const double t0 = now_seconds();
+    auto done = s.session->prefill_step(cap);
+    const int64_t did = s.session->n_past() - before;
+    if (did > 0) s.prefill_tok_s = (now_seconds() - t0) / static_cast<double>(did);
     if (!done) return finish(s, api_error(done.error()));
     if (!*done) return;
     s.st = s.session->prefill_stats();
@@ -429,8 +447,10 @@ void Engine::step_decode() {
     who.push_back(&s);
   }
   if (ctxs.empty()) return;
+  const double t0 = now_seconds();
   const std::vector<Status> st = Context::decode_batch(ctxs, toks);
   const double now = now_seconds();
+  decode_step_s_ = now - t0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     m_.batch_steps += 1;

@@ -205,6 +205,7 @@ class Engine {
   bool stop_ = false;
   uint64_t next_id_ = 1;
   size_t prefill_rr_ = 0;
+  double decode_step_s_ = 0;  // seconds of the last batched decode step (prefill chunks are sized to it)
   EngineMetrics m_;
   std::deque<std::pair<double, int64_t>> recent_;  // (time, tokens) of decode steps, last 10 s
   std::vector<SlotInfo> snapshot_;                 // what slots() shows, published by the loop

@@ -55,6 +55,7 @@ HttpServer::HttpServer(Engine& engine, ServerParams p) : engine_(engine), p_(std
   svr_->set_read_timeout(30, 0);
   svr_->set_write_timeout(30, 0);
   svr_->set_keep_alive_timeout(5);
+  svr_->set_tcp_nodelay(true);  // headers and body go in separate writes: no Nagle delay between them
   routes();
 }
 

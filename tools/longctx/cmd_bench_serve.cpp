@@ -31,6 +31,8 @@ struct BenchServeArgs {
   std::vector<int> clients{1, 2, 4, 8};
   int requests = 4;
   int64_t n_predict = 64, prompt_words = 40, doc = 0;
+  std::string doc_attn;
+  double doc_lead = 0.5;  // seconds the document prefills alone before the chats start
   int slots = 8;
 };
 
@@ -48,19 +50,23 @@ std::string words(int64_t n, int salt) {
 }
 
 // One streamed completion; the time of each content chunk's arrival.
-void one_request(int port, const std::string& prompt, int64_t n_predict, ClientStats& cs) {
+void one_request(int port, const std::string& prompt, int64_t n_predict, ClientStats& cs,
+                 const json& longctx = nullptr, const std::atomic<bool>* stop = nullptr) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(3600, 0);
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
-  req.body = json{{"prompt", prompt}, {"max_tokens", n_predict}, {"temperature", 0}, {"stream", true},
-                  {"ignore_eos", true}}.dump();
+  json body = {{"prompt", prompt}, {"max_tokens", n_predict}, {"temperature", 0}, {"stream", true},
+               {"ignore_eos", true}};
+  if (!longctx.is_null()) body["longctx"] = longctx;
+  req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   std::vector<double> arrivals;
   std::string buf;
   const double t0 = lc::now_seconds();
   req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    if (stop && stop->load()) return false;  // the client goes away (the server cancels)
     buf.append(d, n);
     size_t pos;
     while ((pos = buf.find("\n\n")) != std::string::npos) {
@@ -170,24 +176,34 @@ int cmd_bench_serve(const BenchServeArgs& a) {
     };
     std::vector<ClientStats> alone(3), beside(3);
     chats(alone);
-    std::atomic<bool> doc_done{false};
+    std::atomic<bool> doc_done{false}, stop_doc{false};
     ClientStats doc_stats;
     const std::string doc_text = words(a.doc * 10 / 13, 7);
+    const json doc_methods = a.doc_attn.empty() ? json(nullptr) : json{{"attn", a.doc_attn}};
+    const double t_doc = lc::now_seconds();
     std::thread doc([&] {
-      one_request(*port, doc_text, 16, doc_stats);
+      one_request(*port, doc_text, 16, doc_stats, doc_methods, &stop_doc);
       doc_done = true;
     });
-    // Let the document's prefill start, then run the chats beside it.
-    for (int i = 0; i < 200 && (*engine)->metrics().busy_slots == 0; ++i)
+    // Let the document's prefill start, then run the chats beside it; then the document's
+    // client goes away (its prefill would take minutes more) and the server cancels it.
+    for (int i = 0; i < 500 && (*engine)->metrics().busy_slots == 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::duration<double>(a.doc_lead));
     chats(beside);
     const bool overlapped = !doc_done.load();
+    int64_t doc_done_tokens = 0;
+    for (const auto& sl : (*engine)->slots())
+      if (sl.state == "prefill") doc_done_tokens = sl.n_past;
+    const double t_beside = lc::now_seconds() - t_doc;
+    stop_doc = true;
     doc.join();
-    fmt::print("\n| chats' mean ms/token | alone | beside a {}-token document | ratio |\n|---|---:|---:|---:|\n"
+    fmt::print("\n| chats' mean ms/token | alone | beside a {}-token document{} | ratio |\n|---|---:|---:|---:|\n"
                "| 3 chats, {} tokens each | {:.2f} | {:.2f}{} | {:.2f} |\n",
-               a.doc, a.n_predict, tpot_of(alone), tpot_of(beside), overlapped ? "" : " (document ended first)",
-               tpot_of(beside) / std::max(tpot_of(alone), 1e-9));
-    fmt::print("document request: TTFT {:.2f} s{}\n", doc_stats.ttft_sum, doc_stats.errors ? " (failed)" : "");
+               a.doc, a.doc_attn.empty() ? "" : " (" + a.doc_attn + ")", a.n_predict, tpot_of(alone), tpot_of(beside),
+               overlapped ? "" : " (document ended first)", tpot_of(beside) / std::max(tpot_of(alone), 1e-9));
+    fmt::print("the document's prefill had reached {} tokens after {:.1f} s, when the chats were done\n",
+               doc_done_tokens, t_beside);
   }
   fmt::print("\npeak RSS {:.1f} MiB\n", static_cast<double>(lc::peak_rss_bytes()) / (1024.0 * 1024.0));
   server.stop();
@@ -211,6 +227,9 @@ std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->capture_default_str();
   cmd->add_option("--doc", a->doc, "tokens of a document request run beside three chats (0: skip)")
       ->transform(token_length_value())->capture_default_str();
+  cmd->add_option("--doc-attn", a->doc_attn, "attention backend of the document request (default: the server's)");
+  cmd->add_option("--doc-lead", a->doc_lead, "seconds the document prefills alone before the chats start")
+      ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   cmd->add_option("--slots", a->slots, "server slots (at least the largest client count)")
       ->check(CLI::Range(1, 256))->capture_default_str();
   return {{cmd, [a] { return cmd_bench_serve(*a); }}};
