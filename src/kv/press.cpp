@@ -286,13 +286,38 @@ int64_t ScoredPress::layer_target(const PressContext& c, int64_t il) const {
   else if (o_.ratio >= 0) target = static_cast<int64_t>(std::floor((1.0 - o_.ratio) * static_cast<double>(seen) + 1e-9));
   else return -1;
   if (o_.alloc == Alloc::kPyramid && shape_.n_layer > 1 && target < seen) {
-    // PyramidKV (Cai et al. 2024): budgets fall linearly with depth from max_num to
-    // min_num = B / beta, their mean B (the uniform budget outside the protected tokens) held.
-    const double prot = static_cast<double>(o_.n_sink + o_.window);
-    const double B = std::max(0.0, static_cast<double>(target) - prot);
-    const double min_num = B / o_.beta, max_num = 2 * B - min_num;
-    const double step = (max_num - min_num) / static_cast<double>(shape_.n_layer - 1);
-    target = static_cast<int64_t>(std::llround(max_num - static_cast<double>(il) * step + prot));
+    // PyramidKV (Cai et al. 2024), with the budget schedule of kvpress's PyramidKVPress
+    // (NVIDIA/kvpress, kvpress/presses/pyramidkv_press.py, get_layer_budget, itself from the
+    // authors' KVCache-Factory pyramidkv_utils.py), reproduced operation for operation in double:
+    //   w = n_sink + window (kvpress: window_size; n_sink = 0 there),  q = tokens present,
+    //   K = q_seen * (1 - ratio) (unfloored; budget=B / target=T: K = B / T),
+    //   min_num = K / beta,  max_num = 2K - min_num;
+    //   if max_num >= q - w:  max_num = q - w,  min_num = 2K - max_num   (the clamp: the first
+    //     layers cannot keep more than is there, so the last ones keep more and the mean stays K);
+    //   if not (q >= max_num >= min_num >= w):  kept = round(K) in every layer (SnapKV);
+    //   else kept(il) = round(max_num - il * (max_num - min_num) / (n_layer - 1)).
+    // kept(il) counts every token of a head, protected ones included; round() is Python's
+    // (half to even: std::nearbyint). Sum over layers = n_layer * K up to the rounding.
+    const double w = static_cast<double>(o_.n_sink + o_.window);
+    int64_t present = 0;
+    for (int64_t h = 0; h < c.kv->n_head_kv(); ++h) present = std::max(present, c.kv->n_tokens(il, h));
+    const double q_len = static_cast<double>(present);
+    const double kept = c.phase != PressPhase::kDecode && o_.budget < 0
+                            ? static_cast<double>(seen) * (1.0 - o_.ratio)
+                            : static_cast<double>(target);
+    const double max_capacity_prompt = w + kept;
+    double min_num = (max_capacity_prompt - w) / o_.beta;
+    double max_num = (max_capacity_prompt - w) * 2 - min_num;
+    if (max_num >= q_len - w) {
+      max_num = q_len - w;
+      min_num = (max_capacity_prompt - w) * 2 - max_num;
+    }
+    if (!(q_len >= max_num && max_num >= min_num && min_num >= w))
+      return static_cast<int64_t>(std::nearbyint(kept));
+    const double steps = (max_num - min_num) / static_cast<double>(shape_.n_layer - 1);
+    // Two roundings, as Python: no fused multiply-add (GCC contracts across statements).
+    volatile double drop = static_cast<double>(il) * steps;
+    target = static_cast<int64_t>(std::nearbyint(max_num - drop));
   }
   return target;
 }

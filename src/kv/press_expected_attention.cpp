@@ -7,9 +7,12 @@
 //   z_j = scale * k_j^T mu' + scale^2 / 2 * k_j^T Sigma' k_j      (scale = 1/sqrt(d))
 //   s_j = softmax_j(z) * (||v_j|| + epsilon)
 // per query head; the framework reduces over the group (mean). n_sink = 4 by default.
+// Sigma is the biased covariance (1/N over the N observation queries), as kvpress's einsum / N.
 // Differences from the authors' code: the statistics come from the observation window the
 // model keeps (obs=64 last queries), and the softmax runs over every held token (sinks
-// included; they are protected anyway).
+// included; they are protected anyway), and epsilon is added to ||v|| where kvpress adds it to
+// the attention, (softmax + epsilon) * ||v|| (the same at the default epsilon = 0;
+// docs/kv-press.md, "Differences from kvpress").
 #include <fmt/format.h>
 
 #include <cfloat>
@@ -80,7 +83,7 @@ class ExpectedAttention final : public PressScorer {
               for (int64_t b = 0; b < d; ++b)
                 sig[static_cast<size_t>(a * d + b)] += (q[a] - mu[static_cast<size_t>(a)]) * (q[b] - mu[static_cast<size_t>(b)]);
           }
-          for (double& x : sig) x /= static_cast<double>(c.n_obs - 1);
+          for (double& x : sig) x /= static_cast<double>(c.n_obs);  // biased, as kvpress
         }
         double mx = -DBL_MAX;
         for (int64_t j = 0; j < n; ++j) {

@@ -242,7 +242,9 @@ TEST(KvPress, KeptCountsAndProtectedTokens) {
       const std::string& params = cs.params;
       const int64_t want = cs.want, n_sink = cs.n_sink, window = cs.window;
       Fixture f(3, 8, 2, 16, 101, 8, 7);
-      auto p = make(n + ":" + params, f.shape);
+      // pyramidkv: beta=2, so that 101 tokens make a pyramid (kvpress's schedule falls back to
+      // uniform budgets when K / beta < n_sink + window; press_oracle_test.cpp checks it exactly).
+      auto p = make(n + ":" + params + (n == "pyramidkv" ? ",beta=2" : ""), f.shape);
       ASSERT_TRUE(p);
       ASSERT_TRUE(f.compress_all(*p).is_ok()) << n << " " << params;
       int64_t layer_total = 0;
@@ -616,7 +618,7 @@ TEST(KvPressScores, ExpectedAttention) {
       for (int64_t a = 0; a < d; ++a)
         for (int64_t b = 0; b < d; ++b)
           sig[static_cast<size_t>(a * d + b)] += (f.qptr(0, t)[hq * d + a] - mu[static_cast<size_t>(a)]) *
-                                                 (f.qptr(0, t)[hq * d + b] - mu[static_cast<size_t>(b)]) / double(w - 1);
+                                                 (f.qptr(0, t)[hq * d + b] - mu[static_cast<size_t>(b)]) / double(w);  // biased (1/N), as kvpress
     // Mean rotation matrix, built by rotating basis vectors.
     std::vector<double> R(d * d, 0.0), col(d);
     for (int64_t p = 40; p < 40 + nf; ++p)
