@@ -28,8 +28,13 @@ LC_ATTENTION(streaming,
              "StreamingLLM: sinks + recent window, positions re-assigned",
              "Xiao et al., \"Efficient Streaming Language Models with Attention Sinks\", ICLR 2024")
 LC_ATTENTION(quest,
-             "Quest: top pages by min/max key bounds",
+             "Quest as the official code runs it: dense prefill; each decoded query head attends its top "
+             "max(3, budget/page) pages by min/max key bounds",
              "Tang et al., \"Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference\", ICML 2024")
+LC_ATTENTION(quest_fast,
+             "faster relative of quest: sparse prefill tiles, pages shared by a GQA group, 8-bit bounds",
+             "Tang et al., \"Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference\", ICML 2024 "
+             "(modified: docs/attention.md)")
 LC_ATTENTION(infllm,
              "InfLLM: sinks + local + retrieved memory blocks at a fixed distance",
              "Xiao et al., \"InfLLM: Training-Free Long-Context Extrapolation for LLMs with an Efficient Context "

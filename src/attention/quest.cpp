@@ -1,32 +1,44 @@
 // Quest (Tang et al. 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM
-// Inference"): keys are grouped in pages; each page keeps the per-channel minimum m and
-// maximum M of its keys, which bound any query's score on the page from above:
+// Inference", ICML 2024; official code mit-han-lab/Quest). Keys are grouped in pages of `page`
+// tokens from the first token; each page keeps the per-channel minimum m and maximum M of its
+// stored (post-RoPE) keys, which bound any query's score on the page from above:
 //     U(q, page) = sum_i max(q_i m_i, q_i M_i)  >=  q . k   for every k in the page.
-// Each query head attends exactly to the top budget/page pages by U (its own page always
-// included); the first dense_layers layers, and queries that see no more than `budget`
-// tokens, attend densely. Bounds are over the stored post-RoPE keys, as in the paper, and are
-// kept as 8-bit codes with per-channel scales, rounded outward (attn::PageBounds: about a
-// 28th of the f16 K/V bytes at pages of 16, read for every decoded token).
 //
-// GQA (the paper's models are MHA): with share=1 (default) the query heads of a group choose
-// one set of pages by the largest of their bounds, which still bounds every head's scores, so
-// the budget is also what is read per KV head. share=0 keeps the per-head choice, where the
-// union of a group's choices can be g times the budget.
+// Two registry names share this file.
 //
-// Decoding has one tile per KV head, fewer than the threads: the bounds pass and the attention
-// over the chosen pages are split into units of `split` tokens (split-K, flash-decoding), and
-// the next chosen page is prefetched while one is attended.
+// `quest` is the paper's method, as the official code that produced the paper's accuracy
+// figures runs it (evaluation/quest_attention.py):
+//   - a forward call of more than one token (prefill) attends densely (`q_len > 1`);
+//   - the first dense_layers (2) layers attend densely (`layer_id < 2`);
+//   - a decoded token's query head h chooses its own pages (repeat_kv: no sharing across the
+//     GQA group): with L visible tokens, n_pages = ceil(L / page) pages (the last one partial,
+//     bounded by its keys alone, the current token's page included and scored like the others),
+//     it attends the top K = min(max(3, min(L, budget) / page), n_pages) pages by U, exact
+//     float bounds, scores summed in double; K = n_pages is dense. Ties go to the lower page
+//     index (torch.topk leaves them unspecified).
 //
-// The paper selects per decoded token. In a prefill tile (up to 64 rows: a few tokens x the
-// heads of a GQA group) the pages are chosen once per query head for the tile's tokens, with
-// the bound of the tile's query box (sum_i max over q_i in [lo_i, hi_i], k_i in [m_i, M_i]
-// of q_i k_i), which still bounds every query of the tile from above; the tile's own pages are
-// always attended. Selection then costs n_pages per tile and head instead of per query, so a
-// 1M-token prompt no longer spends O(n^2 / page) on bounds per query. One query (decoding)
-// gets exactly the paper's selection.
+// `quest_fast` is the project's faster relative (docs/attention.md): sparse prefill (a prefill
+// tile chooses once, with the bound of its query box), the query heads of a GQA group choosing
+// one set of pages by their largest bound (share=1), the tile's own pages always attended, K =
+// budget/page pages (at least 2), and bounds kept as 8-bit codes with per-channel scales
+// rounded outward (attn::PageBounds: about a 28th of the f16 K/V bytes at pages of 16, read for
+// every decoded token).
 //
-// Pages of one KV head are the outer loop, the query heads (and tokens) that selected a page
-// the inner one: a page is loaded once for the whole GQA group.
+// Both: decoding has one tile per KV head, fewer than the threads: the attention over the
+// chosen pages (and, in quest_fast, the bounds pass) are split into units of `split` tokens
+// (split-K, flash-decoding). Pages of one KV head are the outer loop, the query heads that
+// selected a page the inner one: a page is loaded once for the whole GQA group.
+//
+// quest_fast in detail. GQA (the paper's models are MHA): with share=1 (default) the query
+// heads of a group choose one set of pages by the largest of their bounds, which still bounds
+// every head's scores, so the budget is also what is read per KV head. share=0 keeps the
+// per-head choice, where the union of a group's choices can be g times the budget. In a
+// prefill tile (up to 64 rows: a few tokens x the heads of a GQA group) the pages are chosen
+// once per query head for the tile's tokens, with the bound of the tile's query box (sum_i max
+// over q_i in [lo_i, hi_i], k_i in [m_i, M_i] of q_i k_i), which still bounds every query of the
+// tile from above; the tile's own pages are always attended. Selection then costs n_pages per
+// tile and head instead of per query, so a 1M-token prompt no longer spends O(n^2 / page) on
+// bounds per query. Queries that see no more than `budget` tokens attend densely.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,15 +57,18 @@ namespace {
 
 class QuestBackend final : public ExecBackend {
  public:
-  QuestBackend(const AttnShape& s, int64_t budget, int64_t page, int64_t dense_layers, bool share, int64_t split)
-      : ExecBackend(s), budget_(budget), page_(page), dense_layers_(dense_layers), share_(share),
+  // paper: `quest` (the official code's method); otherwise `quest_fast`.
+  QuestBackend(const AttnShape& s, bool paper, int64_t budget, int64_t page, int64_t dense_layers, bool share,
+               int64_t split)
+      : ExecBackend(s), paper_(paper), budget_(budget), page_(page), dense_layers_(dense_layers), share_(share),
         heads_(static_cast<size_t>(s.n_layer * s.n_head_kv)) {
     split_ = split;
   }
 
   std::string spec() const override {
-    std::string s = fmt::format("quest:budget={},page={},dense_layers={},share={}", budget_,
-                                page_, dense_layers_, share_ ? 1 : 0);
+    std::string s = paper_ ? fmt::format("quest:budget={},page={},dense_layers={}", budget_, page_, dense_layers_)
+                           : fmt::format("quest_fast:budget={},page={},dense_layers={},share={}", budget_, page_,
+                                         dense_layers_, share_ ? 1 : 0);
     if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
   }
@@ -62,21 +77,12 @@ class QuestBackend final : public ExecBackend {
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
-    if (il < dense_layers_) {
+    if (il < dense_layers_ || (paper_ && n > 1)) {  // Quest: `q_len > 1 or layer_id < 2` is dense
       run_dense(ctx, pool);
       return ok_status();
     }
-    // Page bounds, brought up to date per KV head: in parallel after a prefill chunk, on this
-    // thread when decoding (one page per head changes), which saves a pass through the pool.
-    int64_t stale = 0;
-    for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) stale += stale_pages(kv, il, hk);
-    if (stale <= 4 * shape_.n_head_kv) {
-      for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) update_bounds(kv, il, hk);
-    } else {
-      pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
-        for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
-      });
-    }
+    refresh_bounds(kv, il, pool);
+    if (paper_) return forward_paper(ctx, kv, pool);
     const std::vector<attn::Item> items = attn::make_items(ctx);
     const int64_t n_items = static_cast<int64_t>(items.size());
     auto head = [&](const attn::Item& it) -> const HeadState& {
@@ -161,9 +167,104 @@ class QuestBackend final : public ExecBackend {
   struct HeadState {
     uint64_t epoch = ~uint64_t{0};
     int64_t n_full = 0;          // pages whose bounds are final
-    attn::PageBounds pb;         // per page: min | max as 8-bit codes, in tiles of 16 pages
+    attn::PageBounds pb;         // quest_fast: per page min | max as 8-bit codes, in tiles of 16 pages
+    std::vector<float> exact;    // quest: [page][min[d], max[d]], the keys' own values
     std::vector<float> rows;     // [page, head_dim] scratch
   };
+
+  // Page bounds, brought up to date per KV head: in parallel after a prefill chunk (or, in
+  // quest, at the first decoded token after it), on this thread when decoding (one page per
+  // head changes), which saves a pass through the pool.
+  void refresh_bounds(KvCache& kv, int64_t il, ThreadPool& pool) {
+    int64_t stale = 0;
+    for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) stale += stale_pages(kv, il, hk);
+    if (stale <= 4 * shape_.n_head_kv) {
+      for (int64_t hk = 0; hk < shape_.n_head_kv; ++hk) update_bounds(kv, il, hk);
+    } else {
+      pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
+        for (int64_t hk = b; hk < e; ++hk) update_bounds(kv, il, hk);
+      });
+    }
+  }
+
+  // The paper's decoding step (one token, every query head on its own): K pages of highest
+  // U(q, page) among all ceil(L / page) pages, with K = min(max(3, min(L, budget) / page),
+  // n_pages) (evaluation/quest_attention.py: token_budget = min(kv_seq_len, budget), topk k =
+  // min(max(3, token_budget // chunk_size), n_chunks)). The chosen pages of a KV head are
+  // attended as spans carrying the rows (query heads) that chose them.
+  Status forward_paper(const attn::ExecCtx& ctx, KvCache& kv, ThreadPool& pool) {
+    const int64_t il = ctx.il, H = shape_.n_head;
+    if (static_cast<int64_t>(paper_pages_.size()) < H) paper_pages_.resize(static_cast<size_t>(H));
+    paper_all_.assign(static_cast<size_t>(H), 0);
+    pool.parallel_for(H, [&](int64_t b, int64_t e, int) {
+      for (int64_t h = b; h < e; ++h) choose_paper(ctx, kv, h);
+    });
+    const std::vector<attn::Item> items = attn::make_items(ctx);
+    spans_.resize(items.size());
+    const int64_t B = kv.block_tokens();
+    std::vector<uint64_t> mask;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const attn::Item& it = items[i];
+      const int64_t L = kv.n_tokens(il, it.hk);
+      const int64_t n_pages = (L + page_ - 1) / page_;
+      mask.assign(static_cast<size_t>(n_pages), 0);
+      for (int64_t r = 0; r < it.rows(); ++r) {  // one token: row r is query head h0 + r
+        const int64_t h = it.h0 + r % it.g;
+        if (paper_all_[static_cast<size_t>(h)]) {
+          for (auto& m : mask) m |= uint64_t{1} << r;
+          continue;
+        }
+        for (int32_t p : paper_pages_[static_cast<size_t>(h)]) mask[static_cast<size_t>(p)] |= uint64_t{1} << r;
+      }
+      spans_[i].clear();
+      for (int64_t p = 0; p < n_pages; ++p) {
+        if (!mask[static_cast<size_t>(p)]) continue;
+        const size_t at = spans_[i].size();
+        attn::add_spans(spans_[i], p * page_, std::min(page_, L - p * page_), B);
+        for (size_t j = at; j < spans_[i].size(); ++j) spans_[i][j].rows = mask[static_cast<size_t>(p)];
+      }
+    }
+    run_spans(ctx, items, spans_, pool);
+    return ok_status();
+  }
+
+  // Query head h of a decoded token: paper_all_[h] (every page), or paper_pages_[h], its K pages
+  // of highest U in ascending order. U is summed in double over the exact float bounds; a NaN
+  // (from a NaN query or key) counts as +inf; ties go to the lower page index.
+  void choose_paper(const attn::ExecCtx& ctx, const KvCache& kv, int64_t h) {
+    const int64_t d = shape_.head_dim, hk = h / ctx.group;
+    const int64_t L = kv.n_tokens(ctx.il, hk);
+    const int64_t n_pages = (L + page_ - 1) / page_;
+    const int64_t K = std::min(std::max<int64_t>(3, std::min(L, budget_) / page_), n_pages);
+    std::vector<int32_t>& chosen = paper_pages_[static_cast<size_t>(h)];
+    chosen.clear();
+    if (K >= n_pages) {
+      paper_all_[static_cast<size_t>(h)] = 1;
+      return;
+    }
+    const HeadState& hs = heads_[static_cast<size_t>(ctx.il * shape_.n_head_kv + hk)];
+    const float* q = ctx.var[0].q + h * d;  // rotated and scaled by scale > 0: the same order
+    thread_local std::vector<double> score;
+    thread_local std::vector<int32_t> order;
+    score.resize(static_cast<size_t>(n_pages));
+    order.resize(static_cast<size_t>(n_pages));
+    for (int64_t p = 0; p < n_pages; ++p) {
+      const float* mn = hs.exact.data() + p * 2 * d;
+      const float* mx = mn + d;
+      double u = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        const double a = static_cast<double>(q[c]) * mn[c], b = static_cast<double>(q[c]) * mx[c];
+        u += a > b ? a : b;
+      }
+      score[static_cast<size_t>(p)] = u == u ? u : std::numeric_limits<double>::infinity();
+      order[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+    }
+    const double* sc = score.data();
+    auto before = [sc](int32_t x, int32_t y) { return sc[x] > sc[y] || (sc[x] == sc[y] && x < y); };
+    std::nth_element(order.begin(), order.begin() + (K - 1), order.end(), before);
+    chosen.assign(order.begin(), order.begin() + K);
+    std::sort(chosen.begin(), chosen.end());
+  }
 
   // What one tile attends. Pages [own_first, n_pages) hold the tile's own tokens and are always
   // attended (causality trims them); rows in `all_rows` (queries that see no more than the
@@ -316,10 +417,30 @@ class QuestBackend final : public ExecBackend {
     }
     const int64_t N = kv.n_tokens(il, hk);
     const int64_t n_pages = (N + page_ - 1) / page_;
+    hs.rows.resize(static_cast<size_t>(page_ * d));
+    if (paper_) {
+      hs.exact.resize(static_cast<size_t>(n_pages * 2 * d));
+      for (int64_t p = hs.n_full; p < n_pages; ++p) {
+        const int64_t first = p * page_, cnt = std::min(page_, N - first);
+        kv.read_keys(il, hk, first, cnt, hs.rows.data());
+        float* mn = hs.exact.data() + p * 2 * d;
+        float* mx = mn + d;
+        std::copy(hs.rows.data(), hs.rows.data() + d, mn);
+        std::copy(hs.rows.data(), hs.rows.data() + d, mx);
+        for (int64_t j = 1; j < cnt; ++j)
+          for (int64_t c = 0; c < d; ++c) {
+            const float x = hs.rows[static_cast<size_t>(j * d + c)];
+            // a NaN key makes its channel's bounds NaN (std::min and std::max would drop it)
+            if (mn[c] == mn[c]) mn[c] = x != x ? x : std::min(mn[c], x);
+            if (mx[c] == mx[c]) mx[c] = x != x ? x : std::max(mx[c], x);
+          }
+        if (cnt == page_) hs.n_full = p + 1;
+      }
+      return;
+    }
     if (hs.pb.head_dim() != d) hs.pb.reset(d);
     hs.n_full = hs.pb.restart(hs.n_full);
     hs.pb.resize(n_pages);
-    hs.rows.resize(static_cast<size_t>(page_ * d));
     for (int64_t p = hs.n_full; p < n_pages; ++p) {
       const int64_t first = p * page_, cnt = std::min(page_, N - first);
       kv.read_keys(il, hk, first, cnt, hs.rows.data());
@@ -328,8 +449,11 @@ class QuestBackend final : public ExecBackend {
     }
   }
 
+  bool paper_;
   int64_t budget_, page_, dense_layers_;
   bool share_;
+  std::vector<std::vector<int32_t>> paper_pages_;  // quest, decoding: each query head's pages
+  std::vector<uint8_t> paper_all_;                 // quest, decoding: 1 = the head attends every page
   std::vector<HeadState> heads_;  // [n_layer * n_head_kv]
   std::vector<Plan> plans_;       // decoding: one per tile
   std::vector<std::vector<attn::Span>> spans_;  // decoding: what each tile attends
@@ -342,8 +466,24 @@ class QuestBackend final : public ExecBackend {
 Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s) {
   int64_t budget = 2048, page = 16, dense_layers = 2;
   LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30,
+                      "token budget B: a decoded token's query head attends its top K = min(max(3, min(L, B) / "
+                      "page), ceil(L / page)) pages of L visible tokens by their score bound (the official "
+                      "code's rule; K = all pages is dense); prefill is dense"));
+  LC_TRY(spec.get_int("page", &page, 1, 65536,
+                      "tokens per page (the paper's chunk_size), the unit of selection with its key min/max bounds"));
+  LC_TRY(spec.get_int("dense_layers", &dense_layers, 0, 1 << 20,
+                      "first layers that attend densely (the official code: 2), layers"));
+  int64_t split = ExecBackend::kDefaultSplit;
+  LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
+  LC_TRY(spec.finish());
+  return BackendPtr(new QuestBackend(s, /*paper=*/true, budget, page, dense_layers, /*share=*/false, split));
+}
+
+Expected<BackendPtr> make_quest_fast(MethodSpec& spec, const AttnShape& s) {
+  int64_t budget = 2048, page = 16, dense_layers = 2;
+  LC_TRY(spec.get_int("budget", &budget, 1, int64_t{1} << 30,
                       "tokens a query head attends: the top budget/page pages by their score bound (at least "
-                      "2 pages); a query that sees no more attends densely"));
+                      "2 pages; the tile's own pages included); a query that sees no more attends densely"));
   LC_TRY(spec.get_int("page", &page, 1, 65536, "tokens per page, the unit of selection with its key min/max bounds"));
   LC_TRY(spec.get_int("dense_layers", &dense_layers, 0, 1 << 20, "first layers that attend densely, layers"));
   bool share = true;
@@ -354,9 +494,9 @@ Expected<BackendPtr> make_quest(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   LC_TRY(spec.finish());
   if (budget < 2 * page)
-    return make_error(fmt::format("attention method 'quest': budget {} must hold at least two pages of {} tokens",
-                                  budget, page));
-  return BackendPtr(new QuestBackend(s, budget, page, dense_layers, share, split));
+    return make_error(fmt::format(
+        "attention method 'quest_fast': budget {} must hold at least two pages of {} tokens", budget, page));
+  return BackendPtr(new QuestBackend(s, /*paper=*/false, budget, page, dense_layers, share, split));
 }
 
 }  // namespace lc

@@ -157,10 +157,11 @@ TEST(AttentionDense, RowLseIsTheFullSoftmaxLogSumExp) {
 TEST(AttentionDense, NanInUnusedSlotsChangesNothing) {
   Seq s(150, 4, 2, 64, 64, 6);
   const RopeTable rt = test_rope(64, true);
-  for (const char* spec : {"dense", "naive", "quest:budget=64,page=16,dense_layers=0", "streaming:sinks=4,window=40"}) {
+  for (const char* spec : {"dense", "naive", "quest:budget=64,page=16,dense_layers=0",
+                           "quest_fast:budget=64,page=16,dense_layers=0", "streaming:sinks=4,window=40"}) {
     const auto cfg = kv_config(s, 32, rt);
-    const auto a = run_seq(s, spec, cfg, {13});
-    const auto b = run_seq(s, spec, cfg, {13}, false, /*poison=*/true);
+    const auto a = run_seq(s, spec, cfg, {13, 1, 1, 1, 1, 1});  // quest: decoding is sparse
+    const auto b = run_seq(s, spec, cfg, {13, 1, 1, 1, 1, 1}, false, /*poison=*/true);
     EXPECT_EQ(max_abs_diff(a.out, b.out), 0.0) << spec;
   }
 }
@@ -253,7 +254,10 @@ TEST(AttentionRegistry, SpecErrorsNameMethodAndKey) {
   EXPECT_NE(val.error().message.find("window"), std::string::npos);
   auto ok = make_attention_backend("quest:budget=512,page=16", sh);
   ASSERT_TRUE(ok.has_value()) << ok.error().message;
-  EXPECT_EQ((*ok)->spec(), "quest:budget=512,page=16,dense_layers=2,share=1");
+  EXPECT_EQ((*ok)->spec(), "quest:budget=512,page=16,dense_layers=2");
+  auto fast = make_attention_backend("quest_fast:budget=512,page=16", sh);
+  ASSERT_TRUE(fast.has_value()) << fast.error().message;
+  EXPECT_EQ((*fast)->spec(), "quest_fast:budget=512,page=16,dense_layers=2,share=1");
   EXPECT_TRUE(make_attention_backend("", sh).has_value());  // the default: dense
 }
 
