@@ -66,7 +66,7 @@ class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
 
-  // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2,share=1".
+  // The method's name and its full parameter list, e.g. "quest:budget=2048,page=16,dense_layers=2".
   virtual std::string spec() const = 0;
   // What the backend does with the cache (typed; see kv/attention_caps.h). The default claims
   // nothing: a backend is taken to read a subset of the keys unless it says otherwise.

@@ -171,7 +171,9 @@ Expected<int32_t> BlockPool::allocate() {
     id = static_cast<int32_t>(locs_.size());
     locs_.emplace_back();
     alloc_stamp_.push_back(0);
+    refs_.push_back(0);
   }
+  refs_[static_cast<size_t>(id)] = 1;
   const int32_t slot = pop_free_ram();
   ram_owner_[static_cast<size_t>(slot)] = id;
   Loc& l = locs_[static_cast<size_t>(id)];
@@ -185,9 +187,17 @@ Expected<int32_t> BlockPool::allocate() {
   return id;
 }
 
+void BlockPool::add_ref(int32_t id) {
+  LC_CHECK(locs_[static_cast<size_t>(id)].used);
+  if (++refs_[static_cast<size_t>(id)] == 2) ++n_shared_;
+}
+
 void BlockPool::release(int32_t id) {
   Loc& l = locs_[static_cast<size_t>(id)];
   LC_CHECK(l.used);
+  int32_t& r = refs_[static_cast<size_t>(id)];
+  if (r == 2) --n_shared_;
+  if (--r > 0) return;
   if (l.spilled) {
     free_file_.push_back(l.slot);
     --n_spilled_;

@@ -37,7 +37,14 @@ class BlockPool {
   // A block id, or an error when the budget is reached and there is no spill tier (the
   // message names the budget; the cache adds how many tokens fit).
   Expected<int32_t> allocate();
+  // Drops one reference to the block; the block is free when none is left.
   void release(int32_t id);
+  // Blocks shared between caches (the server's slots share the full blocks of a common
+  // prefix, KvCache::adopt_prefix): another reference to a block in use, and how many it has.
+  // A block with more than one reference is never written: its holders copy it first.
+  void add_ref(int32_t id);
+  int32_t refs(int32_t id) const { return refs_[static_cast<size_t>(id)]; }
+  int64_t n_shared() const { return n_shared_; }  // blocks with more than one reference
 
   // Blocks that can still be allocated without spilling (free RAM slots plus room under the
   // budget); -1 when unlimited.
@@ -83,6 +90,8 @@ class BlockPool {
   size_t block_bytes_ = 0;
   int64_t budget_ = 0;
   std::vector<Loc> locs_;              // [n_ids]
+  std::vector<int32_t> refs_;          // [n_ids] references to each block in use
+  int64_t n_shared_ = 0;
   std::vector<int32_t> free_ids_;
   // RAM tier: slabs of blocks; slot s is at ram_ptr_[s].
   std::vector<std::unique_ptr<void, AlignedFree>> slabs_;

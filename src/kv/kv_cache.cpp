@@ -70,8 +70,18 @@ Expected<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& in) {
   c->v_row_bytes_ = row_bytes(cfg.type_v, cfg.head_dim_v);
   c->v_offset_ = (static_cast<size_t>(B) * c->k_row_bytes_ + 63) / 64 * 64;
   const size_t block_bytes = c->v_offset_ + static_cast<size_t>(B) * c->v_row_bytes_;
-  LC_ASSIGN_OR_RETURN(c->pool_, BlockPool::create(block_bytes, cfg.budget_bytes,
-                                                  cfg.policy == KvBudgetPolicy::kSpill ? cfg.spill_dir : ""));
+  if (cfg.pool) {
+    if (cfg.pool->block_bytes() != (block_bytes + 63) / 64 * 64)
+      return make_error(fmt::format("kv cache: the shared block pool has blocks of {} bytes, this cache needs {}",
+                                    cfg.pool->block_bytes(), (block_bytes + 63) / 64 * 64));
+    c->pool_ = cfg.pool;
+    c->cfg_.budget_bytes = cfg.pool->budget_bytes();
+    c->cfg_.policy = cfg.pool->can_spill() ? KvBudgetPolicy::kSpill : cfg.policy == KvBudgetPolicy::kSpill
+                                                                          ? KvBudgetPolicy::kError : cfg.policy;
+  } else {
+    LC_ASSIGN_OR_RETURN(c->pool_, BlockPool::create(block_bytes, cfg.budget_bytes,
+                                                    cfg.policy == KvBudgetPolicy::kSpill ? cfg.spill_dir : ""));
+  }
   c->heads_.resize(static_cast<size_t>(cfg.n_layer * cfg.n_head_kv));
   c->n_appended_.assign(static_cast<size_t>(cfg.n_layer), 0);
   c->rope_.assign(static_cast<size_t>(cfg.n_layer), cfg.rope);
@@ -259,6 +269,9 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
       set_rope(il, t);
     }
   }
+  // A last block shared with another cache (a truncation left it partly filled) is copied
+  // before rows go into it.
+  for (int64_t h = 0; h < H; ++h) LC_TRY(own_last(head(il, h)));
   int64_t needed = 0;
   for (int64_t h = 0; h < H; ++h) {
     const Head& hd = head(il, h);
@@ -302,6 +315,70 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   return ok_status();
 }
 
+Status KvCache::own_block(Head& hd, size_t b) {
+  const int32_t old = hd.blocks[b];
+  if (pool_->refs(old) <= 1) return ok_status();
+  auto id = pool_->allocate();
+  if (!id) return make_error(id.error().message + " (copying a KV block shared with another sequence)");
+  std::memcpy(pool_->data(*id), pool_->data(old), pool_->block_bytes());
+  pool_->release(old);
+  hd.blocks[b] = *id;
+  return ok_status();
+}
+
+Status KvCache::own_blocks(Head& hd) {
+  for (size_t b = 0; b < hd.blocks.size(); ++b) LC_TRY(own_block(hd, b));
+  return ok_status();
+}
+
+Status KvCache::own_last(Head& hd) {
+  if (hd.blocks.empty() || hd.n % cfg_.block_tokens == 0) return ok_status();
+  return own_block(hd, hd.blocks.size() - 1);
+}
+
+Expected<int64_t> KvCache::adopt_prefix(const KvCache& src, int64_t n_seq) {
+  if (src.pool_ != pool_)
+    return make_error(ErrorCode::kInvalidArgument, "kv adopt_prefix: the caches do not share a block pool");
+  const KvCacheConfig& a = cfg_;
+  const KvCacheConfig& b = src.cfg_;
+  if (a.n_layer != b.n_layer || a.n_head_kv != b.n_head_kv || a.head_dim != b.head_dim ||
+      a.head_dim_v != b.head_dim_v || a.block_tokens != b.block_tokens || a.type_k != b.type_k ||
+      a.type_v != b.type_v)
+    return make_error(ErrorCode::kInvalidArgument, "kv adopt_prefix: the caches differ in shape, block size or types");
+  if (a.rope_provider || b.rope_provider)
+    return make_error(ErrorCode::kUnsupported, "kv adopt_prefix: a dynamic rope re-rotates keys in place");
+  for (int64_t il = 0; il < a.n_layer; ++il)
+    if (n_appended_[static_cast<size_t>(il)] != 0)
+      return make_error(ErrorCode::kInvalidArgument, "kv adopt_prefix: this cache is not empty");
+  const int64_t B = a.block_tokens;
+  int64_t take = std::max<int64_t>(n_seq, 0) / B * B;
+  for (int64_t il = 0; il < a.n_layer; ++il) take = std::min(take, src.n_appended(il) / B * B);
+  if (take == 0) return int64_t{0};
+  for (const Head& h : src.heads_) {
+    if (h.n < take || h.idx[static_cast<size_t>(take - 1)] != take - 1)  // ascending and unique: 0..take-1
+      return make_error(ErrorCode::kUnsupported,
+                        "kv adopt_prefix: the source no longer holds every token of the prefix (a method evicted some)");
+  }
+  for (int64_t il = 0; il < a.n_layer; ++il)
+    if (!same_table(src.rope_[static_cast<size_t>(il)], rope_[static_cast<size_t>(il)]))
+      return make_error(ErrorCode::kInvalidArgument, "kv adopt_prefix: the caches rotate keys with different tables");
+  for (size_t i = 0; i < heads_.size(); ++i) {
+    const Head& from = src.heads_[i];
+    Head& to = heads_[i];
+    for (int64_t bi = 0; bi < take / B; ++bi) {
+      pool_->add_ref(from.blocks[static_cast<size_t>(bi)]);
+      to.blocks.push_back(from.blocks[static_cast<size_t>(bi)]);
+    }
+    to.pos.assign(from.pos.begin(), from.pos.begin() + take);
+    to.idx.assign(from.idx.begin(), from.idx.begin() + take);
+    to.seq.assign(from.seq.begin(), from.seq.begin() + take);
+    to.n = take;
+    ++to.epoch;
+  }
+  for (auto& n : n_appended_) n = take;
+  return take;
+}
+
 void KvCache::free_tail_blocks(Head& hd) {
   const int64_t keep = (hd.n + cfg_.block_tokens - 1) / cfg_.block_tokens;
   while (static_cast<int64_t>(hd.blocks.size()) > keep) {
@@ -322,6 +399,7 @@ Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
   }
   const int64_t m = static_cast<int64_t>(keep.size());
   if (m == hd.n) return ok_status();
+  LC_TRY(own_blocks(hd));
   for (int64_t i = 0; i < m; ++i) {
     const int64_t src = keep[static_cast<size_t>(i)];
     if (src == i) continue;
@@ -418,6 +496,7 @@ Expected<KvFragment> KvCache::extract(int64_t first_seq, int64_t count) {
   f.first_seq = first_seq;
   f.count = count;
   f.rope = rope_;
+  for (Head& hd : heads_) LC_TRY(own_blocks(hd));  // rows move: shared blocks are copied first
   f.heads.resize(heads_.size());
   const int32_t lo_idx = static_cast<int32_t>(first_seq), hi_idx = static_cast<int32_t>(first_seq + count);
   for (size_t hi = 0; hi < heads_.size(); ++hi) {
@@ -504,6 +583,7 @@ Status KvCache::insert(const KvFragment& f) {
                       fmt::format("kv insert: the fragment needs {} more blocks of {} bytes but the KV budget "
                                   "(--kv-budget {} bytes) has room for {}",
                                   needed, pool_->block_bytes(), cfg_.budget_bytes, pool_->ram_blocks_available()));
+  for (Head& hd : heads_) LC_TRY(own_blocks(hd));  // rows move: shared blocks are copied first
   std::vector<int32_t> fresh;
   fresh.reserve(static_cast<size_t>(needed));
   for (int64_t i = 0; i < needed; ++i) {
@@ -588,6 +668,7 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
                                   first, first + count, hd.n,
                                   il, h));
   if (delta == 0 || count == 0) return ok_status();
+  LC_TRY(own_blocks(hd));
   const RopeTable& rt = rope_[static_cast<size_t>(il)];
   rewrite_keys(hd, first, count, [&](float* row, int64_t i) {
     // R(p + delta) = R(delta) R(p); mscale 1: the stored key already carries it once.
@@ -604,6 +685,8 @@ void KvCache::set_rope(int64_t il, const RopeTable& table) {
   for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {
     Head& hd = head(il, h);
     if (hd.n == 0) continue;
+    // Caches with a rope provider never share blocks (adopt_prefix refuses them).
+    for (int32_t b : hd.blocks) LC_CHECK(pool_->refs(b) == 1);
     rewrite_keys(hd, 0, hd.n, [&](float* row, int64_t i) {
       const int32_t p = hd.pos[static_cast<size_t>(i)], neg = -p;
       // Undo the old rotation (and its mscale), then rotate with the new table.
@@ -679,12 +762,29 @@ KvMemory KvCache::memory() const {
   m.blocks_in_use = pool_->n_used();
   m.blocks_spilled = pool_->n_spilled();
   m.blocks_free = pool_->ram_slots_free();
+  if (cfg_.pool) {
+    int64_t held = 0, spilled = 0;
+    for (const auto& hd : heads_)
+      for (int32_t b : hd.blocks) {
+        ++held;
+        spilled += pool_->spilled(b);
+      }
+    const size_t bb = pool_->block_bytes();
+    m.in_use_bytes = static_cast<size_t>(held) * bb;
+    m.spilled_bytes = static_cast<size_t>(spilled) * bb;
+    m.resident_bytes = static_cast<size_t>(held - spilled) * bb;
+    m.blocks_in_use = held;
+    m.blocks_spilled = spilled;
+  }
+  for (const auto& hd : heads_)
+    for (int32_t b : hd.blocks) m.blocks_shared += pool_->refs(b) > 1;
   return m;
 }
 
 void KvCache::poison_unused() {
   const int64_t B = cfg_.block_tokens;
   for (auto& hd : heads_) {
+    if (!hd.blocks.empty() && pool_->refs(hd.blocks.back()) > 1) continue;  // another cache's rows
     for (int64_t i = hd.n; i < static_cast<int64_t>(hd.blocks.size()) * B; ++i) {
       std::memset(k_row(hd, i), 0xFF, k_row_bytes_);
       std::memset(v_row(hd, i), 0xFF, v_row_bytes_);

@@ -102,6 +102,10 @@ struct KvCacheConfig {
   KvBudgetPolicy policy = KvBudgetPolicy::kError;  // kSpill is chosen when spill_dir is set
   RopeTable rope;            // the table keys are rotated with
   RopeProvider rope_provider;  // optional: table per current length (dynamic NTK)
+  // A pool shared with other caches of the same shape and types (the server's slots): its
+  // budget and spill tier are then the caches' together, and budget_bytes / spill_dir are
+  // ignored. Only one thread at a time may use the caches that share a pool.
+  std::shared_ptr<BlockPool> pool;
 };
 
 struct KvMemory {
@@ -111,6 +115,10 @@ struct KvMemory {
   size_t metadata_bytes = 0;   // positions, indices, sequence ids, block tables
   size_t bytes_per_token = 0;  // K + V storage of one token over all layers and KV heads
   int64_t blocks_in_use = 0, blocks_free = 0, blocks_spilled = 0;
+  int64_t blocks_shared = 0;  // held blocks another cache also holds (adopt_prefix)
+  // With a pool of its own the figures are the pool's; with a shared pool (KvCacheConfig::pool)
+  // they are this cache's blocks (a shared block counts in each cache that holds it), and the
+  // pool's totals are read from the pool.
 };
 
 class KvCache {
@@ -153,6 +161,17 @@ class KvCache {
   // was truncated since); the budget cannot take the blocks it needs (the evictor is not
   // asked: a restore must not make the cache drop other tokens behind the caller's back).
   Status insert(const KvFragment& frag);
+
+  // ---- sharing a prefix between caches (the server's slots) ----
+  // Takes the full blocks of the first n_seq tokens of `src` by reference (no copy): every
+  // head gets src's first floor(n_seq / block_tokens) blocks, their metadata, and the count of
+  // tokens appended becomes that many tokens. Returns the tokens taken (0 when n_seq is below
+  // one block). A shared block is never written: whichever cache changes it first (eviction,
+  // a K-shift, hiding, a write into a block a truncation left partly filled) copies it first.
+  // Errors, with this cache unchanged: not the same pool, shape, block size or types; this
+  // cache is not empty; a dynamic rope table on either; a head of src that does not hold those
+  // tokens as sequence indices 0.. (a method evicted some).
+  Expected<int64_t> adopt_prefix(const KvCache& src, int64_t n_seq);
 
   // ---- read access (attention backends) ----
   const KvCacheConfig& config() const { return cfg_; }
@@ -248,6 +267,11 @@ class KvCache {
   const uint8_t* k_row(const Head& hd, int64_t i) const;
   const uint8_t* v_row(const Head& hd, int64_t i) const;
   void free_tail_blocks(Head& hd);
+  // Copy-on-write: replaces every block of hd that another cache shares (own_blocks) or only
+  // the last one when a write goes into it (own_last) by a copy of its own.
+  Status own_blocks(Head& hd);
+  Status own_last(Head& hd);
+  Status own_block(Head& hd, size_t b);
   Status ensure_room(int64_t il, int64_t blocks_needed);
   // Rotates stored keys [first, first+count) of hd: dequantise, fn(row f32, i), quantise.
   template <class Fn>
@@ -255,7 +279,7 @@ class KvCache {
 
   KvCacheConfig cfg_;
   size_t k_row_bytes_ = 0, v_row_bytes_ = 0, v_offset_ = 0;
-  std::unique_ptr<BlockPool> pool_;
+  std::shared_ptr<BlockPool> pool_;
   std::vector<Head> heads_;            // [n_layer * n_head_kv]
   std::vector<int64_t> n_appended_;    // [n_layer]
   std::vector<RopeTable> rope_;        // [n_layer] the table layer il's keys are rotated with

@@ -102,6 +102,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     }
   }
   kc.spill_dir = p.kv_spill;
+  kc.pool = p.kv_pool;
   kc.policy = p.kv_spill.empty() ? KvBudgetPolicy::kEvict : KvBudgetPolicy::kSpill;
   kc.rope = c->rope_;
   if (c->rope_plan_->dynamic()) {
@@ -248,6 +249,26 @@ Status Context::decode_impl(std::span<const int32_t> in, Logits which, bool cont
     LC_ASSIGN_OR_RETURN(bool done, decode_step());
     if (done) return ok_status();
   }
+}
+
+Expected<int64_t> Context::adopt_prefix(const Context& src, int64_t n) {
+  if (&src.model_ != &model_)
+    return make_error(ErrorCode::kInvalidArgument, "adopt_prefix: the contexts run different models");
+  if (n_past_ != 0 || !tokens_.empty() || pending_.active)
+    return make_error(ErrorCode::kInvalidArgument, "adopt_prefix: this context is not empty");
+  if (!hooks_.empty() || !src.hooks_.empty())
+    return make_error(ErrorCode::kUnsupported, "adopt_prefix: a press keeps state beside the cache");
+  if (!hidden_.empty() || !src.hidden_.empty() || src.pending_.active)
+    return make_error(ErrorCode::kUnsupported, "adopt_prefix: the source has hidden tokens or a call in progress");
+  if (rope_plan_->dynamic() || src.rope_plan_->dynamic())
+    return make_error(ErrorCode::kUnsupported, "adopt_prefix: a dynamic rope re-rotates cached keys");
+  if (src.backend_->spec() != backend_->spec())
+    return make_error(ErrorCode::kUnsupported, "adopt_prefix: the contexts use different attention methods");
+  n = std::min<int64_t>(n, static_cast<int64_t>(src.tokens_.size()));
+  LC_ASSIGN_OR_RETURN(const int64_t took, kv_->adopt_prefix(*src.kv_, n));
+  tokens_.assign(src.tokens_.begin(), src.tokens_.begin() + took);
+  n_past_ = took;
+  return took;
 }
 
 Status Context::begin_decode(std::span<const int32_t> in, Logits which, bool context_part) {

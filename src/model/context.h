@@ -36,6 +36,10 @@ struct ContextParams {
   // that idle pools do not spin beside the busy one). It must outlive the context, and only
   // one thread at a time may drive the contexts that share it. n_threads is then ignored.
   ThreadPool* pool = nullptr;
+  // A KV block pool shared with other contexts of the same model and cache settings (the
+  // server's slots): the budget is then the pool's, and contexts may share the blocks of a
+  // common prefix (adopt_prefix). Only one thread at a time may drive them.
+  std::shared_ptr<BlockPool> kv_pool;
   std::string rope;      // --rope spec; "" = the model's own rope from its GGUF metadata
   std::string attn;  // --attn spec (attention backend registry); empty: the model's default (dense, or fixed)
   int64_t kv_block = 64;       // --kv-block: tokens per KV block
@@ -183,6 +187,15 @@ class Context {
   KvCache& kv() { return *kv_; }
   const AttentionBackend& attention() const { return *backend_; }
   AttentionBackend& attention() { return *backend_; }  // diagnostics: record_selection
+  // Starts this (empty) context from the first n tokens of `src`, a context over the same
+  // model, cache settings, block pool and methods: the full KV blocks of that prefix are shared
+  // by reference, not recomputed (KvCache::adopt_prefix). Returns the tokens taken, a whole
+  // number of blocks (0: fewer than a block in common). Refused (kUnsupported, this context
+  // unchanged) when either context runs a press or other hooks (their state is not the cache's),
+  // hides a fragment, uses a dynamic rope, has a decode call pending, or when this one is not
+  // empty.
+  Expected<int64_t> adopt_prefix(const Context& src, int64_t n);
+
   // Replaces the attention backend (a spec as --attn takes) for the tokens decoded next; the
   // cache is kept and the new backend builds what it summarises of it lazily. Benchmarks fill
   // a deep cache with a cheap backend and time another over it.

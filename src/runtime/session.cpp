@@ -253,6 +253,16 @@ Expected<RequestStats> Session::generate_next(Sampler& sampler, const GenerateOp
   return st;
 }
 
+Expected<int64_t> Session::adopt_prefix(const Session& src, int64_t n) {
+  logits_ready_ = false;
+  plan_ = PrefillPlan{};
+  ctx_->clear();
+  history_.clear();
+  LC_ASSIGN_OR_RETURN(const int64_t took, ctx_->adopt_prefix(src.context(), n));
+  history_ = ctx_->tokens();
+  return took;
+}
+
 void Session::truncate(int64_t n) {
   logits_ready_ = false;
   ctx_->truncate(n);

@@ -135,6 +135,10 @@ class Session {
   // Generates after the last append() as run() does; the generated tokens stay in the cache.
   // An error when the last operation was not an append (the logits would be stale).
   Expected<RequestStats> generate_next(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token);
+  // Starts this Session from the first n tokens of `src` (Context::adopt_prefix: full KV
+  // blocks shared, not recomputed); what this Session held is dropped. Returns the tokens taken;
+  // a begin_continue() with a prompt that starts with them then evaluates only the rest.
+  Expected<int64_t> adopt_prefix(const Session& src, int64_t n);
   // Drops every token whose sequence index is >= n (Context::truncate); the history follows.
   void truncate(int64_t n);
   // Hides tokens [first, first + count) of the sequence from the cache and restores them

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include "core/log.h"
 #include "core/sys.h"
 #include "readers/reader.h"
 #include "readers/session_caller.h"
@@ -157,6 +158,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(const Model& model, const Engin
   probe.ctx.kv_spill.clear();
   LC_ASSIGN_OR_RETURN(auto s, Session::create(model, probe));
   e->bytes_per_token_ = s->context().kv().memory().bytes_per_token;
+  const size_t block_bytes = s->context().kv().pool().block_bytes();
   e->block_tokens_ = p.defaults.ctx.kv_block;
   if (p.kv_budget > 0) {
     e->budget_ = static_cast<size_t>(p.kv_budget);
@@ -165,6 +167,13 @@ Expected<std::unique_ptr<Engine>> Engine::create(const Model& model, const Engin
     e->budget_ = avail > 0 ? static_cast<size_t>(avail / 4 * 3) : size_t{8} << 30;
   }
   e->m_.kv_budget_bytes = e->budget_;
+  {
+    // One block pool for every slot: the budget holds for all of them at once, and slots share
+    // the full blocks of a common prefix.
+    LC_ASSIGN_OR_RETURN(auto pool, BlockPool::create(block_bytes, static_cast<int64_t>(e->budget_),
+                                                      p.defaults.ctx.kv_spill));
+    e->kv_pool_ = std::shared_ptr<BlockPool>(std::move(pool));
+  }
   e->pool_ = std::make_unique<ThreadPool>(p.defaults.ctx.n_threads > 0 ? p.defaults.ctx.n_threads
                                                                        : default_thread_count());
   for (int i = 0; i < p.n_slots; ++i) {
@@ -360,11 +369,44 @@ void Engine::start(Slot& s) {
   if (!sp) return finish(s, api_error(sp.error()));
   if (!s.session) {
     sp->ctx.n_ctx = 0;  // grows with the request, within its reservation
-    sp->ctx.kv_budget = static_cast<int64_t>(s.cap);
+    sp->ctx.kv_budget = 0;  // the shared pool's budget holds (the reservations keep within it)
     sp->ctx.pool = pool_.get();
+    sp->ctx.kv_pool = kv_pool_;
     auto made = Session::create(model_, *sp);
     if (!made) return finish(s, api_error(made.error()));
     s.session = std::move(*made);
+  }
+  // Another slot's cache (busy or idle) that holds a longer prefix of the prompt than this
+  // slot's own: its full blocks are shared, not recomputed.
+  if (s.session->check_multi_turn().is_ok()) {
+    auto common = [&](const std::vector<int32_t>& t) {
+      size_t c = 0;
+      while (c < t.size() && c < spec.prompt.size() && t[c] == spec.prompt[c]) ++c;
+      return static_cast<int64_t>(c);
+    };
+    const int64_t own = common(s.session->context().tokens());
+    Slot* from = nullptr;
+    int64_t best = own;
+    for (auto& o : slots_) {
+      if (o.get() == &s || !o->session || o->key != s.key) continue;
+      const int64_t c = common(o->session->context().tokens());
+      if (c > best) {
+        best = c;
+        from = o.get();
+      }
+    }
+    // Worth it from one block beyond what the slot holds; the last prompt token is always
+    // evaluated (its logits start the answer).
+    best = std::min<int64_t>(best, static_cast<int64_t>(spec.prompt.size()) - 1);
+    if (from && best / block_tokens_ > own / block_tokens_) {
+      auto took = s.session->adopt_prefix(*from->session, best);
+      if (took) {
+        std::lock_guard<std::mutex> lk(mu_);
+        m_.prefix_shared_tokens += *took;
+      } else {
+        LC_LOG_INFO("serve: slot {} could not share slot {}'s prefix: {}", s.id, from->id, took.error().message);
+      }
+    }
   }
   s.sampler = std::make_unique<Sampler>(spec.sampling);
   Status st = s.session->check_multi_turn().is_ok()
@@ -651,6 +693,9 @@ void Engine::loop() {
 }
 
 void Engine::publish() {
+  const double now = now_seconds();
+  const bool full = now - last_publish_ > 0.25;
+  if (full) last_publish_ = now;
   std::vector<SlotInfo> snap;
   size_t resident = 0, spilled = 0, reserved = 0;
   int64_t busy = 0;
@@ -665,26 +710,37 @@ void Engine::publish() {
     si.job = s->job ? s->job->id() : 0;
     if (s->session) {
       const Context& c = s->session->context();
-      const KvMemory mem = c.kv().memory();
       si.n_past = c.n_past();
-      si.kv_resident_bytes = mem.resident_bytes;
-      si.kv_spilled_bytes = mem.spilled_bytes;
+      if (full) {
+        const KvMemory mem = c.kv().memory();  // walks the slot's block tables: not every step
+        si.kv_resident_bytes = mem.resident_bytes;
+        si.kv_spilled_bytes = mem.spilled_bytes;
+      } else {
+        for (const SlotInfo& old : snapshot_)
+          if (old.id == s->id) {
+            si.kv_resident_bytes = old.kv_resident_bytes;
+            si.kv_spilled_bytes = old.kv_spilled_bytes;
+          }
+      }
       si.attn = c.attention().spec();
       si.rope = s->session->params().ctx.rope;
       si.kv_press = s->session->params().ctx.kv_press;
     }
-    resident += si.kv_resident_bytes;
-    spilled += si.kv_spilled_bytes;
     reserved += s->cap;
     busy += s->job != nullptr;
     snap.push_back(std::move(si));
   }
+  // The pool's own totals: a block two slots share counts once.
+  resident = kv_pool_->ram_bytes();
+  spilled = kv_pool_->spilled_bytes();
   std::lock_guard<std::mutex> lk(mu_);
   snapshot_ = std::move(snap);
   m_.busy_slots = busy;
   m_.kv_resident_bytes = resident;
   m_.kv_spilled_bytes = spilled;
   m_.kv_reserved_bytes = reserved;
+  m_.kv_in_use_bytes = static_cast<size_t>(kv_pool_->n_used()) * kv_pool_->block_bytes();
+  m_.kv_shared_blocks = kv_pool_->n_shared();
 }
 
 std::vector<SlotInfo> Engine::slots() const {
@@ -754,8 +810,9 @@ std::optional<ApiError> Engine::slot_action(int id, const std::string& action, c
       } else {
         SessionParams sp = p_.defaults;
         sp.ctx.n_ctx = 0;
-        sp.ctx.kv_budget = static_cast<int64_t>(budget_ - others);
+        sp.ctx.kv_budget = 0;
         sp.ctx.pool = pool_.get();
+        sp.ctx.kv_pool = kv_pool_;
         auto made = Session::create(model_, sp);
         if (!made) {
           r = ApiError{500, made.error().message, "server_error"};

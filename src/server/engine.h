@@ -31,6 +31,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kv/block_pool.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -148,6 +149,9 @@ struct EngineMetrics {
   double prompt_seconds = 0, predicted_seconds = 0;
   int64_t busy_slots = 0, queued = 0;
   size_t kv_resident_bytes = 0, kv_spilled_bytes = 0, kv_budget_bytes = 0, kv_reserved_bytes = 0;
+  size_t kv_in_use_bytes = 0;
+  int64_t kv_shared_blocks = 0;      // blocks held by more than one slot (a common prefix)
+  int64_t prefix_shared_tokens = 0;  // prompt tokens a slot took from another slot's cache
   double predicted_per_second_recent = 0;  // generated tokens/s over the last 10 s
   int64_t requests_finished = 0, requests_failed = 0, requests_cancelled = 0, requests_refused = 0;
   int64_t batch_steps = 0, batched_tokens = 0;
@@ -195,6 +199,8 @@ class Engine {
   EngineParams p_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ThreadPool> pool_;  // every slot's session runs on it (the engine's thread drives them)
+  std::shared_ptr<BlockPool> kv_pool_;  // every slot's KV blocks: one budget, prefix blocks shared
+  double last_publish_ = 0;
   size_t bytes_per_token_ = 0;
   int64_t block_tokens_ = 64;
   size_t budget_ = 0;

@@ -246,6 +246,12 @@ void HttpServer::routes() {
     metric("kv_resident_bytes", "gauge", "KV cache bytes in RAM, all slots.", static_cast<double>(m.kv_resident_bytes));
     metric("kv_spilled_bytes", "gauge", "KV cache bytes in spill files.", static_cast<double>(m.kv_spilled_bytes));
     metric("kv_reserved_bytes", "gauge", "KV bytes reserved by the slots.", static_cast<double>(m.kv_reserved_bytes));
+    metric("kv_in_use_bytes", "gauge", "KV bytes in blocks that hold tokens (a shared block once).",
+           static_cast<double>(m.kv_in_use_bytes));
+    metric("kv_shared_blocks", "gauge", "KV blocks held by more than one slot (a common prefix).",
+           static_cast<double>(m.kv_shared_blocks));
+    metric("prefix_shared_tokens_total", "counter", "Prompt tokens a slot took from another slot's cache.",
+           static_cast<double>(m.prefix_shared_tokens));
     metric("kv_budget_bytes", "gauge", "The server's KV budget.", static_cast<double>(m.kv_budget_bytes));
     t += "# HELP longctx_requests_total Requests by outcome.\n# TYPE longctx_requests_total counter\n";
     t += fmt::format("longctx_requests_total{{status=\"ok\"}} {}\n", m.requests_finished);

@@ -178,7 +178,7 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   const auto j = json_array_in(r.out);
   ASSERT_EQ(j.size(), 4u) << r.out;
   EXPECT_EQ(j[0]["attn"], "dense");
-  EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2,share=1");
+  EXPECT_EQ(j[2]["attn"], "quest:budget=64,page=16,dense_layers=2");
   // Not interleaved: quest's speed relative to dense on the same test is the ratio of means.
   EXPECT_NEAR(j[2]["vs_first"].get<double>(), j[2]["avg_ts"].get<double>() / j[0]["avg_ts"].get<double>(), 1e-9);
   for (const auto& row : j) {

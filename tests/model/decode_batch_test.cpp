@@ -216,3 +216,75 @@ TEST(DecodeBatch, ChunkAtATimeEqualsDecode) {
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+// A context that takes another's prefix blocks (Context::adopt_prefix) and evaluates only the
+// rest gives the logits of a context that evaluated the whole prompt itself; the two then
+// decode on without disturbing each other.
+TEST(AdoptPrefix, EqualsEvaluatingThePromptItself) {
+  auto probe = make(stories());
+  auto bp = BlockPool::create(probe->kv().pool().block_bytes(), 0, "");
+  ASSERT_TRUE(bp.has_value());
+  std::shared_ptr<BlockPool> pool(std::move(*bp));
+  auto shared = [&](const std::string& attn) {
+    ContextParams p;
+    p.n_ctx = 512;
+    p.n_batch = 64;
+    p.n_threads = 2;
+    p.kv_block = 16;
+    p.attn = attn;
+    p.kv_pool = pool;
+    auto c = Context::create(stories(), p);
+    EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().message);
+    return std::move(*c);
+  };
+  // Methods whose result does not depend on how the prompt was cut into chunks (quest_fast's
+  // sparse prefill does: its pages are chosen per chunk).
+  for (const std::string attn : {"dense", "quest:page=16,budget=64", "streaming:sinks=4,window=256"}) {
+    auto src = shared(attn), dst = shared(attn), fresh = make(stories(), attn);
+    std::vector<int32_t> a = prompt(150, 1), b = a;
+    b.resize(120);
+    for (int i = 0; i < 40; ++i) b.push_back(static_cast<int32_t>(300 + i));  // shares 120 tokens with a
+    ASSERT_TRUE(src->decode(a, Logits::kLast).is_ok());
+    auto took = dst->adopt_prefix(*src, 120);
+    ASSERT_TRUE(took.has_value()) << took.error().message;
+    EXPECT_EQ(*took, 112);  // 7 blocks of 16
+    ASSERT_TRUE(dst->decode(std::span<const int32_t>(b).subspan(112), Logits::kAll).is_ok());
+    ASSERT_TRUE(fresh->decode(b, Logits::kAll).is_ok());
+    const int64_t nv = stories().hparams().n_vocab;
+    // The last 48 rows of b: dst's logits against the context that evaluated b itself.
+    EXPECT_LE(max_abs_diff(dst->logits(0), fresh->logits(112), 48 * nv), 1e-4) << attn;
+    EXPECT_EQ(dst->tokens(), fresh->tokens());
+    // src decodes on, dst too: neither disturbs the other.
+    auto src_ref = make(stories(), attn);
+    ASSERT_TRUE(src_ref->decode(a, Logits::kLast).is_ok());
+    for (int step = 0; step < 8; ++step) {
+      const int32_t t = 7 + step;
+      ASSERT_TRUE(src->decode(std::span<const int32_t>(&t, 1)).is_ok());
+      ASSERT_TRUE(src_ref->decode(std::span<const int32_t>(&t, 1)).is_ok());
+      ASSERT_TRUE(dst->decode(std::span<const int32_t>(&t, 1)).is_ok());
+      ASSERT_TRUE(fresh->decode(std::span<const int32_t>(&t, 1)).is_ok());
+      EXPECT_LE(max_abs_diff(src->logits(0), src_ref->logits(0), nv), 1e-4);
+      EXPECT_LE(max_abs_diff(dst->logits(0), fresh->logits(0), nv), 1e-4);
+    }
+    EXPECT_GT(pool->n_shared(), 0);
+  }
+  // A press keeps state beside the cache: refused.
+  ContextParams p;
+  p.n_ctx = 512;
+  p.kv_block = 16;
+  p.kv_pool = pool;
+  p.kv_press = "snapkv:ratio=0.5,window=8";
+  auto pressed = Context::create(stories(), p);
+  ASSERT_TRUE(pressed.has_value());
+  auto src = shared("dense");
+  ASSERT_TRUE(src->decode(prompt(64, 2)).is_ok());
+  auto r = (*pressed)->adopt_prefix(*src, 64);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, ErrorCode::kUnsupported);
+}
+
+}  // namespace
+}  // namespace lc
