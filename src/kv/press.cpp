@@ -684,8 +684,9 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   o.reposition = rep == 1;
   if (alloc == Alloc::kPyramid) {
     LC_ASSIGN_OR_RETURN(o.beta, a.number("beta", 20, 1, 1e6,
-                                         "layer budgets fall linearly from 2B - B/beta (first layer) to B/beta "
-                                         "(last), B the mean budget outside the protected tokens"));
+                                         "layer budgets fall linearly from 2K - K/beta (first layer) to K/beta "
+                                         "(last), K the mean budget, the first layers clamped to the tokens present "
+                                         "(kvpress's schedule)"));
   }
   if (alloc == Alloc::kAdaptive) {
     LC_ASSIGN_OR_RETURN(o.alpha, a.number("alpha", 0.2, 0, 1,
