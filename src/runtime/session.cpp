@@ -100,18 +100,16 @@ Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, cons
                                     const TokenCallback& on_token) {
   QueryWeightsGuard restore{*ctx_};
   LC_TRY(begin_run(prompt, g.qttt_seed));
-  for (;;) {
-    LC_ASSIGN_OR_RETURN(bool done, prefill_step());
-    if (done) break;
-  }
-  RequestStats st = plan_.st;
-  LC_TRY(generate(sampler, g, on_token, st));
-  return st;
+  return finish_request(sampler, g, on_token);
 }
 
 Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
                                               const TokenCallback& on_token) {
   LC_TRY(begin_continue(std::move(tokens)));
+  return finish_request(sampler, g, on_token);
+}
+
+Expected<RequestStats> Session::finish_request(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token) {
   for (;;) {
     LC_ASSIGN_OR_RETURN(bool done, prefill_step());
     if (done) break;

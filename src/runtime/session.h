@@ -174,6 +174,8 @@ class Session {
   // history_'s last token), appending them to history_.
   Status generate(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token, RequestStats& st);
   Status decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st);
+  // The rest of run() / continue_with() once the request is begun: the prefill, then the answer.
+  Expected<RequestStats> finish_request(Sampler& sampler, const GenerateOptions& g, const TokenCallback& on_token);
   friend class Generation;
 
   // The prompt work of the request begun by begin_run / begin_continue.

@@ -560,7 +560,9 @@ TEST(SessionSteps, LogprobsAreTheLogSoftmaxOfTheLogits) {
   EXPECT_EQ(tl.top[0].first, tl.id);
   for (size_t k = 0; k < 5; ++k) {
     EXPECT_NEAR(tl.top[k].second, logits[static_cast<size_t>(tl.top[k].first)] - lse, 1e-5);
-    if (k) EXPECT_GE(tl.top[k - 1].second, tl.top[k].second);
+    if (k > 0) {
+      EXPECT_GE(tl.top[k - 1].second, tl.top[k].second);
+    }
   }
 }
 

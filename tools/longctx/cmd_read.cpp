@@ -40,18 +40,11 @@ int cmd_read(const ReadArgs& a) {
   auto sp = a.so.params();
   if (!sp) return fail(sp.error().message);
   // Without -m: the project's model trained on the readers' protocols.
-  if (a.co.verbose) lc::set_log_level(lc::LogLevel::kInfo);
-  auto model = a.co.model.empty()
-                   ? lc::Model::load_memory(embedded_reader_model().data(), embedded_reader_model().size(),
-                                            kEmbeddedReaderModelName)
-                   : load_model(a.co);
+  auto model = load_model_or_reader(a.co);
   if (!model) return fail(model.error().message);
-  lc::ChatTemplate tmpl = lc::detect_chat_template((*model)->file(), (*model)->tokenizer());
-  if (!a.chat_template.empty() && a.chat_template != "auto") {
-    auto t = lc::chat_template_from_name(a.chat_template);
-    if (!t) return fail(t.error().message);
-    tmpl = *t;
-  }
+  auto ct = chat_template_for(**model, a.chat_template);
+  if (!ct) return fail(ct.error().message);
+  const lc::ChatTemplate tmpl = *ct;
   lc::SessionParams params;
   auto cp = a.co.ctx_params();
   if (!cp) return fail(cp.error().message);

@@ -33,13 +33,8 @@ struct ServeArgs {
 };
 
 int cmd_serve(const ServeArgs& a) {
-  if (a.co.verbose) lc::set_log_level(lc::LogLevel::kInfo);
-  // Without -m: the project's model trained on the readers' protocols (it keeps the base
-  // model's scores), so that reader requests work out of the box.
-  auto model = a.co.model.empty()
-                   ? lc::Model::load_memory(embedded_reader_model().data(), embedded_reader_model().size(),
-                                            kEmbeddedReaderModelName)
-                   : load_model(a.co);
+  // Without -m: the reader model, so that reader requests work out of the box.
+  auto model = load_model_or_reader(a.co);
   if (!model) return fail(model.error().message);
   auto sp = a.so.params();
   if (!sp) return fail(sp.error().message);
@@ -60,12 +55,9 @@ int cmd_serve(const ServeArgs& a) {
   ep.max_prompt = a.max_prompt > 0 ? a.max_prompt : a.co.n_ctx;
   ep.schedule = a.schedule;
   ep.slot_save_path = a.slot_save_path;
-  lc::ChatTemplate tmpl = lc::detect_chat_template((*model)->file(), (*model)->tokenizer());
-  if (!a.chat_template.empty() && a.chat_template != "auto") {
-    auto t = lc::chat_template_from_name(a.chat_template);
-    if (!t) return fail(t.error().message);
-    tmpl = *t;
-  }
+  auto ct = chat_template_for(**model, a.chat_template);
+  if (!ct) return fail(ct.error().message);
+  const lc::ChatTemplate tmpl = *ct;
   ep.chat_template = tmpl;
   if (a.n_predict > a.max_tokens)
     return fail(fmt::format("-n/--n-predict {} is above --max-tokens {}", a.n_predict, a.max_tokens));

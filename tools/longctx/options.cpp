@@ -303,3 +303,15 @@ lc::Expected<LoadedTokenizer> load_tokenizer(const CommonOpts& o) {
   LC_ASSIGN_OR_RETURN(t.tok, lc::Tokenizer::from_gguf(*t.file));
   return t;
 }
+
+lc::Expected<std::unique_ptr<lc::Model>> load_model_or_reader(const CommonOpts& o) {
+  if (o.verbose) lc::set_log_level(lc::LogLevel::kInfo);
+  if (!o.model.empty()) return load_model(o);
+  return lc::Model::load_memory(embedded_reader_model().data(), embedded_reader_model().size(),
+                                kEmbeddedReaderModelName);
+}
+
+lc::Expected<lc::ChatTemplate> chat_template_for(const lc::Model& m, const std::string& name) {
+  if (name.empty() || name == "auto") return lc::detect_chat_template(m.file(), m.tokenizer());
+  return lc::chat_template_from_name(name);
+}

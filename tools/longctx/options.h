@@ -69,6 +69,11 @@ void llama_cpp_flag_aliases(int argc, char** argv, std::vector<std::string>& sto
 int fail(const std::string& msg);
 // The model of -m, or the embedded model without it; --verbose turns on info logging.
 lc::Expected<std::unique_ptr<lc::Model>> load_model(const CommonOpts& o);
+// The model of -m, or without it the project's reader model (models/longctx-2l-reader.gguf,
+// compiled in: trained on the readers' protocols, it keeps the base model's scores).
+lc::Expected<std::unique_ptr<lc::Model>> load_model_or_reader(const CommonOpts& o);
+// The chat template of --chat-template NAME ("" or "auto": the one the model's GGUF gives).
+lc::Expected<lc::ChatTemplate> chat_template_for(const lc::Model& m, const std::string& name);
 // Only the tokenizer of -m (or of the embedded model): a vocabulary-only GGUF does, and no
 // weights are read, as llama-tokenize loads with vocab_only.
 struct LoadedTokenizer {
