@@ -89,6 +89,12 @@ Expected<std::unique_ptr<KvCache>> KvCache::create(const KvCacheConfig& in) {
   return c;
 }
 
+KvCache::~KvCache() {
+  if (!pool_) return;
+  for (Head& hd : heads_)
+    for (int32_t b : hd.blocks) pool_->release(b);
+}
+
 uint8_t* KvCache::k_row(const Head& hd, int64_t i) {
   const int64_t B = cfg_.block_tokens;
   return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + static_cast<size_t>(i % B) * k_row_bytes_;

@@ -124,6 +124,10 @@ struct KvMemory {
 class KvCache {
  public:
   static Expected<std::unique_ptr<KvCache>> create(const KvCacheConfig& cfg);
+  // Gives every block back to the pool (which may be shared and outlive the cache).
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
   // Appends n tokens to every KV head of layer il. Keys are rotated here at pos[t] (they
   // arrive pre-RoPE) and stored in type_k; values in type_v.

@@ -113,6 +113,13 @@ TEST(KvShare, AdoptedPrefixEqualsTheTokensAppendedHere) {
   expect_same(*dst, *oracle);
   dst->truncate(0);
   EXPECT_EQ(pool->n_used(), 0);
+  // A cache that goes away gives its blocks back to the shared pool (the server drops and
+  // remakes slots' sessions).
+  auto gone = make(pool);
+  append(*gone, 0, 20);
+  EXPECT_GT(pool->n_used(), 0);
+  gone.reset();
+  EXPECT_EQ(pool->n_used(), 0);
 }
 
 TEST(KvShare, ChangesCopyTheSharedBlocksFirst) {
