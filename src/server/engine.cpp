@@ -497,8 +497,10 @@ void Engine::step_decode() {
     std::lock_guard<std::mutex> lk(mu_);
     m_.batch_steps += 1;
     m_.batched_tokens += static_cast<int64_t>(ctxs.size());
-    recent_.emplace_back(now, static_cast<int64_t>(ctxs.size()));
-    while (!recent_.empty() && recent_.front().first < now - 10) recent_.pop_front();
+    const int64_t sec = static_cast<int64_t>(now);
+    auto& slot = recent_[static_cast<size_t>(sec % 10)];
+    if (slot.first != sec) slot = {sec, 0};
+    slot.second += static_cast<int64_t>(ctxs.size());
   }
   for (size_t i = 0; i < who.size(); ++i)
     if (!st[i]) {
@@ -752,7 +754,9 @@ EngineMetrics Engine::metrics() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineMetrics m = m_;
   int64_t recent = 0;
-  for (const auto& [t, n] : recent_) recent += n;
+  const int64_t now = static_cast<int64_t>(now_seconds());
+  for (const auto& [sec, n] : recent_)
+    if (sec > now - 10) recent += n;
   m.predicted_per_second_recent = static_cast<double>(recent) / 10.0;
   return m;
 }

@@ -17,6 +17,7 @@
 // waits in the queue; idle slots' caches are dropped to make room (never an active request's).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -213,7 +214,8 @@ class Engine {
   size_t prefill_rr_ = 0;
   double decode_step_s_ = 0;  // seconds of the last batched decode step (prefill chunks are sized to it)
   EngineMetrics m_;
-  std::deque<std::pair<double, int64_t>> recent_;  // (time, tokens) of decode steps, last 10 s
+  // Tokens decoded per second of the last 10 (second, tokens): a ring, constant memory.
+  std::array<std::pair<int64_t, int64_t>, 10> recent_{};
   std::vector<SlotInfo> snapshot_;                 // what slots() shows, published by the loop
   std::deque<std::function<void()>> tasks_;        // run on the engine's thread (slot actions)
   void publish();
