@@ -492,7 +492,7 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
     rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
   }
   rows(B, [&](int64_t i) { kernels::rmsnorm(x + i * E, model.output_norm(), cur + i * E, E, hp.rms_eps); });
-  std::vector<float> logits;
+  std::vector<float>& logits = lead.batch_logits_;  // kept between steps: no allocation per token
   try {
     logits.resize(static_cast<size_t>(B * hp.n_vocab));
   } catch (const std::bad_alloc&) {

@@ -259,6 +259,7 @@ class Context {
   Buffer<float> up_;     // [n_batch, n_ff]
   std::vector<int32_t> pos_;  // [n_batch]
   std::vector<float> logits_; // [n_outputs, n_vocab]
+  std::vector<float> batch_logits_;  // decode_batch's [B, n_vocab] when this context leads a batch
 };
 
 }  // namespace lc
