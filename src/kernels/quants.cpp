@@ -272,7 +272,8 @@ void dequant_blocks(DType t, const void* src, float* y, int64_t n) {
   }
 }
 
-// ---- weight quantisers (used to write test models; simple, round-to-nearest) ----
+// ---- weight quantisers (used to write models: Q4_0, Q4_K and Q6_K simple round-to-nearest,
+// Q8_0 as the activations, Q5_0, Q5_1 and Q5_K as ggml's reference quantisers) ----
 
 void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b) {
@@ -303,6 +304,170 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
 void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
   for (int64_t b = 0; b < n / 256; ++b)
     detail::quantize_q8_k(x + 256 * b, y[b].qs, &y[b].d, y[b].bsums, 256);
+}
+
+// Q5_0, Q5_1 and Q5_K follow ggml's reference quantisers (quantize_row_q5_0_ref, _q5_1_ref,
+// _q5_K_ref in ggml-quants.c), which llama-quantize uses when it has no importance matrix: the
+// same arithmetic in the same order, so that a model written here has the bytes llama-quantize
+// would write for the same floats.
+
+// ggml's nearest_int: round half to even.
+inline int nearest_int(float x) { return static_cast<int>(std::nearbyint(x)); }
+
+// Q5_0: d = (signed value of largest magnitude) / -16, q = trunc(x / d + 16.5) capped at 31,
+// so that value maps to 0 and its negation to 31.
+void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0, mx = 0;
+    for (int j = 0; j < 32; ++j)
+      if (std::fabs(v[j]) > amax) amax = std::fabs(v[j]), mx = v[j];
+    const float d = mx / -16;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = v[j] * id, x1 = v[j + 16] * id;
+      const int q0 = std::min(31, static_cast<int>(x0 + 16.5f));
+      const int q1 = std::min(31, static_cast<int>(x1 + 16.5f));
+      y[b].qs[j] = static_cast<uint8_t>((q0 & 15) | (q1 & 15) << 4);
+      qh |= static_cast<uint32_t>(q0 >> 4 & 1) << j | static_cast<uint32_t>(q1 >> 4 & 1) << (j + 16);
+    }
+    std::memcpy(y[b].qh, &qh, 4);
+  }
+}
+
+// Q5_1: m = the block's minimum, d = (max - min) / 31, q = trunc((x - min) / d + 0.5).
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + 32 * b;
+    float lo = v[0], hi = v[0];
+    for (int j = 1; j < 32; ++j) lo = std::min(lo, v[j]), hi = std::max(hi, v[j]);
+    const float d = (hi - lo) / 31;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    y[b].m = fp32_to_fp16(lo);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float x0 = (v[j] - lo) * id, x1 = (v[j + 16] - lo) * id;
+      const int q0 = static_cast<uint8_t>(x0 + 0.5f), q1 = static_cast<uint8_t>(x1 + 0.5f);
+      y[b].qs[j] = static_cast<uint8_t>((q0 & 15) | (q1 & 15) << 4);
+      qh |= static_cast<uint32_t>(q0 >> 4 & 1) << j | static_cast<uint32_t>(q1 >> 4 & 1) << (j + 16);
+    }
+    std::memcpy(y[b].qh, &qh, 4);
+  }
+}
+
+// One group of 32 of Q5_K: the affine fit x ~ scale * q - m (q in 0..31, m >= 0) that ggml's
+// make_qkx2_quants finds. It starts from the range [min(x, 0), max(x)], then tries 16 other
+// inverse scales ((31 - 0.5 + 0.1 k) / (max - offset so far)) and for each the least-squares
+// scale and offset of the levels they give, weighted by w, keeping the one with the smallest
+// weighted squared error. Returns the scale; *m gets the offset, q the levels.
+float fit_q5_k_group(const float* x, const float* w, uint8_t* q, float* m) {
+  constexpr int kN = 32, kMax = 31;
+  float lo = x[0], hi = x[0], sum_w = 0, sum_x = 0;
+  for (int i = 0; i < kN; ++i) {
+    lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;
+  if (hi == lo) {
+    std::memset(q, 0, kN);
+    *m = -lo;
+    return 0;
+  }
+  float iscale = kMax / (hi - lo);
+  float scale = 1 / iscale, min = lo;
+  float best = 0;
+  for (int i = 0; i < kN; ++i) {
+    q[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - min)), 0, kMax));
+    const float diff = scale * q[i] + min - x[i];
+    best += w[i] * (diff * diff);
+  }
+  uint8_t trial[kN];
+  for (int k = 0; k <= 15; ++k) {
+    // As ggml does, each trial starts from the offset of the best fit so far.
+    iscale = (-0.5f + 0.1f * k + kMax) / (hi - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < kN; ++i) {
+      const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, kMax);
+      trial[i] = static_cast<uint8_t>(l);
+      sum_l += w[i] * l;
+      sum_l2 += w[i] * l * l;
+      sum_xl += w[i] * l * x[i];
+    }
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(det > 0)) continue;
+    float s = (sum_w * sum_xl - sum_x * sum_l) / det;
+    float mn = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    if (mn > 0) {
+      mn = 0;
+      s = sum_xl / sum_l2;
+    }
+    float err = 0;
+    for (int i = 0; i < kN; ++i) {
+      const float diff = s * trial[i] + mn - x[i];
+      err += w[i] * (diff * diff);
+    }
+    if (err < best) {
+      std::memcpy(q, trial, kN);
+      best = err, scale = s, min = mn;
+    }
+  }
+  *m = -min;
+  return scale;
+}
+
+// Q5_K: each group of 32 fitted by fit_q5_k_group with weights rms(group) + |x|; the 8 scales
+// and 8 offsets then quantised to 6 bits against the largest of each (d = max / 63), and every
+// value quantised again against the stored d * sc, dmin * mn.
+void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t n) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const float* v = x + 256 * b;
+    uint8_t q[256];
+    float scale[8], minv[8], w[32];
+    float max_scale = 0, max_min = 0;
+    for (int g = 0; g < 8; ++g) {
+      const float* xg = v + 32 * g;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xg[l] * xg[l];
+      const float av = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) w[l] = av + std::fabs(xg[l]);
+      scale[g] = fit_q5_k_group(xg, w, q + 32 * g, &minv[g]);
+      if (scale[g] > max_scale) max_scale = scale[g];
+      if (minv[g] > max_min) max_min = minv[g];
+    }
+    BlockQ5_K& o = y[b];
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    int sc[8], mn[8];
+    for (int g = 0; g < 8; ++g) {
+      sc[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_scale * scale[g]))));
+      mn[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_min * minv[g]))));
+    }
+    for (int g = 0; g < 4; ++g) {
+      o.scales[g] = static_cast<uint8_t>(sc[g] | (sc[g + 4] >> 4) << 6);
+      o.scales[g + 4] = static_cast<uint8_t>(mn[g] | (mn[g + 4] >> 4) << 6);
+      o.scales[g + 8] = static_cast<uint8_t>((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
+    }
+    o.d = fp32_to_fp16(max_scale / 63.0f);
+    o.dmin = fp32_to_fp16(max_min / 63.0f);
+    for (int g = 0; g < 8; ++g) {
+      const float d = fp16_to_fp32(o.d) * sc[g];
+      if (d == 0) continue;  // the group keeps the levels of its fit
+      const float dm = fp16_to_fp32(o.dmin) * mn[g];
+      for (int l = 0; l < 32; ++l)
+        q[32 * g + l] = static_cast<uint8_t>(std::clamp(nearest_int((v[32 * g + l] + dm) / d), 0, 31));
+    }
+    std::memset(o.qh, 0, 32);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const int lo4 = q[64 * c + l], hi4 = q[64 * c + 32 + l];
+        o.qs[32 * c + l] = static_cast<uint8_t>((lo4 & 15) | (hi4 & 15) << 4);
+        o.qh[l] |= static_cast<uint8_t>((lo4 >> 4) << (2 * c) | (hi4 >> 4) << (2 * c + 1));
+      }
+  }
 }
 
 // Q4_K: per group of 32 an affine range [lo, hi] with lo <= 0 (value = d*sc*q - dmin*mn), the
@@ -410,7 +575,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
 bool can_quantize(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q8_0:
-    case DType::Q8_K: case DType::Q4_K: case DType::Q6_K:
+    case DType::Q8_K: case DType::Q4_K: case DType::Q6_K: case DType::Q5_0: case DType::Q5_1:
+    case DType::Q5_K:
       return true;
     default:
       return false;
@@ -450,6 +616,15 @@ bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
       return true;
     case DType::Q6_K:
       quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), n);
+      return true;
+    case DType::Q5_0:
+      quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), n);
+      return true;
+    case DType::Q5_1:
+      quantize_q5_1(src, static_cast<BlockQ5_1*>(dst), n);
+      return true;
+    case DType::Q5_K:
+      quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), n);
       return true;
     default:
       return false;

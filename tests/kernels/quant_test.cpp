@@ -223,7 +223,8 @@ TEST(ActivationQuant, Q8_KMatchesReferenceBitExact) {
 // quantize_row then dequantize_row stays within the type's quantisation step.
 TEST(Quantize, RoundTripWithinStep) {
   std::mt19937 rng(5);
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q8_K, DType::Q4_K, DType::Q6_K}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q8_K, DType::Q4_K, DType::Q6_K, DType::Q5_0, DType::Q5_1,
+                  DType::Q5_K}) {
     ASSERT_TRUE(can_quantize(t));
     const int64_t n = 1024;
     auto x = random_floats(rng, n, -1, 1);
@@ -236,8 +237,12 @@ TEST(Quantize, RoundTripWithinStep) {
     // Bound per block of g elements, from the block's largest magnitude / widest group range:
     // Q4_0 (and Q6_K per group): d = amax/8 and the +amax end clamps to 7, so up to one step; Q8_0: half a step plus
     // the f16 rounding of d; Q8_K: half a step. Q4_K/Q6_K (6/8-bit scales relative to the
-    // super-block's largest): one step of the widest group.
-    const int64_t g = (t == DType::Q4_0 || t == DType::Q8_0) ? 32 : 256;
+    // super-block's largest): one step of the widest group. Q5_0: as Q4_0 with d = amax/16.
+    // Q5_1 (d = range/31, rounded to nearest): half a step plus the f16 rounding of d (over 31
+    // steps) and of the minimum. Q5_K: one step of the widest group, as Q4_K (its fitted scale
+    // is at most range/30.5).
+    const bool legacy = t == DType::Q4_0 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
+    const int64_t g = legacy ? 32 : 256;
     for (int64_t b = 0; b < n / g; ++b) {
       float amax = 0, wide = 0;
       for (int64_t i = b * g; i < b * g + g; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -252,6 +257,15 @@ TEST(Quantize, RoundTripWithinStep) {
         case DType::Q8_0: bound = amax / 254 + amax * 1e-3f; break;
         case DType::Q8_K: bound = amax / 254 * 1.0001f; break;
         case DType::Q4_K: bound = wide / 15; break;
+        case DType::Q5_0: bound = amax / 16 * 1.01f; break;
+        case DType::Q5_1: {
+          float lo = x[b * g], hi = x[b * g];
+          for (int64_t i = b * g; i < b * g + g; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+          const float d = (hi - lo) / 31;
+          bound = d / 2 + 31 * d / 2048 + std::fabs(lo) / 2048 + 1e-7f;
+          break;
+        }
+        case DType::Q5_K: bound = wide / 31; break;
         default: bound = amax / 32 * 1.05f; break;  // Q6_K: the +amax end clamps to 31 steps
       }
       for (int64_t i = b * g; i < b * g + g; ++i) {
@@ -259,6 +273,133 @@ TEST(Quantize, RoundTripWithinStep) {
         ASSERT_LE(std::fabs(y[i] - x[i]), bound) << dtype_name(t) << " i=" << i;
       }
     }
+  }
+}
+
+// ---- Q5_0, Q5_1, Q5_K: ggml's reference quantisers, worked by hand ----
+
+// Q5_0: the value of largest magnitude is x[0] = -4 (the later +4 does not replace it), so
+// d = -4 / -16 = 0.25 and q = trunc(x / 0.25 + 16.5): (j - 16) quarters give q = j; -2.625
+// (10.5 quarters below zero) goes up to q = 6; +4 (16 quarters) is capped at 31.
+TEST(QuantizeByHand, Q5_0) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = (j - 16) * 0.25f;
+  x[5] = -2.625f;
+  x[30] = 4.0f;
+  BlockQ5_0 b;
+  ASSERT_TRUE(quantize_row(DType::Q5_0, x, &b, 32));
+  EXPECT_EQ(b.d, 0x3400);  // 0.25
+  // Low nibble: q[j]; high nibble: q[j + 16] & 15. q = j but q[5] = 6, q[30] = 31.
+  const uint8_t qs[16] = {0x00, 0x11, 0x22, 0x33, 0x44, 0x56, 0x66, 0x77,
+                          0x88, 0x99, 0xAA, 0xBB, 0xCC, 0xDD, 0xFE, 0xFF};
+  EXPECT_EQ(0, std::memcmp(b.qs, qs, 16));
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  EXPECT_EQ(qh, 0xFFFF0000u);  // q >= 16 exactly for j >= 16
+}
+
+// Q5_1: x[j] = -1 + j/8, so m = -1, d = 3.875 / 31 = 0.125 and q = trunc(8 (x + 1) + 0.5) = j,
+// except x[6] = -1 + 6.5/8 (a tie: up to 7) and x[9] = -1 + 8.25/8 (down to 8).
+TEST(QuantizeByHand, Q5_1) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = -1 + 0.125f * j;
+  x[6] = -1 + 0.125f * 6.5f;
+  x[9] = -1 + 0.125f * 8.25f;
+  BlockQ5_1 b;
+  ASSERT_TRUE(quantize_row(DType::Q5_1, x, &b, 32));
+  EXPECT_EQ(b.d, 0x3000);  // 0.125
+  EXPECT_EQ(b.m, 0xBC00);  // -1
+  const uint8_t qs[16] = {0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x67, 0x77,
+                          0x88, 0x98, 0xAA, 0xBB, 0xCC, 0xDD, 0xEE, 0xFF};
+  EXPECT_EQ(0, std::memcmp(b.qs, qs, 16));
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  EXPECT_EQ(qh, 0xFFFF0000u);
+}
+
+// A Q5_K super-block of values the format holds exactly: group g is d * sc[g] * q - dmin * mn[g]
+// with q a permutation of 0..31, d = 2^-8, dmin = 2^-7, and the largest scale and offset 63.
+// The group fit finds each (sc[g] d, mn[g] dmin) (its first guess, range / 31, is already
+// exact), the 6-bit quantisation against the largest gives back sc and mn, d = 63 d / 63, and
+// every q comes back: the block is d, dmin, the packed sc/mn and the q of the construction.
+void q5_k_exact_block(const int* sc, const int* mn, const int* q, float* x, BlockQ5_K* want) {
+  const float d = 1.0f / 256, dmin = 1.0f / 128;
+  for (int i = 0; i < 256; ++i) x[i] = d * sc[i / 32] * q[i] - dmin * mn[i / 32];
+  want->d = fp32_to_fp16_ref(d);
+  want->dmin = fp32_to_fp16_ref(dmin);
+  pack_k4_scales(sc, mn, want->scales);
+  std::memset(want->qh, 0, 32);
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = q[64 * c + l], hi = q[64 * c + 32 + l];
+      want->qs[32 * c + l] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+      want->qh[l] |= static_cast<uint8_t>((lo >> 4) << (2 * c) | (hi >> 4) << (2 * c + 1));
+    }
+}
+
+TEST(QuantizeByHand, Q5_K) {
+  const int sc[8] = {63, 10, 1, 33, 47, 5, 20, 60};
+  const int mn[8] = {0, 63, 7, 12, 40, 2, 31, 63};
+  int q[256];
+  for (int i = 0; i < 256; ++i) q[i] = (7 * (i % 32) + 3 * (i / 32)) % 32;  // 7 is odd: a permutation per group
+  float x[256];
+  BlockQ5_K want, got;
+  q5_k_exact_block(sc, mn, q, x, &want);
+  EXPECT_EQ(want.d, 0x1C00);
+  EXPECT_EQ(want.dmin, 0x2000);
+  ASSERT_TRUE(quantize_row(DType::Q5_K, x, &got, 256));
+  EXPECT_EQ(got.d, want.d);
+  EXPECT_EQ(got.dmin, want.dmin);
+  EXPECT_EQ(0, std::memcmp(got.scales, want.scales, 12));
+  EXPECT_EQ(0, std::memcmp(got.qh, want.qh, 32));
+  EXPECT_EQ(0, std::memcmp(got.qs, want.qs, 128));
+  std::vector<float> y(256);
+  dequantize_row(DType::Q5_K, &got, y.data(), 256);
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(y[i], x[i]) << i;
+}
+
+// Values each format represents exactly come back exactly, over many random blocks.
+TEST(Quantize, Q5TypesExactOnRepresentableValues) {
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int> q32(0, 31), e(-12, -2), off(0, 40), s63(1, 62), m63(0, 62), pos(0, 31);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Q5_0: (q - 16) d with q = 0 present (the value of largest magnitude, -16 d) and d any f16.
+    float x[256], y[256];
+    const float d0 = fp16_to_fp32_ref(fp32_to_fp16_ref(std::ldexp(1.0f + q32(rng) / 37.0f, e(rng))));
+    for (int j = 0; j < 32; ++j) x[j] = (q32(rng) - 16) * d0;
+    x[pos(rng)] = -16 * d0;
+    BlockQ5_0 b0;
+    ASSERT_TRUE(quantize_row(DType::Q5_0, x, &b0, 32));
+    dequantize_row(DType::Q5_0, &b0, y, 32);
+    for (int j = 0; j < 32; ++j) ASSERT_EQ(y[j], x[j]) << "q5_0 trial " << trial << " j=" << j;
+    // Q5_1: (q - k) d with q = 0 and q = 31 present, d a power of two.
+    const float d1 = std::ldexp(1.0f, e(rng));
+    const int k = off(rng);
+    for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(q32(rng) - k) * d1;
+    const int p0 = pos(rng), p1 = (p0 + 1 + pos(rng) % 31) % 32;
+    x[p0] = static_cast<float>(-k) * d1;
+    x[p1] = static_cast<float>(31 - k) * d1;
+    BlockQ5_1 b1;
+    ASSERT_TRUE(quantize_row(DType::Q5_1, x, &b1, 32));
+    dequantize_row(DType::Q5_1, &b1, y, 32);
+    for (int j = 0; j < 32; ++j) ASSERT_EQ(y[j], x[j]) << "q5_1 trial " << trial << " j=" << j;
+    // Q5_K: random scales and offsets (one of each 63), levels 0 and 31 in every group.
+    int sc[8], mn[8], q[256];
+    for (int g = 0; g < 8; ++g) sc[g] = s63(rng), mn[g] = m63(rng);
+    sc[pos(rng) % 8] = 63;
+    mn[pos(rng) % 8] = 63;
+    for (int g = 0; g < 8; ++g) {
+      for (int l = 0; l < 32; ++l) q[32 * g + l] = q32(rng);
+      const int a = pos(rng), c = (a + 1 + pos(rng) % 31) % 32;
+      q[32 * g + a] = 0;
+      q[32 * g + c] = 31;
+    }
+    BlockQ5_K want, got;
+    q5_k_exact_block(sc, mn, q, x, &want);
+    ASSERT_TRUE(quantize_row(DType::Q5_K, x, &got, 256));
+    ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(BlockQ5_K))) << "q5_k trial " << trial;
+    dequantize_row(DType::Q5_K, &got, y, 256);
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(y[i], x[i]) << "q5_k trial " << trial << " i=" << i;
   }
 }
 
@@ -275,7 +416,7 @@ TEST(Quantize, PlainTypes) {
   ASSERT_TRUE(quantize_row(DType::F32, x.data(), f.data(), n));
   EXPECT_EQ(f, x);
   EXPECT_FALSE(quantize_row(DType::Q2_K, x.data(), h.data(), 256));
-  EXPECT_FALSE(can_quantize(DType::Q5_1));
+  EXPECT_FALSE(can_quantize(DType::Q4_1));
 }
 
 TEST(Fp16, EdgeCasesAgreeWithReference) {
