@@ -257,6 +257,39 @@ TEST(Cli, MakeModelLayers) {
   EXPECT_NE(r.out.find("--layers"), std::string::npos) << r.out;
 }
 
+// make-model --shape qwen2.5-0.5b with Qwen2's vocabulary and llama.cpp's q4_k_m mixture (one
+// layer: the file is mostly the 151936-token embedding). Unknown shapes and types are errors
+// that list the known ones.
+TEST(Cli, MakeModelQwenShapeAndMixture) {
+  const std::string out = testing::TempDir() + "cli_make_model_qwen.gguf";
+  const std::string vocab = std::string(LONGCTX_TEST_DATA) + "/vocab/ggml-vocab-qwen2.gguf";
+  Result r = run("make-model --shape qwen2.5-0.5b --type q4_k_m --layers 1 --vocab " + vocab + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("info " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"architecture:    qwen2\n", "n_vocab:         151936\n", "n_embd:          896\n",
+                        "n_layer:         1\n", "n_ff:            4864\n", "output:          tied to token_embd",
+                        "token_embd.weight                q8_0", "blk.0.attn_q.weight              q5_0",
+                        "blk.0.attn_q.bias                f32", "blk.0.ffn_down.weight            q6_k"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  r = run("run -m " + out + " -p hello -n 2 --temp 0 -c 64");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::remove(out.c_str());
+
+  r = run("make-model --shape llama-7b --vocab " + vocab + " -o " + out);
+  EXPECT_EQ(r.code, 1);
+  for (const char* s : {"--shape", "llama-7b", "smollm2-135m", "qwen2.5-0.5b"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  r = run("make-model --type q3_k_m --vocab " + vocab + " -o " + out);
+  EXPECT_EQ(r.code, 1);
+  for (const char* s : {"--type", "q3_k_m", "q4_k_m", "q6_k"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  r = run("make-model --type q4_k --vocab " + vocab + " -o " + out);  // rows of 576 cannot be Q4_K
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("576"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::ifstream(out).good());
+}
+
 // make-vocab trains a byte-level BPE vocabulary on the curriculum's text; train takes it as
 // --vocab and exports a model that carries it. Missing or bad input names the flag.
 TEST(Cli, MakeVocabFeedsTrain) {

@@ -578,15 +578,14 @@ int cmd_bench_press(const CommonOpts& co, const std::vector<int64_t>& lens, int6
 
 int cmd_make_model(const std::string& shape, const std::string& type, const std::string& vocab,
                    const std::string& out, uint64_t seed, int64_t layers) {
-  if (shape != "smollm2-135m") return fail("--shape: only smollm2-135m is known");
-  auto t = lc::dtype_from_name(type);
-  if (!t || !lc::kernels::can_quantize(*t)) return fail(fmt::format("--type: cannot write '{}' weights", type));
-  lc::RandomModelSpec spec = lc::smollm2_135m_spec();
+  auto shaped = lc::model_shape(shape);
+  if (!shaped) return fail("--shape: " + shaped.error().message);
+  lc::RandomModelSpec spec = *shaped;
+  if (Status st = lc::set_weight_type(spec, type); !st) return fail("--type: " + st.message());
   if (layers != 0) {
     if (layers < 1 || layers > 1024) return fail(fmt::format("--layers: {} is not in 1..1024", layers));
     spec.n_layer = layers;
   }
-  spec.weight_type = *t;
   spec.vocab_path = vocab;
   spec.seed = seed;
   Status s = lc::write_random_model(spec, out);
@@ -743,8 +742,9 @@ int main(int argc, char** argv) {
   std::string mm_shape = "smollm2-135m", mm_type = "f16", mm_vocab, mm_out;
   uint64_t mm_seed = 42;
   auto* mm = app.add_subcommand("make-model", "write a random-weight model of a known shape (for benchmarks)");
-  mm->add_option("--shape", mm_shape, "shape")->capture_default_str();
-  mm->add_option("--type", mm_type, "weight type: f32, f16, bf16, q8_0, q4_0, ...")->capture_default_str();
+  mm->add_option("--shape", mm_shape, "shape: smollm2-135m, qwen2.5-0.5b")->capture_default_str();
+  mm->add_option("--type", mm_type, "weight type: one for every matrix (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k, "
+                 "q5_k) or a llama.cpp mixture as llama-quantize makes it (q4_k_m, q5_k_m, q6_k)")->capture_default_str();
   mm->add_option("--vocab", mm_vocab, "GGUF file whose tokenizer is copied")->required();
   mm->add_option("-o,--output", mm_out, "output GGUF")->required();
   mm->add_option("--seed", mm_seed, "seed")->capture_default_str();
