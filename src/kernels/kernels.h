@@ -16,7 +16,7 @@ namespace lc::kernels {
 // Dequantise/widen n elements (a multiple of the type's block size) of type t to f32.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Quantise/narrow n f32 values to type t (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q8_k, q4_k,
-// q5_k, q6_k: the types the model writer needs; q5_0, q5_1, q5_k and q8_0 as ggml's reference
+// q5_k, q6_k: the types the model writer needs; all but q4_0 and q8_k as ggml's reference
 // quantisers, byte for byte); returns false if t cannot be produced.
 bool quantize_row(DType t, const float* src, void* dst, int64_t n);
 bool can_quantize(DType t);

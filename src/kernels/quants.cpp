@@ -272,8 +272,18 @@ void dequant_blocks(DType t, const void* src, float* y, int64_t n) {
   }
 }
 
-// ---- weight quantisers (used to write models: Q4_0, Q4_K and Q6_K simple round-to-nearest,
-// Q8_0 as the activations, Q5_0, Q5_1 and Q5_K as ggml's reference quantisers) ----
+// ---- weight quantisers (used to write models: Q4_0 round-to-nearest, Q8_0 as the activations,
+// the others as ggml's reference quantisers) ----
+//
+// Compiled without floating-point contraction (a * b + c fused into one FMA): ggml builds its
+// quantisers as ISO C, where GCC does not contract, and a fused multiply-add rounds once where
+// ggml rounds twice, which changes a few levels per thousand rows.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
   for (int64_t b = 0; b < n / 32; ++b) {
@@ -306,13 +316,17 @@ void quantize_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
     detail::quantize_q8_k(x + 256 * b, y[b].qs, &y[b].d, y[b].bsums, 256);
 }
 
-// Q5_0, Q5_1 and Q5_K follow ggml's reference quantisers (quantize_row_q5_0_ref, _q5_1_ref,
-// _q5_K_ref in ggml-quants.c), which llama-quantize uses when it has no importance matrix: the
-// same arithmetic in the same order, so that a model written here has the bytes llama-quantize
-// would write for the same floats.
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K follow ggml's reference quantisers (quantize_row_q5_0_ref,
+// _q5_1_ref, _q4_K_ref, _q5_K_ref, _q6_K_ref in ggml-quants.c), which llama-quantize uses when
+// it has no importance matrix: the same arithmetic in the same order, so that a model written
+// here has the bytes llama-quantize would write for the same floats.
 
-// ggml's nearest_int: round half to even.
-inline int nearest_int(float x) { return static_cast<int>(std::nearbyint(x)); }
+// ggml's nearest_int: round half to even (ggml's is exact for |x| < 2^22; beyond, and for
+// NaN, this returns the saturated bound, which every caller clamps).
+inline int nearest_int(float x) {
+  if (!(std::fabs(x) < 4194304.0f)) return x > 0 ? 4194304 : -4194304;
+  return static_cast<int>(std::nearbyint(x));
+}
 
 // Q5_0: d = (signed value of largest magnitude) / -16, q = trunc(x / d + 16.5) capped at 31,
 // so that value maps to 0 and its negation to 31.
@@ -358,13 +372,14 @@ void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t n) {
   }
 }
 
-// One group of 32 of Q5_K: the affine fit x ~ scale * q - m (q in 0..31, m >= 0) that ggml's
-// make_qkx2_quants finds. It starts from the range [min(x, 0), max(x)], then tries 16 other
-// inverse scales ((31 - 0.5 + 0.1 k) / (max - offset so far)) and for each the least-squares
-// scale and offset of the levels they give, weighted by w, keeping the one with the smallest
-// weighted squared error. Returns the scale; *m gets the offset, q the levels.
-float fit_q5_k_group(const float* x, const float* w, uint8_t* q, float* m) {
-  constexpr int kN = 32, kMax = 31;
+// One group of 32 of Q4_K (nmax 15) or Q5_K (nmax 31): the affine fit x ~ scale * q - m (q in
+// 0..nmax, m >= 0) that ggml's make_qkx2_quants finds. It starts from the range
+// [min(x, 0), max(x)], then tries nstep + 1 other inverse scales
+// ((nmax + rmin + 0.1 k) / (max - offset so far)) and for each the least-squares scale and
+// offset of the levels they give, weighted by w, keeping the one with the smallest weighted
+// squared error. Returns the scale; *m gets the offset, q the levels.
+float fit_affine_group(const float* x, const float* w, int nmax, float rmin, int nstep, uint8_t* q, float* m) {
+  constexpr int kN = 32;
   float lo = x[0], hi = x[0], sum_w = 0, sum_x = 0;
   for (int i = 0; i < kN; ++i) {
     lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
@@ -377,21 +392,21 @@ float fit_q5_k_group(const float* x, const float* w, uint8_t* q, float* m) {
     *m = -lo;
     return 0;
   }
-  float iscale = kMax / (hi - lo);
+  float iscale = nmax / (hi - lo);
   float scale = 1 / iscale, min = lo;
   float best = 0;
   for (int i = 0; i < kN; ++i) {
-    q[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - min)), 0, kMax));
+    q[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - min)), 0, nmax));
     const float diff = scale * q[i] + min - x[i];
     best += w[i] * (diff * diff);
   }
   uint8_t trial[kN];
-  for (int k = 0; k <= 15; ++k) {
+  for (int k = 0; k <= nstep; ++k) {
     // As ggml does, each trial starts from the offset of the best fit so far.
-    iscale = (-0.5f + 0.1f * k + kMax) / (hi - min);
+    iscale = (rmin + 0.1f * k + nmax) / (hi - min);
     float sum_l = 0, sum_l2 = 0, sum_xl = 0;
     for (int i = 0; i < kN; ++i) {
-      const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, kMax);
+      const int l = std::clamp(nearest_int(iscale * (x[i] - min)), 0, nmax);
       trial[i] = static_cast<uint8_t>(l);
       sum_l += w[i] * l;
       sum_l2 += w[i] * l * l;
@@ -419,47 +434,64 @@ float fit_q5_k_group(const float* x, const float* w, uint8_t* q, float* m) {
   return scale;
 }
 
-// Q5_K: each group of 32 fitted by fit_q5_k_group with weights rms(group) + |x|; the 8 scales
-// and 8 offsets then quantised to 6 bits against the largest of each (d = max / 63), and every
-// value quantised again against the stored d * sc, dmin * mn.
-void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t n) {
+// The common part of Q4_K and Q5_K: each group of 32 of a super-block fitted by
+// fit_affine_group with weights rms(group) + |x|; the 8 scales and 8 offsets then quantised to
+// 6 bits against the largest of each (d = max / 63) and packed; every value quantised again
+// against the stored d * sc, dmin * mn. q gets the 256 levels (0..nmax).
+void quantize_k_affine(const float* v, int nmax, float rmin, int nstep, uint16_t* d_out, uint16_t* dmin_out,
+                       uint8_t* scales, uint8_t* q) {
+  float scale[8], minv[8], w[32];
+  float max_scale = 0, max_min = 0;
+  for (int g = 0; g < 8; ++g) {
+    const float* xg = v + 32 * g;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xg[l] * xg[l];
+    const float av = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) w[l] = av + std::fabs(xg[l]);
+    scale[g] = fit_affine_group(xg, w, nmax, rmin, nstep, q + 32 * g, &minv[g]);
+    if (scale[g] > max_scale) max_scale = scale[g];
+    if (minv[g] > max_min) max_min = minv[g];
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  int sc[8], mn[8];
+  for (int g = 0; g < 8; ++g) {
+    sc[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_scale * scale[g]))));
+    mn[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_min * minv[g]))));
+  }
+  for (int g = 0; g < 4; ++g) {
+    scales[g] = static_cast<uint8_t>(sc[g] | (sc[g + 4] >> 4) << 6);
+    scales[g + 4] = static_cast<uint8_t>(mn[g] | (mn[g + 4] >> 4) << 6);
+    scales[g + 8] = static_cast<uint8_t>((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
+  }
+  *d_out = fp32_to_fp16(max_scale / 63.0f);
+  *dmin_out = fp32_to_fp16(max_min / 63.0f);
+  for (int g = 0; g < 8; ++g) {
+    const float d = fp16_to_fp32(*d_out) * sc[g];
+    if (d == 0) continue;  // the group keeps the levels of its fit
+    const float dm = fp16_to_fp32(*dmin_out) * mn[g];
+    for (int l = 0; l < 32; ++l)
+      q[32 * g + l] = static_cast<uint8_t>(std::clamp(nearest_int((v[32 * g + l] + dm) / d), 0, nmax));
+  }
+}
+
+// Q4_K: levels 0..15, the fit's trials from 15 - 1 in 21 steps of 0.1.
+void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t n) {
+  uint8_t q[256];
   for (int64_t b = 0; b < n / 256; ++b) {
-    const float* v = x + 256 * b;
-    uint8_t q[256];
-    float scale[8], minv[8], w[32];
-    float max_scale = 0, max_min = 0;
-    for (int g = 0; g < 8; ++g) {
-      const float* xg = v + 32 * g;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += xg[l] * xg[l];
-      const float av = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) w[l] = av + std::fabs(xg[l]);
-      scale[g] = fit_q5_k_group(xg, w, q + 32 * g, &minv[g]);
-      if (scale[g] > max_scale) max_scale = scale[g];
-      if (minv[g] > max_min) max_min = minv[g];
-    }
+    BlockQ4_K& o = y[b];
+    quantize_k_affine(x + 256 * b, 15, -1.0f, 20, &o.d, &o.dmin, o.scales, q);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) o.qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+  }
+}
+
+// Q5_K: levels 0..31, the fit's trials from 31 - 0.5 in 16 steps of 0.1.
+void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t n) {
+  uint8_t q[256];
+  for (int64_t b = 0; b < n / 256; ++b) {
     BlockQ5_K& o = y[b];
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
-    int sc[8], mn[8];
-    for (int g = 0; g < 8; ++g) {
-      sc[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_scale * scale[g]))));
-      mn[g] = std::min(63, static_cast<int>(static_cast<uint8_t>(nearest_int(inv_min * minv[g]))));
-    }
-    for (int g = 0; g < 4; ++g) {
-      o.scales[g] = static_cast<uint8_t>(sc[g] | (sc[g + 4] >> 4) << 6);
-      o.scales[g + 4] = static_cast<uint8_t>(mn[g] | (mn[g + 4] >> 4) << 6);
-      o.scales[g + 8] = static_cast<uint8_t>((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
-    }
-    o.d = fp32_to_fp16(max_scale / 63.0f);
-    o.dmin = fp32_to_fp16(max_min / 63.0f);
-    for (int g = 0; g < 8; ++g) {
-      const float d = fp16_to_fp32(o.d) * sc[g];
-      if (d == 0) continue;  // the group keeps the levels of its fit
-      const float dm = fp16_to_fp32(o.dmin) * mn[g];
-      for (int l = 0; l < 32; ++l)
-        q[32 * g + l] = static_cast<uint8_t>(std::clamp(nearest_int((v[32 * g + l] + dm) / d), 0, 31));
-    }
+    quantize_k_affine(x + 256 * b, 31, -0.5f, 15, &o.d, &o.dmin, o.scales, q);
     std::memset(o.qh, 0, 32);
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l) {
@@ -470,80 +502,80 @@ void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t n) {
   }
 }
 
-// Q4_K: per group of 32 an affine range [lo, hi] with lo <= 0 (value = d*sc*q - dmin*mn), the
-// group scales and mins then quantised to 6 bits against the super-block's largest.
-void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t n) {
-  for (int64_t b = 0; b < n / 256; ++b) {
-    const float* v = x + 256 * b;
-    float scale[8], minv[8];
-    float max_scale = 0, max_min = 0;
-    for (int g = 0; g < 8; ++g) {
-      float lo = 0, hi = 0;
-      for (int l = 0; l < 32; ++l) lo = std::min(lo, v[32 * g + l]), hi = std::max(hi, v[32 * g + l]);
-      scale[g] = (hi - lo) / 15.0f;
-      minv[g] = -lo;
-      max_scale = std::max(max_scale, scale[g]);
-      max_min = std::max(max_min, minv[g]);
+// One group of 16 of Q6_K: ggml's make_qx_quants with weights x^2. The value of largest
+// magnitude sets the first inverse scale, -32 / it; 18 others (-(32 + 0.1 k) / it, k = -9..9)
+// are tried, keeping the one whose least-squares scale explains most of sum w x^2
+// ((sum w x l)^2 / sum w l^2 largest). Levels are -32..31 stored + 32. Returns the scale.
+float fit_q6_k_group(const float* x, int8_t* q) {
+  constexpr int kN = 16, kMax = 32;
+  float amax = 0, mx = 0;
+  for (int i = 0; i < kN; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), mx = x[i];
+  if (amax < 1e-15f) {
+    std::memset(q, 0, kN);
+    return 0;
+  }
+  auto level = [](float iscale, float v) { return std::clamp(nearest_int(iscale * v), -kMax, kMax - 1); };
+  float iscale = -kMax / mx;
+  float sum_lx = 0, sum_l2 = 0;
+  for (int i = 0; i < kN; ++i) {
+    const int l = level(iscale, x[i]);
+    q[i] = static_cast<int8_t>(l + kMax);
+    const float w = x[i] * x[i];
+    sum_lx += w * x[i] * l;
+    sum_l2 += w * l * l;
+  }
+  float scale = sum_l2 != 0 ? sum_lx / sum_l2 : 0.0f;
+  float best = scale * sum_lx;
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    iscale = -(kMax + 0.1f * k) / mx;
+    sum_lx = sum_l2 = 0;
+    for (int i = 0; i < kN; ++i) {
+      const int l = level(iscale, x[i]);
+      const float w = x[i] * x[i];
+      sum_lx += w * x[i] * l;
+      sum_l2 += w * l * l;
     }
-    const float d = max_scale / 63.0f, dmin = max_min / 63.0f;
-    BlockQ4_K& o = y[b];
-    o.d = fp32_to_fp16(d);
-    o.dmin = fp32_to_fp16(dmin);
-    const float dq = fp16_to_fp32(o.d), mq = fp16_to_fp32(o.dmin);
-    int sc[8], mn[8];
-    for (int g = 0; g < 8; ++g) {
-      sc[g] = dq > 0 ? std::clamp(static_cast<int>(std::nearbyint(scale[g] / dq)), 0, 63) : 0;
-      mn[g] = mq > 0 ? std::clamp(static_cast<int>(std::nearbyint(minv[g] / mq)), 0, 63) : 0;
-    }
-    for (int g = 0; g < 4; ++g) {
-      o.scales[g] = static_cast<uint8_t>(sc[g] | (sc[g + 4] >> 4) << 6);
-      o.scales[g + 4] = static_cast<uint8_t>(mn[g] | (mn[g + 4] >> 4) << 6);
-      o.scales[g + 8] = static_cast<uint8_t>((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
-    }
-    for (int c = 0; c < 4; ++c) {
-      int q[2][32];
-      for (int s = 0; s < 2; ++s) {
-        const int g = 2 * c + s;
-        const float step = dq * sc[g], off = mq * mn[g];
-        for (int l = 0; l < 32; ++l) {
-          const float val = v[32 * g + l];
-          q[s][l] = step > 0 ? std::clamp(static_cast<int>(std::nearbyint((val + off) / step)), 0, 15) : 0;
-        }
-      }
-      for (int l = 0; l < 32; ++l) o.qs[32 * c + l] = static_cast<uint8_t>(q[0][l] | q[1][l] << 4);
+    if (sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2) {
+      for (int i = 0; i < kN; ++i) q[i] = static_cast<int8_t>(level(iscale, x[i]) + kMax);
+      scale = sum_lx / sum_l2;
+      best = scale * sum_lx;
     }
   }
+  return scale;
 }
 
-// Q6_K: per group of 16 a symmetric scale (largest magnitude -> -32), the 16 scales then
-// quantised to int8 against the largest.
+// Q6_K: each group of 16 fitted by fit_q6_k_group; the 16 scales quantised to int8 against the
+// one of largest magnitude (-> -128, capped at 127), every value quantised again against the
+// stored d * scale. A super-block whose scales are all ~0 is all zero.
 void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
   for (int64_t b = 0; b < n / 256; ++b) {
     const float* v = x + 256 * b;
-    float scale[16], max_abs_scale = 0, max_scale = 0;
+    BlockQ6_K& o = y[b];
+    int8_t q[256];
+    float scale[16], max_scale = 0, max_abs_scale = 0;
     for (int g = 0; g < 16; ++g) {
-      float amax = 0, mx = 0;
-      for (int l = 0; l < 16; ++l)
-        if (std::fabs(v[16 * g + l]) > amax) amax = std::fabs(v[16 * g + l]), mx = v[16 * g + l];
-      scale[g] = mx / -32.0f;
+      scale[g] = fit_q6_k_group(v + 16 * g, q + 16 * g);
       if (std::fabs(scale[g]) > max_abs_scale) max_abs_scale = std::fabs(scale[g]), max_scale = scale[g];
     }
-    BlockQ6_K& o = y[b];
-    const float d = max_scale / -128.0f;
-    o.d = fp32_to_fp16(d);
-    const float dq = fp16_to_fp32(o.d);
-    int q[256];
+    if (max_abs_scale < 1e-15f) {
+      std::memset(&o, 0, sizeof(o));
+      continue;
+    }
+    const float iscale = -128.0f / max_scale;
+    o.d = fp32_to_fp16(1 / iscale);
+    for (int g = 0; g < 16; ++g) o.scales[g] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scale[g])));
     for (int g = 0; g < 16; ++g) {
-      const int s = dq != 0 ? std::clamp(static_cast<int>(std::nearbyint(scale[g] / dq)), -128, 127) : 0;
-      o.scales[g] = static_cast<int8_t>(s);
-      const float step = dq * s;
+      const float d = fp16_to_fp32(o.d) * o.scales[g];
+      if (d == 0) continue;  // the group keeps the levels of its fit
       for (int l = 0; l < 16; ++l)
-        q[16 * g + l] = step != 0 ? std::clamp(static_cast<int>(std::nearbyint(v[16 * g + l] / step)) + 32, 0, 63) : 32;
+        q[16 * g + l] = static_cast<int8_t>(std::clamp(nearest_int(v[16 * g + l] / d), -32, 31) + 32);
     }
     for (int half = 0; half < 2; ++half) {
       uint8_t* L = o.ql + 64 * half;
       uint8_t* H = o.qh + 32 * half;
-      const int* qq = q + 128 * half;
+      const int8_t* qq = q + 128 * half;
       for (int l = 0; l < 32; ++l) {
         L[l] = static_cast<uint8_t>((qq[l] & 15) | (qq[l + 64] & 15) << 4);
         L[l + 32] = static_cast<uint8_t>((qq[l + 32] & 15) | (qq[l + 96] & 15) << 4);
@@ -553,6 +585,12 @@ void quantize_q6_k(const float* x, BlockQ6_K* y, int64_t n) {
     }
   }
 }
+
+#if defined(__clang__)
+#pragma clang fp contract(on)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 }  // namespace
 

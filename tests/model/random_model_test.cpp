@@ -270,18 +270,19 @@ TEST(RandomModel, BadInputIsAnError) {
 
 // The quantisers of the mixture types give, for the f32 source of the golden models, the bytes
 // llama-quantize wrote (tests/data/golden/models: llama_quant_*.gguf from llama_quant_src_f32):
-// Q5_K (ggml's reference quantiser) and Q8_0. (Q5_0 and Q5_1 follow ggml's references too but
-// no golden file has them; Q4_0, Q4_K and Q6_K are simpler round-to-nearest quantisers here,
-// so their bytes differ from llama-quantize's while their types and sizes are the same.)
+// every Q4_K, Q5_K, Q6_K and Q8_0 tensor there. (Q5_0 and Q5_1 follow ggml's references too but
+// no golden file has them; Q4_0 rounds values halfway between two levels differently from ggml,
+// which changes a few rows of one tensor.)
 TEST(RandomModel, QuantisersWriteLlamaQuantizeBytes) {
   auto src = gguf::File::open(kData + "/golden/models/llama_quant_src_f32.gguf");
   ASSERT_TRUE(src.has_value()) << src.error().message;
   std::map<DType, int> checked;
-  for (const char* file : {"llama_quant_q4_k_s.gguf", "llama_quant_q8_0.gguf"}) {
+  for (const char* file : {"llama_quant_q4_0.gguf", "llama_quant_q4_k.gguf", "llama_quant_q4_k_s.gguf",
+                           "llama_quant_q6_k.gguf", "llama_quant_q8_0.gguf"}) {
     auto q = gguf::File::open(kData + "/golden/models/" + file);
     ASSERT_TRUE(q.has_value()) << q.error().message;
     for (const gguf::TensorInfo& t : (*q)->tensors()) {
-      if (t.type != DType::Q5_K && t.type != DType::Q8_0) continue;
+      if (t.type != DType::Q4_K && t.type != DType::Q5_K && t.type != DType::Q6_K && t.type != DType::Q8_0) continue;
       const gguf::TensorInfo* s = (*src)->find_tensor(t.name);
       ASSERT_NE(s, nullptr) << t.name;
       ASSERT_EQ(s->type, DType::F32);
@@ -295,7 +296,9 @@ TEST(RandomModel, QuantisersWriteLlamaQuantizeBytes) {
       ++checked[t.type];
     }
   }
-  EXPECT_EQ(checked[DType::Q5_K], 2);   // Q4_K_S gives attn_v Q5_K in the first 4 layers: both
+  EXPECT_EQ(checked[DType::Q4_K], 26);  // the Q4_K and Q4_K_S files' matrices
+  EXPECT_EQ(checked[DType::Q5_K], 2);   // Q4_K_S's attn_v in the first 4 layers: both
+  EXPECT_EQ(checked[DType::Q6_K], 21);  // the Q6_K file, and the outputs and ffn_down of the others
   EXPECT_EQ(checked[DType::Q8_0], 16);  // every matrix of the Q8_0 file
 }
 
