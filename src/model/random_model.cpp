@@ -206,10 +206,13 @@ Status write_random_model(const RandomModelSpec& s, const std::string& out_path)
     if (!kernels::can_quantize(s.weight_type))
       return make_error(fmt::format("cannot write weights of type {}", dtype_name(s.weight_type)));
     const int64_t bs = traits(s.weight_type).block_size;
-    if (s.n_embd % bs != 0 || s.n_ff % bs != 0)
-      return make_error(fmt::format("{} needs rows that are multiples of {}: embedding {} and feed-forward {} are not "
-                                    "(llama.cpp's mixtures q4_k_m, q5_k_m and q6_k fall back to other types there)",
-                                    dtype_name(s.weight_type), bs, s.n_embd, s.n_ff));
+    std::vector<std::string> bad;
+    if (s.n_embd % bs != 0) bad.push_back(fmt::format("the embedding size {}", s.n_embd));
+    if (s.n_ff % bs != 0) bad.push_back(fmt::format("the feed-forward size {}", s.n_ff));
+    if (!bad.empty())
+      return make_error(fmt::format("{} needs rows that are multiples of {}, and {} {} not (llama.cpp's mixtures "
+                                    "q4_k_m, q5_k_m and q6_k fall back to other types there)",
+                                    dtype_name(s.weight_type), bs, fmt::join(bad, " and "), bad.size() > 1 ? "are" : "is"));
   }
   LC_ASSIGN_OR_RETURN(auto vocab, gguf::File::open(s.vocab_path));
   LC_ASSIGN_OR_RETURN(auto tokens, vocab->get_string_array("tokenizer.ggml.tokens"));
