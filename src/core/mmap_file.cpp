@@ -67,4 +67,13 @@ Expected<MappedFile> MappedFile::open(const std::string& path) {
   return f;
 }
 
+void MappedFile::release(const void* p, size_t n) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (!data_ || b < data_ || b + n > data_ + size_) return;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(b) + page - 1) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(b) + n) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 }  // namespace lc

@@ -23,6 +23,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops this process's pages of [p, p + n) (whole pages inside the range) from the mapping:
+  // the memory they held is released, and a later read maps the file's bytes again.
+  void release(const void* p, size_t n) const;
 
  private:
   void reset();

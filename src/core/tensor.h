@@ -17,6 +17,9 @@ struct TensorView {
   const void* data = nullptr;
   DType type = DType::F32;
   int64_t ne[4] = {1, 1, 1, 1};
+  // The same matrix in kernels::pack_matrix's row-interleaved layout, when the owner made one:
+  // matmul reads it instead of `data` (same results, bit for bit). Everything else reads `data`.
+  const void* packed = nullptr;
 
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
   int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }

@@ -84,6 +84,9 @@ class File {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
+  // Gives back the memory of mapped tensor bytes the caller has copied elsewhere (a read
+  // afterwards maps them from the file again); a no-op for an in-memory buffer.
+  void release(const void* p, size_t n) const { map_.release(p, n); }
 
  private:
   File() = default;

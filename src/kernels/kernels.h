@@ -38,6 +38,23 @@ void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, Thr
 void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
                   int64_t n_tokens, ThreadPool& pool);
 
+// Row-interleaved weights: Q8_0 and Q4_0 matrices repacked in groups of kPackRows rows, each
+// block of 32 columns holding the group's kPackRows scales and then the rows' codes four at a
+// time across the rows, so that one vector of integer dot products advances kPackRows rows at
+// once and the scales multiply a vector of rows (no per-row broadcast or horizontal sum). The
+// layout is private to this build's kernels and never written to a file. A matrix of any row
+// count packs its whole groups; matmul takes the remaining rows from `data` with the same
+// arithmetic: per row and block, (float)(exact integer dot) * (d_w * d_x) added to the row's
+// sum with one FMA, in block order (ggml's scalar order). Results do not depend on n_tokens or
+// on which rows were packed. (A Q8_0/Q4_0 matrix without a packed copy goes through the 4x4
+// tiles, which keep 8 partial sums per row and round differently.)
+inline constexpr int64_t kPackRows = 8;
+bool can_pack(DType t);
+// Bytes of w's packed copy (0 when its type cannot be packed or it has no whole group).
+size_t packed_bytes(const TensorView& w);
+// Writes w's packed copy to dst (packed_bytes(w) bytes, 32-byte aligned).
+void pack_matrix(const TensorView& w, void* dst);
+
 // Element-wise and row kernels (contiguous f32).
 void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps);
 void softmax_inplace(float* x, int64_t n);

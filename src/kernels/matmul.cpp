@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -280,6 +281,187 @@ void tile32(const uint8_t* w, size_t ws, const Acts& a, int64_t t0, float* y, in
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[c * ldy + r] = simd::hsum(acc[r][c]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row-interleaved (packed) Q8_0 and Q4_0: a group of kPackRows = 8 rows, block by block. A
+// group-block is the 8 rows' f16 scales (16 bytes) and then vectors of 32 bytes whose 32-bit
+// lane r holds four codes of row r:
+//   Q8_0 (272 bytes): vector k = codes 4k..4k+3 of each row (k < 8); with VNNI stored as
+//     q + 128 (vpdpbusd multiplies unsigned by signed; -128 * sum(x) restores the offset),
+//     else as q (signed, the maddubs sign trick).
+//   Q4_0 (144 bytes): vector j (j < 4) holds codes 4j..4j+3 in its low nibbles and codes
+//     16+4j..16+4j+3 in its high nibbles; the value is (q - 8) d (-8 * sum(x) restores it).
+// Lane r of the integer sum of chunk k is then dot(row r codes 4k..4k+3, x[4k..4k+3]) with x
+// broadcast, and 8 chunks give the block's exact integer dot for all 8 rows at once.
+
+struct PQ8_0 {
+  using Block = BlockQ8_0;
+  static constexpr size_t kBytes = 16 + 256;
+#if defined(LC_VNNI)
+  static constexpr int kCorr = -128;
+#else
+  static constexpr int kCorr = 0;
+#endif
+  static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
+    for (int r = 0; r < 8; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+    for (int k = 0; k < 8; ++k)
+      for (int r = 0; r < 8; ++r)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t q = static_cast<uint8_t>(rows[r][b].qs[4 * k + i]);
+          dst[16 + 32 * k + 4 * r + i] = kCorr ? static_cast<uint8_t>(q ^ 0x80) : q;
+        }
+  }
+  // The block's integer dots of the 8 rows against C tokens, added to is[c].
+  template <int C>
+  static void dots(const uint8_t* p, const int8_t* const* xq, __m256i* is) {
+    for (int k = 0; k < 8; ++k) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k));
+#if !defined(LC_VNNI)
+      const __m256i wa = _mm256_sign_epi8(w, w);
+#endif
+      for (int c = 0; c < C; ++c) {
+        int32_t x4;
+        std::memcpy(&x4, xq[c] + 4 * k, 4);
+        const __m256i x = _mm256_set1_epi32(x4);
+#if defined(LC_VNNI)
+        is[c] = _mm256_dpbusd_epi32(is[c], w, x);
+#else
+        is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w)),
+                                                          _mm256_set1_epi16(1)));
+#endif
+      }
+    }
+  }
+  static int32_t row_dot(const Block& w, const int8_t* x) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += static_cast<int32_t>(w.qs[i]) * x[i];
+    return s;
+  }
+};
+
+struct PQ4_0 {
+  using Block = BlockQ4_0;
+  static constexpr size_t kBytes = 16 + 128;
+  static constexpr int kCorr = -8;
+  static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
+    for (int r = 0; r < 8; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+    // Element e < 16 is the low nibble of qs[e], e >= 16 the high nibble of qs[e - 16]: the
+    // byte for codes 4j+i (low) and 16+4j+i (high) is qs[4j+i] as stored.
+    for (int j = 0; j < 4; ++j)
+      for (int r = 0; r < 8; ++r)
+        for (int i = 0; i < 4; ++i) dst[16 + 32 * j + 4 * r + i] = rows[r][b].qs[4 * j + i];
+  }
+  template <int C>
+  static void dots(const uint8_t* p, const int8_t* const* xq, __m256i* is) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
+      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      for (int c = 0; c < C; ++c) {
+        int32_t a4, b4;
+        std::memcpy(&a4, xq[c] + 4 * j, 4);
+        std::memcpy(&b4, xq[c] + 16 + 4 * j, 4);
+        const __m256i xa = _mm256_set1_epi32(a4), xb = _mm256_set1_epi32(b4);
+#if defined(LC_VNNI)
+        is[c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is[c], lo, xa), hi, xb);
+#else
+        const __m256i ones = _mm256_set1_epi16(1);
+        is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
+                                                                          _mm256_maddubs_epi16(hi, xb)), ones));
+#endif
+      }
+    }
+  }
+  static int32_t row_dot(const Block& w, const int8_t* x) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; ++i)
+      s += ((w.qs[i] & 15) - 8) * x[i] + ((w.qs[i] >> 4) - 8) * x[16 + i];
+    return s;
+  }
+};
+
+// 8 rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
+template <class P, int C>
+void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+  const int64_t nb = a.n / 32;
+  __m256 acc[C];
+  const int8_t* xq[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + static_cast<size_t>(b) * P::kBytes;
+    __m256i is[C];
+    for (int c = 0; c < C; ++c) {
+      const int64_t t = t0 + c;
+      xq[c] = a.qs + t * a.n + 32 * b;
+      is[c] = P::kCorr ? _mm256_set1_epi32(P::kCorr * a.s[t * nb + b]) : _mm256_setzero_si256();
+    }
+    P::template dots<C>(p + 16, xq, is);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[c]), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[(t0 + c) * nb + b])),
+                               acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(y + c * ldy, acc[c]);
+}
+
+// One row from the unpacked blocks, with the packed lanes' arithmetic.
+template <class P>
+void packed_row(const uint8_t* w, const Acts& a, int64_t t, float* y) {
+  const int64_t nb = a.n / 32;
+  const auto* blk = reinterpret_cast<const typename P::Block*>(w);
+  float acc = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int32_t s = P::row_dot(blk[b], a.qs + t * a.n + 32 * b);
+    acc = std::fma(static_cast<float>(s), fp16_to_fp32(blk[b].d) * a.d[t * nb + b], acc);
+  }
+  *y = acc;
+}
+
+#if defined(LC_AVX512)
+constexpr int kPackCols = 8;  // tokens per packed tile: 2 x 8 accumulators of 32
+#else
+constexpr int kPackCols = 4;
+#endif
+
+// Rows [o0, o1) of a packed matrix: whole groups from the packed copy, the rest row by row.
+template <class P>
+void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int64_t o1, float* y) {
+  const int64_t n_out = w.n_rows(), nb = a.n / 32;
+  const int64_t groups = n_out / kPackRows;
+  const uint8_t* pk = static_cast<const uint8_t*>(w.packed);
+  const uint8_t* wb = static_cast<const uint8_t*>(w.data);
+  const size_t ws = w.row_size();
+  auto one = [&](int64_t o) {
+    for (int64_t t = 0; t < nt; ++t) packed_row<P>(wb + o * ws, a, t, y + t * n_out + o);
+  };
+  int64_t o = o0;
+  while (o < o1 && o % kPackRows != 0) one(o++);  // up to a group boundary
+  const int64_t g0 = o / kPackRows, g1 = std::min(groups, o1 / kPackRows);  // whole groups inside
+  if (g1 > g0) {
+    for (int64_t p0 = 0; p0 < nt; p0 += kTokPanel) {
+      const int64_t p1 = std::min(nt, p0 + kTokPanel);
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* gp = pk + static_cast<size_t>(g * nb) * P::kBytes;
+        float* yg = y + g * kPackRows;
+        int64_t t = p0;
+        for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
+        for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out);
+      }
+    }
+    o = g1 * kPackRows;
+  }
+  while (o < o1) one(o++);  // rows past the last whole group
+}
+
+template <class P>
+void pack_groups(const TensorView& w, uint8_t* dst) {
+  const int64_t nb = w.ne[0] / 32, groups = w.n_rows() / kPackRows;
+  for (int64_t g = 0; g < groups; ++g) {
+    const typename P::Block* rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = reinterpret_cast<const typename P::Block*>(w.row(g * kPackRows + r));
+    for (int64_t b = 0; b < nb; ++b) P::pack(rows, b, dst + static_cast<size_t>(g * nb + b) * P::kBytes);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,6 +725,8 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
         else tile_f<DType::BF16, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
       });
     case Path::kQ32:
+      if (w.packed && w.type == DType::Q8_0) return packed_rows<PQ8_0>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q4_0) return packed_rows<PQ4_0>(w, a, nt, b, e, y);
       return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
         const uint8_t* wo = wb + o * ws;
         float* yo = y + t * n_out + o;
@@ -630,7 +814,21 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
       const int64_t lo = std::max(b, first), hi = std::min(e, first + ws[i]->n_rows());
       if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first, hi - first, ys[i]);
     }
-  }, path == Path::kBlas ? 16 : kRM);
+  }, path == Path::kBlas ? 16 : path == Path::kQ32 ? kPackRows : kRM);
+}
+
+bool can_pack(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
+
+size_t packed_bytes(const TensorView& w) {
+  if (!can_pack(w.type) || w.ne[0] % 32 != 0) return 0;
+  const size_t per = w.type == DType::Q8_0 ? PQ8_0::kBytes : PQ4_0::kBytes;
+  return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] / 32) * per;
+}
+
+void pack_matrix(const TensorView& w, void* dst) {
+  LC_CHECK(can_pack(w.type) && w.ne[0] % 32 == 0);
+  if (w.type == DType::Q8_0) pack_groups<PQ8_0>(w, static_cast<uint8_t*>(dst));
+  else pack_groups<PQ4_0>(w, static_cast<uint8_t*>(dst));
 }
 
 }  // namespace lc::kernels

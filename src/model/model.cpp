@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/kernels.h"
 
 namespace lc {
@@ -87,7 +90,30 @@ Status Model::bind(const std::string& path) {
     LC_ASSIGN_OR_RETURN(L.w_up, matrix(nm("ffn_up.weight"), hp.n_embd, hp.n_ff, true));
     LC_ASSIGN_OR_RETURN(L.w_down, matrix(nm("ffn_down.weight"), hp.n_ff, hp.n_embd, true));
   }
+  pack_matrices();
   return ok_status();
+}
+
+// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_0 matrices. The
+// mapped bytes of a packed matrix are given back: only the packed copy is read when
+// multiplying, and a row lookup (qTTT widening a matrix, the token embedding's lookups) maps
+// them again. The token embedding itself is not packed (rows are looked up); a tied output is
+// packed as its own copy.
+// LONGCTX_PACK=0 in the environment keeps every matrix unpacked (for A/B measurements).
+void Model::pack_matrices() {
+  const char* env = std::getenv("LONGCTX_PACK");
+  if (env && std::string_view(env) == "0") return;
+  auto pack = [&](TensorView& w, bool give_back) {
+    const size_t n = kernels::packed_bytes(w);
+    if (n == 0) return;
+    packed_.emplace_back(n);
+    kernels::pack_matrix(w, packed_.back().data());
+    w.packed = packed_.back().data();
+    if (give_back) file_->release(w.data, w.row_size() * static_cast<size_t>(w.n_rows()));
+  };
+  for (LayerWeights& L : layers_)
+    for (TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*w, true);
+  pack(output_, true);
 }
 
 Expected<std::unique_ptr<Model>> Model::load(const std::string& path) {

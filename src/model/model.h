@@ -56,6 +56,7 @@ class Model {
   Status bind(const std::string& path);
   Expected<TensorView> matrix(const std::string& name, int64_t n_in, int64_t n_out, bool required);
   Expected<const float*> vec(const std::string& name, int64_t n, bool required);
+  void pack_matrices();
 
   HParams hp_;
   std::unique_ptr<gguf::File> file_;
@@ -67,6 +68,7 @@ class Model {
   std::vector<float> rope_freqs_;
   // Small vectors (norms, biases) stored in another type are widened to f32 here.
   std::vector<std::vector<float>> owned_;
+  std::vector<Buffer<uint8_t>> packed_;  // row-interleaved copies the views' `packed` point into
 };
 
 }  // namespace lc

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/machine.h"
 #include "model/context.h"
 
 namespace lc {
@@ -49,5 +50,28 @@ Status bench_fill(Context& ctx, int64_t depth, const std::string& fill_attn, uin
 // (unless warmup is false). Each run starts from the depth (the cache is truncated back).
 Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, int reps, bool warmup,
                                 uint64_t seed);
+
+// Roofline bounds of a model on this machine, for `bench speed`'s "of bound" column.
+struct TokenCost {
+  double layer_bytes = 0;   // bytes of every layer's matrices (one decoded token reads each once)
+  double output_bytes = 0;  // the output matrix's bytes (read once per token that gets logits)
+  // 2 x the multiply-adds of a token through the layers' matrices, split by the arithmetic
+  // their kernels use: f32 FMA for float weights, int8 dot products for quantised ones.
+  double layer_flops_f32 = 0, layer_flops_int8 = 0;
+  double output_flops = 0;
+  bool output_int8 = false;
+  // Attention's multiply-adds per (token, context position), times 2: QK and PV over every
+  // layer and query head.
+  double attn_flops_per_pos = 0;
+};
+TokenCost token_cost(const Model& model);
+
+// The fastest decode the memory allows, tokens/s: each token reads every matrix once and the
+// K/V of its context (kv_bytes_per_token x the context, as dense attention reads it).
+double decode_bound_tps(const TokenCost& c, double kv_bytes_per_token, double mean_context, double read_gbps);
+// The fastest prefill of n_prompt tokens after `depth` cached ones the arithmetic allows,
+// tokens/s: the layers' matrices at the peak of their kernels' arithmetic, causal attention
+// (a token at position i attends i + 1 keys) at the f32 peak, and logits for the last token.
+double prefill_bound_tps(const TokenCost& c, int64_t n_prompt, int64_t depth, const kernels::PeakOps& peak);
 
 }  // namespace lc

@@ -88,5 +88,52 @@ TEST(BenchSpeed, FillAttnIsUndoneAndEvictionForcesARefill) {
   EXPECT_FALSE(bench_fill(ctx, 5000, "", 3).is_ok());  // beyond the context size
 }
 
+
+// The roofline bounds from the GGUF's tensor table (names and byte sizes), independently of the
+// model's bound layer views: a quantised model (its matrices on the int8 peak) and a float one.
+TEST(BenchSpeed, BoundsFollowTheTensorTable) {
+  for (const char* name : {"llama_quant_q8_0.gguf", "llama_gqa_f32.gguf"}) {
+    auto model = Model::load(std::string(LONGCTX_TEST_DATA) + "/golden/models/" + name);
+    ASSERT_TRUE(model.has_value()) << model.error().message;
+    const Model& m = **model;
+    double layer_bytes = 0, layer_flops = 0, out_bytes = 0, out_flops = 0, embd_bytes = 0, embd_flops = 0;
+    bool has_output = false, quant = false;
+    for (const auto& t : m.file().tensors()) {
+      if (t.n_dims != 2) continue;
+      const double flops = 2.0 * static_cast<double>(t.ne[0] * t.ne[1]);
+      if (t.name == "output.weight") {
+        has_output = true, out_bytes = static_cast<double>(t.n_bytes), out_flops = flops;
+      } else if (t.name == "token_embd.weight") {
+        embd_bytes = static_cast<double>(t.n_bytes), embd_flops = flops;
+      } else if (t.name.rfind("blk.", 0) == 0) {
+        layer_bytes += static_cast<double>(t.n_bytes), layer_flops += flops;
+        quant = quant || (t.type != DType::F32 && t.type != DType::F16);
+      }
+    }
+    if (!has_output) out_bytes = embd_bytes, out_flops = embd_flops;  // tied
+    const HParams& hp = m.hparams();
+    const TokenCost c = token_cost(m);
+    EXPECT_EQ(c.layer_bytes, layer_bytes) << name;
+    EXPECT_EQ(c.output_bytes, out_bytes) << name;
+    EXPECT_EQ(c.layer_flops_f32 + c.layer_flops_int8, layer_flops) << name;
+    EXPECT_EQ(quant ? c.layer_flops_int8 : c.layer_flops_f32, layer_flops) << name;
+
+    // Decode: 10 GB/s over the weights and 37.5 positions of 1000 bytes.
+    const double want_tg = 10e9 / (layer_bytes + out_bytes + 1000 * 37.5);
+    EXPECT_NEAR(decode_bound_tps(c, 1000, 37.5, 10), want_tg, want_tg * 1e-12) << name;
+
+    // Prefill of 8 tokens after 100: sum over i of (100 + i + 1) keys, QK and PV of every head.
+    kernels::PeakOps peak;
+    peak.f32_gflops = 50, peak.int8_gops = 200;
+    double keys = 0;
+    for (int i = 0; i < 8; ++i) keys += 100 + i + 1;
+    const double attn = keys * 2.0 * static_cast<double>(hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v));
+    const double out_peak = (m.output().type == DType::F32 || m.output().type == DType::F16) ? 50e9 : 200e9;
+    const double secs = 8 * layer_flops / (quant ? 200e9 : 50e9) + attn / 50e9 + out_flops / out_peak;
+    EXPECT_NEAR(prefill_bound_tps(c, 8, 100, peak), 8 / secs, 8 / secs * 1e-12) << name;
+    EXPECT_EQ(prefill_bound_tps(c, 8, 100, kernels::PeakOps{}), 0.0);  // not measured
+  }
+}
+
 }  // namespace
 }  // namespace lc

@@ -362,7 +362,8 @@ struct SpeedRow {
 
 int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const std::vector<int64_t>& ns,
                     const std::vector<int64_t>& ds, int reps, const std::string& output,
-                    std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave) {
+                    std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave,
+                    bool limits) {
   if (reps < 1) return fail("-r must be >= 1");
   if (output != "md" && output != "json") return fail("--format must be md or json");
   if (attns.empty()) attns.push_back(co.attn);
@@ -390,6 +391,22 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   if (!fill_attn.empty())
     if (auto st = c.set_attention(fill_attn); !st.is_ok()) return fail("--fill-attn: " + st.message());
   const int threads = c.pool().size();
+  // The machine's limits, measured on the engine's own threads before the tests: read
+  // bandwidth over buffers several times the last-level cache, and register-only peaks.
+  lc::kernels::Bandwidth bw;
+  lc::kernels::PeakOps peak;
+  const int64_t llc = lc::kernels::last_level_cache_bytes();
+  if (limits) {
+    bw = lc::kernels::measure_bandwidth(c.pool(), std::max<int64_t>(4 * llc, int64_t{64} << 20), 5);
+    peak = lc::kernels::measure_peak(c.pool(), int64_t{1} << 22);
+  }
+  const lc::TokenCost cost = lc::token_cost(**model);
+  auto bound_of = [&](const SpeedRow& r) {
+    if (!limits) return 0.0;
+    if (r.t.n_prompt > 0) return lc::prefill_bound_tps(cost, r.t.n_prompt, r.t.depth, peak);
+    const double mean_ctx = static_cast<double>(r.t.depth) + static_cast<double>(r.t.n_gen + 1) / 2;
+    return lc::decode_bound_tps(cost, static_cast<double>(r.kv.bytes_per_token), mean_ctx, bw.read_gbps);
+  };
   std::vector<SpeedRow> rows;
   auto report = [&](const SpeedRow& row) {
     rows.push_back(row);
@@ -496,16 +513,41 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
                    {"kv_bytes_per_token", r.kv.bytes_per_token}, {"kv_in_use_bytes", r.kv.in_use_bytes},
                    {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss},
                    {"vs_first", vs_first[ri]}});
+      if (limits) {
+        const double b = bound_of(r);
+        j.back()["bound_ts"] = b;
+        j.back()["of_bound"] = b > 0 ? r.t.mean() / b : 0.0;
+      }
     }
+    if (limits && !j.empty())
+      j.front()["machine"] = {{"isa", lc::kernels::kernel_isa()}, {"llc_bytes", llc},
+                              {"read_gbps", bw.read_gbps}, {"triad_gbps", bw.triad_gbps},
+                              {"buffer_bytes", bw.buffer_bytes}, {"f32_gflops", peak.f32_gflops},
+                              {"bf16_gflops", peak.bf16_gflops}, {"int8_gops", peak.int8_gops}};
     fmt::print("{}\n", j.dump(1));
   } else {
-    fmt::print("| model | weights | threads | attn | test | t/s | vs first | KV B/token | KV in use | peak RSS |\n"
-               "|---|---|---:|---|---|---:|---:|---:|---:|---:|\n");
+    if (limits) {
+      fmt::print("machine ({}, {} threads): read {:.1f} GB/s, triad {:.1f} GB/s over {:.0f} MiB buffers (LLC {:.0f} "
+                 "MiB); peak f32 {:.0f} GFLOP/s, bf16 {:.0f} GFLOP/s, int8 {:.0f} GOP/s\n",
+                 lc::kernels::kernel_isa(), threads, bw.read_gbps, bw.triad_gbps, mib(bw.buffer_bytes), mib(llc),
+                 peak.f32_gflops, peak.bf16_gflops, peak.int8_gops);
+      fmt::print("bound: tg reads every matrix ({:.1f} MiB) and the K/V of its context at the read bandwidth; pp "
+                 "does its multiply-adds at the peak of its kernels' arithmetic\n\n",
+                 mib(static_cast<int64_t>(cost.layer_bytes + cost.output_bytes)));
+    }
+    fmt::print("| model | weights | threads | attn | test | t/s | vs first |{} KV B/token | KV in use | peak RSS |\n"
+               "|---|---|---:|---|---|---:|---:|{}---:|---:|---:|\n",
+               limits ? " of bound |" : "", limits ? "---:|" : "");
     for (size_t ri = 0; ri < rows.size(); ++ri) {
       const SpeedRow& r = rows[ri];
-      fmt::print("| {} | {} | {} | {} | {} | {:.2f} ± {:.2f} | {:.2f}x | {} | {:.1f} MiB | {:.1f} MiB |\n", model_name,
-                 type_str, threads, r.attn, r.t.name, r.t.mean(), r.t.stddev(),
-                 vs_first[ri], r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
+      std::string of_bound;
+      if (limits) {
+        const double b = bound_of(r);
+        of_bound = b > 0 ? fmt::format(" {:.0f}% of {:.0f} |", 100 * r.t.mean() / b, b) : " - |";
+      }
+      fmt::print("| {} | {} | {} | {} | {} | {:.2f} ± {:.2f} | {:.2f}x |{} {} | {:.1f} MiB | {:.1f} MiB |\n",
+                 model_name, type_str, threads, r.attn, r.t.name, r.t.mean(), r.t.stddev(), vs_first[ri], of_bound,
+                 r.kv.bytes_per_token, mib(static_cast<int64_t>(r.kv.in_use_bytes)), mib(r.peak_rss));
     }
     if (!fill_attn.empty()) fmt::print("\ncache filled to each depth with --fill-attn {} (not timed)\n", fill_attn);
   }
@@ -694,7 +736,9 @@ int main(int argc, char** argv) {
                      "attention backend that fills the cache to each depth (not timed; default: the timed one), "
                      "e.g. infllm:sinks=4,local=64,topk=0 to fill 256K tokens in minutes");
   bspeed->add_flag("--no-warmup", bs_no_warmup, "skip the untimed warm-up run of each test");
-  bool bs_interleave = false;
+  bool bs_interleave = false, bs_no_limits = false;
+  bspeed->add_flag("--no-limits", bs_no_limits,
+                   "skip measuring the machine's read bandwidth and peak arithmetic (the 'of bound' column)");
   bspeed->add_flag("--interleave", bs_interleave,
                    "take the repetitions in turns across the -a backends (a fresh backend and a warm-up each "
                    "turn), so that drift in machine speed affects them alike");
@@ -770,7 +814,8 @@ int main(int argc, char** argv) {
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_total, cal_out);
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, !tok_no_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
-    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave);
+    if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave,
+                                          !bs_no_limits);
     if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed, mm_layers);
     for (const auto& c : extra)
