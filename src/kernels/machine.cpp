@@ -1,5 +1,7 @@
 #include "kernels/machine.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -38,6 +40,41 @@ double time_parallel(ThreadPool& pool, F&& fn) {
 
 }  // namespace
 
+namespace {
+// The largest data or unified cache the CPU's deterministic cache parameters describe (cpuid
+// leaf 4 on Intel, 0x8000001D on AMD): ways x partitions x line size x sets.
+int64_t cpuid_cache_bytes() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+  const bool amd = b == 0x68747541;  // "Auth"enticAMD
+  const unsigned leaf = amd ? 0x8000001Du : 4u;
+  if (amd) {
+    unsigned max_ext;
+    if (!__get_cpuid(0x80000000u, &max_ext, &b, &c, &d) || max_ext < leaf) return 0;
+  } else if (a < 4) {
+    return 0;
+  }
+  int64_t best = 0;
+  int best_level = 0;
+  for (unsigned sub = 0; sub < 16; ++sub) {
+    __cpuid_count(leaf, sub, a, b, c, d);
+    const unsigned type = a & 31;
+    if (type == 0) break;
+    if (type == 2) continue;  // instruction cache
+    const int level = static_cast<int>((a >> 5) & 7);
+    const int64_t bytes = static_cast<int64_t>((b >> 22) + 1) * (((b >> 12) & 0x3ff) + 1) * ((b & 0xfff) + 1) *
+                          (static_cast<int64_t>(c) + 1);
+    if (level > best_level || (level == best_level && bytes > best)) best_level = level, best = bytes;
+  }
+  if (best == 0 && amd && __get_cpuid(0x80000006u, &a, &b, &c, &d)) {
+    // Hypervisors often zero leaf 0x8000001D; the older leaf gives L3 in 512 KiB units, L2 in KiB.
+    best = static_cast<int64_t>(d >> 18) * (512 << 10);
+    if (best == 0) best = static_cast<int64_t>(c >> 16) << 10;
+  }
+  return best;
+}
+}  // namespace
+
 int64_t last_level_cache_bytes() {
   int64_t best = 0;
   int best_level = 0;
@@ -54,7 +91,7 @@ int64_t last_level_cache_bytes() {
     const int64_t b = parse_cache_size(size);
     if (level > best_level || (level == best_level && b > best)) best_level = level, best = b;
   }
-  return best;
+  return best > 0 ? best : cpuid_cache_bytes();
 }
 
 std::string kernel_isa() {

@@ -10,7 +10,8 @@
 
 namespace lc::kernels {
 
-// The largest data cache the CPU reports (sysfs), 0 when it says nothing.
+// The largest data cache the CPU reports (sysfs, else cpuid's cache parameters), 0 when
+// neither says.
 int64_t last_level_cache_bytes();
 
 // The ISA the kernels were built for: "avx512" (with "+vnni", "+bf16" when present) or "avx2".

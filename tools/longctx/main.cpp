@@ -391,15 +391,18 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   if (!fill_attn.empty())
     if (auto st = c.set_attention(fill_attn); !st.is_ok()) return fail("--fill-attn: " + st.message());
   const int threads = c.pool().size();
-  // The machine's limits, measured on the engine's own threads before the tests: read
-  // bandwidth over buffers several times the last-level cache, and register-only peaks.
+  // The machine's limits (measured after the tests, so that the buffers do not count in the
+  // tests' peak RSS), on the engine's own threads: read bandwidth over buffers several times
+  // the last-level cache, and register-only peaks.
   lc::kernels::Bandwidth bw;
   lc::kernels::PeakOps peak;
   const int64_t llc = lc::kernels::last_level_cache_bytes();
-  if (limits) {
-    bw = lc::kernels::measure_bandwidth(c.pool(), std::max<int64_t>(4 * llc, int64_t{64} << 20), 5);
+  auto measure_limits = [&] {
+    if (!limits) return;
+    bw = lc::kernels::measure_bandwidth(c.pool(), std::clamp<int64_t>(4 * llc, int64_t{128} << 20, int64_t{512} << 20),
+                                        5);
     peak = lc::kernels::measure_peak(c.pool(), int64_t{1} << 22);
-  }
+  };
   const lc::TokenCost cost = lc::token_cost(**model);
   auto bound_of = [&](const SpeedRow& r) {
     if (!limits) return 0.0;
@@ -473,6 +476,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
         if (n > 0 && !one(0, n)) return 1;
     }
   }
+  measure_limits();
   const auto& m = **model;
   std::map<std::string, int> types;
   for (const auto& t : m.file().tensors())
