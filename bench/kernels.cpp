@@ -51,7 +51,9 @@ std::vector<uint8_t> make_weights(DType t, int64_t n_in, int64_t n_out) {
   return w;
 }
 
-void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int threads, FloatGemm fg) {
+// packed: the row-interleaved copy a loaded model multiplies (Q8_0, Q4_0), else the blocks as
+// stored in the file.
+void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int threads, FloatGemm fg, bool packed) {
   set_float_gemm(fg);
   const auto w = make_weights(t, s.n_in, s.n_out);
   TensorView v;
@@ -59,6 +61,12 @@ void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int thr
   v.type = t;
   v.ne[0] = s.n_in;
   v.ne[1] = s.n_out;
+  Buffer<uint8_t> pk;
+  if (packed) {
+    pk.resize(packed_bytes(v));
+    pack_matrix(v, pk.data());
+    v.packed = pk.data();
+  }
   std::vector<float> x(static_cast<size_t>(s.n_in * n_tokens)), y(static_cast<size_t>(s.n_out * n_tokens));
   std::mt19937 rng(1);
   std::normal_distribution<float> g(0.f, 1.f);
@@ -137,10 +145,14 @@ int register_all() {
             if ((!flt || nt == 1) && fg == FloatGemm::kBlas) continue;  // one variant suffices
             std::string name = std::string("Matmul/") + dtype_name(t) + "/" + s.name + "/n" + std::to_string(nt) +
                                "/t" + std::to_string(th) + ((flt && nt > 1) ? float_gemm_name(fg) : "");
-            auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, t, s, nt, th, fg);
-            b->Unit(benchmark::kMicrosecond)->UseRealTime();
-            if (nt > 1 && s.n_out == 49152) b->Iterations(2);
-            else if (nt > 1) b->MinTime(0.2);
+            for (bool packed : {false, true}) {
+              if (packed && !can_pack(t)) continue;
+              auto* b = benchmark::RegisterBenchmark((name + (packed ? "/packed" : "")).c_str(), bm_matmul, t, s, nt,
+                                                     th, fg, packed);
+              b->Unit(benchmark::kMicrosecond)->UseRealTime();
+              if (nt > 1 && s.n_out == 49152) b->Iterations(2);
+              else if (nt > 1) b->MinTime(0.2);
+            }
           }
         }
     }

@@ -56,8 +56,10 @@ constexpr int64_t kBlasMinTokens = 8;
 
 #if defined(LC_AVX512)
 constexpr int kRM = 4, kCM = 4;  // 32 vector registers: 16 accumulators fit
+constexpr int kFloatDecodeRows = 8;
 #else
 constexpr int kRM = 4, kCM = 2;  // 16 registers
+constexpr int kFloatDecodeRows = 4;
 #endif
 
 template <class T>
@@ -136,9 +138,16 @@ Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPo
   return a;
 }
 
-// Calls f.template operator()<R, C>(row, token) over [o0, o1) x [0, nt) in tiles.
-template <class F>
+// Calls f.template operator()<R, C>(row, token) over [o0, o1) x [0, nt) in tiles. One token
+// (decoding) takes RM1 rows at a time: more independent accumulator chains per weight stream.
+template <int RM1 = kRM, class F>
 void for_tiles(int64_t o0, int64_t o1, int64_t nt, F&& f) {
+  if (nt == 1 && RM1 != kRM) {
+    int64_t o = o0;
+    for (; o + RM1 <= o1; o += RM1) f.template operator()<RM1, 1>(o, 0);
+    for (; o < o1; ++o) f.template operator()<1, 1>(o, 0);
+    return;
+  }
   for (int64_t p0 = 0; p0 < nt; p0 += kTokPanel) {
     const int64_t p1 = std::min(nt, p0 + kTokPanel);
     int64_t o = o0;
@@ -718,7 +727,7 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
     case Path::kBlas:
       return blas_rows(w, b, e, x, nt, y);
     case Path::kFloat:
-      return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
+      return for_tiles<kFloatDecodeRows>(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
         float* yo = y + t * n_out + o;
         if (w.type == DType::F32) tile_f<DType::F32, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
         else if (w.type == DType::F16) tile_f<DType::F16, R, C>(wb + o * ws, ws, x, n_in, t, yo, n_out);
