@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <initializer_list>
 
 extern "C" char* openblas_get_corename(void);
 
@@ -14,16 +15,22 @@ const char* blas_core_name() {
   return name != nullptr ? name : "unknown";
 }
 
+const char* better_blas_core_for(const char* chosen, bool avx512, bool avx2_fma) {
+  if (chosen == nullptr) return nullptr;
+  for (const char* n : {"skylakex", "cooperlake", "sapphirerapids"})
+    if (strcasecmp(chosen, n) == 0) return nullptr;  // already AVX-512 kernels
+  if (avx512) return "SkylakeX";
+  if (avx2_fma && strcasecmp(chosen, "prescott") == 0) return "Haswell";
+  return nullptr;
+}
+
 const char* better_blas_core() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
-  const char* name = openblas_get_corename();
-  if (name == nullptr || strcasecmp(name, "prescott") != 0) return nullptr;
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-  return nullptr;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return better_blas_core_for(openblas_get_corename(), avx512, avx2_fma);
 }
 
 void reexec_for_faster_blas(char** argv) {

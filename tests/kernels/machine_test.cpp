@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "kernels/blas_cpu.h"
 #include "kernels/machine.h"
 
 namespace lc::kernels {
@@ -67,6 +68,20 @@ TEST(MachineCache, ParsesSysfsOrReportsNothing) {
   const int64_t llc = last_level_cache_bytes();
   EXPECT_GE(llc, 0);
   if (llc > 0) EXPECT_EQ(llc % 1024, 0);
+}
+
+// Which OpenBLAS kernels longctx asks for (it re-executes itself with OPENBLAS_CORETYPE).
+TEST(BlasCore, AsksForAvx512KernelsWhereTheCpuHasThem) {
+  for (const char* c : {"Prescott", "Haswell", "Zen", "Sandybridge"}) {
+    EXPECT_STREQ(better_blas_core_for(c, true, true), "SkylakeX") << c;
+  }
+  for (const char* c : {"SkylakeX", "skylakex", "Cooperlake", "SapphireRapids"})
+    EXPECT_EQ(better_blas_core_for(c, true, true), nullptr) << c;
+  EXPECT_STREQ(better_blas_core_for("Prescott", false, true), "Haswell");
+  EXPECT_EQ(better_blas_core_for("Haswell", false, true), nullptr);
+  EXPECT_EQ(better_blas_core_for("Zen", false, true), nullptr);
+  EXPECT_EQ(better_blas_core_for("Prescott", false, false), nullptr);
+  EXPECT_EQ(better_blas_core_for(nullptr, true, true), nullptr);
 }
 
 }  // namespace
