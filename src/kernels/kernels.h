@@ -48,7 +48,11 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
 // sum with one FMA, in block order (ggml's scalar order). Results do not depend on n_tokens or
 // on which rows were packed. (A Q8_0/Q4_0 matrix without a packed copy goes through the 4x4
 // tiles, which keep 8 partial sums per row and round differently.)
-inline constexpr int64_t kPackRows = 8;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+inline constexpr int64_t kPackRows = 16;  // one 512-bit vector of 32-bit lanes
+#else
+inline constexpr int64_t kPackRows = 8;   // one 256-bit vector
+#endif
 bool can_pack(DType t);
 // Bytes of w's packed copy (0 when its type cannot be packed or it has no whole group).
 size_t packed_bytes(const TensorView& w);

@@ -293,53 +293,98 @@ void tile32(const uint8_t* w, size_t ws, const Acts& a, int64_t t0, float* y, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row-interleaved (packed) Q8_0 and Q4_0: a group of kPackRows = 8 rows, block by block. A
-// group-block is the 8 rows' f16 scales (16 bytes) and then vectors of 32 bytes whose 32-bit
-// lane r holds four codes of row r:
-//   Q8_0 (272 bytes): vector k = codes 4k..4k+3 of each row (k < 8); with VNNI stored as
+// Row-interleaved (packed) Q8_0 and Q4_0: a group of R = kPackRows rows (16 with AVX512-VNNI,
+// one 512-bit vector of 16 lanes; else 8, one 256-bit vector), block by block. A group-block
+// is the R rows' f16 scales (2R bytes) and then vectors of 4R bytes whose 32-bit lane r holds
+// four codes of row r:
+//   Q8_0 (34R bytes): vector k = codes 4k..4k+3 of each row (k < 8); with VNNI stored as
 //     q + 128 (vpdpbusd multiplies unsigned by signed; -128 * sum(x) restores the offset),
 //     else as q (signed, the maddubs sign trick).
-//   Q4_0 (144 bytes): vector j (j < 4) holds codes 4j..4j+3 in its low nibbles and codes
+//   Q4_0 (18R bytes): vector j (j < 4) holds codes 4j..4j+3 in its low nibbles and codes
 //     16+4j..16+4j+3 in its high nibbles; the value is (q - 8) d (-8 * sum(x) restores it).
 // Lane r of the integer sum of chunk k is then dot(row r codes 4k..4k+3, x[4k..4k+3]) with x
-// broadcast, and 8 chunks give the block's exact integer dot for all 8 rows at once.
+// broadcast, and 8 chunks give the block's exact integer dot for all R rows at once.
+namespace pv {
+constexpr int kR = static_cast<int>(kPackRows);
+#if defined(LC_VNNI)
+static_assert(kR == 16);
+using VI = __m512i;
+using VF = __m512;
+inline VI load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline VI bcast(int32_t x) { return _mm512_set1_epi32(x); }
+inline VI zero() { return _mm512_setzero_si512(); }
+inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+inline VF scales(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline VF to_float(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VF fzero() { return _mm512_setzero_ps(); }
+inline VF fma_scaled(VI s, VF dw, float dx, VF acc) {
+  return _mm512_fmadd_ps(to_float(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
+}
+inline void store(float* y, VF v) { _mm512_storeu_ps(y, v); }
+#else
+static_assert(kR == 8);
+using VI = __m256i;
+using VF = __m256;
+inline VI load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VI bcast(int32_t x) { return _mm256_set1_epi32(x); }
+inline VI zero() { return _mm256_setzero_si256(); }
+inline VI nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+// u unsigned below 128 (Q4_0 nibbles): maddubs cannot saturate.
+inline VI dot_u8s8(VI acc, VI u, VI s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+// Signed w (Q8_0): |w| times s with w's sign; s is never -128.
+inline VI dot_s8s8(VI acc, VI w_abs, VI w, VI s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(s, w)),
+                                                 _mm256_set1_epi16(1)));
+}
+inline VF scales(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VF to_float(VI v) { return _mm256_cvtepi32_ps(v); }
+inline VF fzero() { return _mm256_setzero_ps(); }
+inline VF fma_scaled(VI s, VF dw, float dx, VF acc) {
+  return _mm256_fmadd_ps(to_float(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc);
+}
+inline void store(float* y, VF v) { _mm256_storeu_ps(y, v); }
+#endif
+constexpr int kVB = 4 * kR;  // bytes per vector
+inline int32_t x4(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return v;
+}
+}  // namespace pv
 
 struct PQ8_0 {
   using Block = BlockQ8_0;
-  static constexpr size_t kBytes = 16 + 256;
+  static constexpr size_t kBytes = 34 * pv::kR;
 #if defined(LC_VNNI)
   static constexpr int kCorr = -128;
 #else
   static constexpr int kCorr = 0;
 #endif
   static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
-    for (int r = 0; r < 8; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+    for (int r = 0; r < pv::kR; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
     for (int k = 0; k < 8; ++k)
-      for (int r = 0; r < 8; ++r)
+      for (int r = 0; r < pv::kR; ++r)
         for (int i = 0; i < 4; ++i) {
           const uint8_t q = static_cast<uint8_t>(rows[r][b].qs[4 * k + i]);
-          dst[16 + 32 * k + 4 * r + i] = kCorr ? static_cast<uint8_t>(q ^ 0x80) : q;
+          dst[2 * pv::kR + pv::kVB * k + 4 * r + i] = kCorr ? static_cast<uint8_t>(q ^ 0x80) : q;
         }
   }
-  // The block's integer dots of the 8 rows against C tokens, added to is[c].
+  // The block's integer dots of the R rows against C tokens, added to is[c].
   template <int C>
-  static void dots(const uint8_t* p, const int8_t* const* xq, __m256i* is) {
+  static void dots(const uint8_t* p, const int8_t* const* xq, pv::VI* is) {
     for (int k = 0; k < 8; ++k) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * k));
-#if !defined(LC_VNNI)
-      const __m256i wa = _mm256_sign_epi8(w, w);
-#endif
-      for (int c = 0; c < C; ++c) {
-        int32_t x4;
-        std::memcpy(&x4, xq[c] + 4 * k, 4);
-        const __m256i x = _mm256_set1_epi32(x4);
+      const pv::VI w = pv::load(p + pv::kVB * k);
 #if defined(LC_VNNI)
-        is[c] = _mm256_dpbusd_epi32(is[c], w, x);
+      for (int c = 0; c < C; ++c) is[c] = pv::dot_u8s8(is[c], w, pv::bcast(pv::x4(xq[c] + 4 * k)));
 #else
-        is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w)),
-                                                          _mm256_set1_epi16(1)));
+      const pv::VI wa = _mm256_sign_epi8(w, w);
+      for (int c = 0; c < C; ++c) is[c] = pv::dot_s8s8(is[c], wa, w, pv::bcast(pv::x4(xq[c] + 4 * k)));
 #endif
-      }
     }
   }
   static int32_t row_dot(const Block& w, const int8_t* x) {
@@ -351,34 +396,24 @@ struct PQ8_0 {
 
 struct PQ4_0 {
   using Block = BlockQ4_0;
-  static constexpr size_t kBytes = 16 + 128;
+  static constexpr size_t kBytes = 18 * pv::kR;
   static constexpr int kCorr = -8;
   static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
-    for (int r = 0; r < 8; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+    for (int r = 0; r < pv::kR; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
     // Element e < 16 is the low nibble of qs[e], e >= 16 the high nibble of qs[e - 16]: the
     // byte for codes 4j+i (low) and 16+4j+i (high) is qs[4j+i] as stored.
     for (int j = 0; j < 4; ++j)
-      for (int r = 0; r < 8; ++r)
-        for (int i = 0; i < 4; ++i) dst[16 + 32 * j + 4 * r + i] = rows[r][b].qs[4 * j + i];
+      for (int r = 0; r < pv::kR; ++r)
+        for (int i = 0; i < 4; ++i) dst[2 * pv::kR + pv::kVB * j + 4 * r + i] = rows[r][b].qs[4 * j + i];
   }
   template <int C>
-  static void dots(const uint8_t* p, const int8_t* const* xq, __m256i* is) {
-    const __m256i m4 = _mm256_set1_epi8(15);
+  static void dots(const uint8_t* p, const int8_t* const* xq, pv::VI* is) {
     for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j));
-      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      const pv::VI raw = pv::load(p + pv::kVB * j);
+      const pv::VI lo = pv::nib_lo(raw), hi = pv::nib_hi(raw);
       for (int c = 0; c < C; ++c) {
-        int32_t a4, b4;
-        std::memcpy(&a4, xq[c] + 4 * j, 4);
-        std::memcpy(&b4, xq[c] + 16 + 4 * j, 4);
-        const __m256i xa = _mm256_set1_epi32(a4), xb = _mm256_set1_epi32(b4);
-#if defined(LC_VNNI)
-        is[c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is[c], lo, xa), hi, xb);
-#else
-        const __m256i ones = _mm256_set1_epi16(1);
-        is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
-                                                                          _mm256_maddubs_epi16(hi, xb)), ones));
-#endif
+        const pv::VI xa = pv::bcast(pv::x4(xq[c] + 4 * j)), xb = pv::bcast(pv::x4(xq[c] + 16 + 4 * j));
+        is[c] = pv::dot_u8s8(pv::dot_u8s8(is[c], lo, xa), hi, xb);
       }
     }
   }
@@ -390,28 +425,26 @@ struct PQ4_0 {
   }
 };
 
-// 8 rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
+// R rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
 template <class P, int C>
 void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
   const int64_t nb = a.n / 32;
-  __m256 acc[C];
+  pv::VF acc[C];
   const int8_t* xq[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int c = 0; c < C; ++c) acc[c] = pv::fzero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = g + static_cast<size_t>(b) * P::kBytes;
-    __m256i is[C];
+    pv::VI is[C];
     for (int c = 0; c < C; ++c) {
       const int64_t t = t0 + c;
       xq[c] = a.qs + t * a.n + 32 * b;
-      is[c] = P::kCorr ? _mm256_set1_epi32(P::kCorr * a.s[t * nb + b]) : _mm256_setzero_si256();
+      is[c] = P::kCorr ? pv::bcast(P::kCorr * a.s[t * nb + b]) : pv::zero();
     }
-    P::template dots<C>(p + 16, xq, is);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[c]), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[(t0 + c) * nb + b])),
-                               acc[c]);
+    P::template dots<C>(p + 2 * pv::kR, xq, is);
+    const pv::VF dw = pv::scales(p);
+    for (int c = 0; c < C; ++c) acc[c] = pv::fma_scaled(is[c], dw, a.d[(t0 + c) * nb + b], acc[c]);
   }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(y + c * ldy, acc[c]);
+  for (int c = 0; c < C; ++c) pv::store(y + c * ldy, acc[c]);
 }
 
 // One row from the unpacked blocks, with the packed lanes' arithmetic.
@@ -428,7 +461,7 @@ void packed_row(const uint8_t* w, const Acts& a, int64_t t, float* y) {
 }
 
 #if defined(LC_AVX512)
-constexpr int kPackCols = 8;  // tokens per packed tile: 2 x 8 accumulators of 32
+constexpr int kPackCols = 8;  // tokens per packed tile: 2 x 8 accumulators of 32 registers
 #else
 constexpr int kPackCols = 4;
 #endif
@@ -467,8 +500,8 @@ template <class P>
 void pack_groups(const TensorView& w, uint8_t* dst) {
   const int64_t nb = w.ne[0] / 32, groups = w.n_rows() / kPackRows;
   for (int64_t g = 0; g < groups; ++g) {
-    const typename P::Block* rows[8];
-    for (int r = 0; r < 8; ++r) rows[r] = reinterpret_cast<const typename P::Block*>(w.row(g * kPackRows + r));
+    const typename P::Block* rows[kPackRows];
+    for (int r = 0; r < kPackRows; ++r) rows[r] = reinterpret_cast<const typename P::Block*>(w.row(g * kPackRows + r));
     for (int64_t b = 0; b < nb; ++b) P::pack(rows, b, dst + static_cast<size_t>(g * nb + b) * P::kBytes);
   }
 }
