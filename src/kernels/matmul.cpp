@@ -323,6 +323,13 @@ inline VF fma_scaled(VI s, VF dw, float dx, VF acc) {
   return _mm512_fmadd_ps(to_float(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc);
 }
 inline void store(float* y, VF v) { _mm512_storeu_ps(y, v); }
+inline VI and_(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI or_(VI a, VI b) { return _mm512_or_si512(a, b); }
+inline VI bcast8(int8_t x) { return _mm512_set1_epi8(x); }
+template <int N> VI slli32(VI v) { return _mm512_slli_epi32(v, N); }
+template <int N> VI srli32(VI v) { return _mm512_srli_epi32(v, N); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF fset1(float x) { return _mm512_set1_ps(x); }
 #else
 static_assert(kR == 8);
 using VI = __m256i;
@@ -348,6 +355,13 @@ inline VF fma_scaled(VI s, VF dw, float dx, VF acc) {
   return _mm256_fmadd_ps(to_float(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc);
 }
 inline void store(float* y, VF v) { _mm256_storeu_ps(y, v); }
+inline VI and_(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI or_(VI a, VI b) { return _mm256_or_si256(a, b); }
+inline VI bcast8(int8_t x) { return _mm256_set1_epi8(x); }
+template <int N> VI slli32(VI v) { return _mm256_slli_epi32(v, N); }
+template <int N> VI srli32(VI v) { return _mm256_srli_epi32(v, N); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF fset1(float x) { return _mm256_set1_ps(x); }
 #endif
 constexpr int kVB = 4 * kR;  // bytes per vector
 inline int32_t x4(const int8_t* x) {
@@ -360,6 +374,7 @@ inline int32_t x4(const int8_t* x) {
 struct PQ8_0 {
   using Block = BlockQ8_0;
   static constexpr size_t kBytes = 34 * pv::kR;
+  static constexpr bool kMin = false;
 #if defined(LC_VNNI)
   static constexpr int kCorr = -128;
 #else
@@ -394,36 +409,85 @@ struct PQ8_0 {
   }
 };
 
-struct PQ4_0 {
-  using Block = BlockQ4_0;
-  static constexpr size_t kBytes = 18 * pv::kR;
-  static constexpr int kCorr = -8;
+// Nibble types: Q4_0 ((q - 8) d), Q4_1 (q d + m), Q5_0 ((q - 16) d), Q5_1 (q d + m), q the
+// nibble with, for Q5, a fifth bit from qh. Group-block: the R scales d (2R bytes), for Q4_1 /
+// Q5_1 the R mins m (2R), the 4 nibble vectors (as Q4_0's), and for Q5 one vector whose lane r
+// holds row r's 32 fifth bits reordered so that bit 8i + k is the bit of code 4k + i: chunk k's
+// bits are then bit k of each byte, moved to bit 4 with one AND and one shift.
+template <class B, bool Fifth, bool Min>
+struct PNib {
+  using Block = B;
+  static constexpr int kHead = 2 * pv::kR * (Min ? 2 : 1);
+  static constexpr size_t kBytes = kHead + 4 * pv::kVB + (Fifth ? pv::kVB : 0);
+  static constexpr int kCorr = Min ? 0 : (Fifth ? -16 : -8);
+  static constexpr bool kMin = Min;
   static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
-    for (int r = 0; r < pv::kR; ++r) std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+    for (int r = 0; r < pv::kR; ++r) {
+      std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
+      if constexpr (Min) std::memcpy(dst + 2 * pv::kR + 2 * r, &rows[r][b].m, 2);
+    }
     // Element e < 16 is the low nibble of qs[e], e >= 16 the high nibble of qs[e - 16]: the
     // byte for codes 4j+i (low) and 16+4j+i (high) is qs[4j+i] as stored.
     for (int j = 0; j < 4; ++j)
       for (int r = 0; r < pv::kR; ++r)
-        for (int i = 0; i < 4; ++i) dst[2 * pv::kR + pv::kVB * j + 4 * r + i] = rows[r][b].qs[4 * j + i];
-  }
-  template <int C>
-  static void dots(const uint8_t* p, const int8_t* const* xq, pv::VI* is) {
-    for (int j = 0; j < 4; ++j) {
-      const pv::VI raw = pv::load(p + pv::kVB * j);
-      const pv::VI lo = pv::nib_lo(raw), hi = pv::nib_hi(raw);
-      for (int c = 0; c < C; ++c) {
-        const pv::VI xa = pv::bcast(pv::x4(xq[c] + 4 * j)), xb = pv::bcast(pv::x4(xq[c] + 16 + 4 * j));
-        is[c] = pv::dot_u8s8(pv::dot_u8s8(is[c], lo, xa), hi, xb);
+        for (int i = 0; i < 4; ++i) dst[kHead + pv::kVB * j + 4 * r + i] = rows[r][b].qs[4 * j + i];
+    if constexpr (Fifth) {
+      for (int r = 0; r < pv::kR; ++r) {
+        uint32_t qh, out = 0;
+        std::memcpy(&qh, rows[r][b].qh, 4);
+        for (int k = 0; k < 8; ++k)
+          for (int i = 0; i < 4; ++i) out |= ((qh >> (4 * k + i)) & 1u) << (8 * i + k);
+        std::memcpy(dst + kHead + 4 * pv::kVB + 4 * r, &out, 4);
       }
     }
   }
+  // Chunk k's fifth bits (codes 4k..4k+3 of every row) as 16 in each byte, or 0.
+  template <int K>
+  static pv::VI fifth(pv::VI hb) {
+    const pv::VI bit = pv::and_(hb, pv::bcast8(static_cast<int8_t>(1 << K)));
+    if constexpr (K < 4) return pv::slli32<4 - K>(bit);
+    else if constexpr (K > 4) return pv::srli32<K - 4>(bit);
+    else return bit;
+  }
+  template <int J, int C>
+  static void chunk_pair(const uint8_t* p, [[maybe_unused]] pv::VI hb, const int8_t* const* xq, pv::VI* is) {
+    const pv::VI raw = pv::load(p + pv::kVB * J);
+    pv::VI lo = pv::nib_lo(raw), hi = pv::nib_hi(raw);
+    if constexpr (Fifth) {
+      lo = pv::or_(lo, fifth<J>(hb));
+      hi = pv::or_(hi, fifth<J + 4>(hb));
+    }
+    for (int c = 0; c < C; ++c) {
+      const pv::VI xa = pv::bcast(pv::x4(xq[c] + 4 * J)), xb = pv::bcast(pv::x4(xq[c] + 16 + 4 * J));
+      is[c] = pv::dot_u8s8(pv::dot_u8s8(is[c], lo, xa), hi, xb);
+    }
+  }
+  template <int C>
+  static void dots(const uint8_t* p, const int8_t* const* xq, pv::VI* is) {
+    p += kHead - 2 * pv::kR;  // dots gets p past the d scales
+    const pv::VI hb = Fifth ? pv::load(p + 4 * pv::kVB) : pv::zero();
+    chunk_pair<0, C>(p, hb, xq, is);
+    chunk_pair<1, C>(p, hb, xq, is);
+    chunk_pair<2, C>(p, hb, xq, is);
+    chunk_pair<3, C>(p, hb, xq, is);
+  }
   static int32_t row_dot(const Block& w, const int8_t* x) {
     int32_t s = 0;
-    for (int i = 0; i < 16; ++i)
-      s += ((w.qs[i] & 15) - 8) * x[i] + ((w.qs[i] >> 4) - 8) * x[16 + i];
+    uint32_t qh = 0;
+    if constexpr (Fifth) std::memcpy(&qh, w.qh, 4);
+    const int off = Min ? 0 : (Fifth ? 16 : 8);
+    for (int i = 0; i < 16; ++i) {
+      const int lo = (w.qs[i] & 15) | static_cast<int>((qh >> i) & 1u) << 4;
+      const int hi = (w.qs[i] >> 4) | static_cast<int>((qh >> (16 + i)) & 1u) << 4;
+      s += (lo - off) * x[i] + (hi - off) * x[16 + i];
+    }
     return s;
   }
 };
+using PQ4_0 = PNib<BlockQ4_0, false, false>;
+using PQ4_1 = PNib<BlockQ4_1, false, true>;
+using PQ5_0 = PNib<BlockQ5_0, true, false>;
+using PQ5_1 = PNib<BlockQ5_1, true, true>;
 
 // R rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
 template <class P, int C>
@@ -443,6 +507,10 @@ void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t 
     P::template dots<C>(p + 2 * pv::kR, xq, is);
     const pv::VF dw = pv::scales(p);
     for (int c = 0; c < C; ++c) acc[c] = pv::fma_scaled(is[c], dw, a.d[(t0 + c) * nb + b], acc[c]);
+    if constexpr (P::kMin) {  // + m * (d_x * sum of the activation codes)
+      const pv::VF mw = pv::scales(p + 2 * pv::kR);
+      for (int c = 0; c < C; ++c) acc[c] = pv::fmadd(mw, pv::fset1(a.ds[(t0 + c) * nb + b]), acc[c]);
+    }
   }
   for (int c = 0; c < C; ++c) pv::store(y + c * ldy, acc[c]);
 }
@@ -456,6 +524,7 @@ void packed_row(const uint8_t* w, const Acts& a, int64_t t, float* y) {
   for (int64_t b = 0; b < nb; ++b) {
     const int32_t s = P::row_dot(blk[b], a.qs + t * a.n + 32 * b);
     acc = std::fma(static_cast<float>(s), fp16_to_fp32(blk[b].d) * a.d[t * nb + b], acc);
+    if constexpr (P::kMin) acc = std::fma(fp16_to_fp32(blk[b].m), a.ds[t * nb + b], acc);
   }
   *y = acc;
 }
@@ -769,6 +838,9 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
     case Path::kQ32:
       if (w.packed && w.type == DType::Q8_0) return packed_rows<PQ8_0>(w, a, nt, b, e, y);
       if (w.packed && w.type == DType::Q4_0) return packed_rows<PQ4_0>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q4_1) return packed_rows<PQ4_1>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q5_0) return packed_rows<PQ5_0>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q5_1) return packed_rows<PQ5_1>(w, a, nt, b, e, y);
       return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t t) {
         const uint8_t* wo = wb + o * ws;
         float* yo = y + t * n_out + o;
@@ -859,18 +931,33 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
   }, path == Path::kBlas ? 16 : path == Path::kQ32 ? kPackRows : kRM);
 }
 
-bool can_pack(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
+bool can_pack(DType t) {
+  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1;
+}
 
 size_t packed_bytes(const TensorView& w) {
   if (!can_pack(w.type) || w.ne[0] % 32 != 0) return 0;
-  const size_t per = w.type == DType::Q8_0 ? PQ8_0::kBytes : PQ4_0::kBytes;
+  size_t per = 0;
+  switch (w.type) {
+    case DType::Q8_0: per = PQ8_0::kBytes; break;
+    case DType::Q4_0: per = PQ4_0::kBytes; break;
+    case DType::Q4_1: per = PQ4_1::kBytes; break;
+    case DType::Q5_0: per = PQ5_0::kBytes; break;
+    default: per = PQ5_1::kBytes; break;
+  }
   return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] / 32) * per;
 }
 
 void pack_matrix(const TensorView& w, void* dst) {
   LC_CHECK(can_pack(w.type) && w.ne[0] % 32 == 0);
-  if (w.type == DType::Q8_0) pack_groups<PQ8_0>(w, static_cast<uint8_t*>(dst));
-  else pack_groups<PQ4_0>(w, static_cast<uint8_t*>(dst));
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  switch (w.type) {
+    case DType::Q8_0: return pack_groups<PQ8_0>(w, d);
+    case DType::Q4_0: return pack_groups<PQ4_0>(w, d);
+    case DType::Q4_1: return pack_groups<PQ4_1>(w, d);
+    case DType::Q5_0: return pack_groups<PQ5_0>(w, d);
+    default: return pack_groups<PQ5_1>(w, d);
+  }
 }
 
 }  // namespace lc::kernels

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/fp16.h"
 
@@ -197,7 +198,7 @@ Packed make_packed(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
   p.w = make_weights(rng, t, n_in, n_out);
   const size_t n = packed_bytes(p.w.view);
   // Each group-block holds as many bytes as the rows' blocks in the file: 34 (Q8_0) or 18 (Q4_0) per row.
-  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows * (n_in / 32) * kPackRows) * (t == DType::Q8_0 ? 34 : 18));
+  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows * (n_in / 32) * kPackRows) * traits(t).block_bytes);
   if (n > 0) {
     p.pk.resize(n);
     pack_matrix(p.w.view, p.pk.data());
@@ -207,26 +208,55 @@ Packed make_packed(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
 }
 
 // ggml's scalar order, from the block definitions: per row and block, the exact integer dot of
-// the weight codes (minus Q4_0's offset 8) with the Q8_0 activation codes, converted to float,
-// times d_w * d_x, added with one FMA, blocks in order.
+// the weight codes (minus the symmetric types' offset: 8 for Q4_0, 16 for Q5_0) with the Q8_0
+// activation codes, converted to float, times d_w * d_x, added with one FMA; Q4_1 / Q5_1 then
+// add m * (d_x * the sum of the activation codes) with a second FMA; blocks in order.
 float scalar_order(DType t, const uint8_t* row, const BlockQ8_0* xb, int64_t n_in) {
   float acc = 0;
   for (int64_t b = 0; b < n_in / 32; ++b) {
-    int32_t s = 0;
-    float dw;
+    int q[32];
+    int off = 0;
+    float dw = 0, mw = 0;
+    bool has_min = false;
+    // Separate loops for the low and high nibbles: GCC 12 at -O2 -march=native (AVX-512)
+    // miscompiles the one-loop form `i < 16 ? qs[i] & 15 : qs[i - 16] >> 4` (wrong sums).
+    auto nibbles = [&](const uint8_t* qs) {
+      for (int i = 0; i < 16; ++i) q[i] = qs[i] & 15;
+      for (int i = 0; i < 16; ++i) q[16 + i] = qs[i] >> 4;
+    };
+    auto fifth = [&](const uint8_t* qh) {
+      uint32_t h;
+      std::memcpy(&h, qh, 4);
+      for (int i = 0; i < 32; ++i) q[i] |= static_cast<int>((h >> i) & 1u) << 4;
+    };
     if (t == DType::Q8_0) {
       const auto& w = reinterpret_cast<const BlockQ8_0*>(row)[b];
-      for (int i = 0; i < 32; ++i) s += w.qs[i] * xb[b].qs[i];
+      for (int i = 0; i < 32; ++i) q[i] = w.qs[i];
       dw = fp16_to_fp32(w.d);
-    } else {
+    } else if (t == DType::Q4_0) {
       const auto& w = reinterpret_cast<const BlockQ4_0*>(row)[b];
-      // Two loops: GCC 12 at -O2 -march=native (AVX-512) miscompiles the one-loop form with
-      // `i < 16 ? low nibble of qs[i] : high nibble of qs[i - 16]` (wrong sums).
-      for (int i = 0; i < 16; ++i) s += ((w.qs[i] & 15) - 8) * xb[b].qs[i];
-      for (int i = 0; i < 16; ++i) s += ((w.qs[i] >> 4) - 8) * xb[b].qs[16 + i];
-      dw = fp16_to_fp32(w.d);
+      nibbles(w.qs);
+      off = 8, dw = fp16_to_fp32(w.d);
+    } else if (t == DType::Q4_1) {
+      const auto& w = reinterpret_cast<const BlockQ4_1*>(row)[b];
+      nibbles(w.qs);
+      dw = fp16_to_fp32(w.d), mw = fp16_to_fp32(w.m), has_min = true;
+    } else if (t == DType::Q5_0) {
+      const auto& w = reinterpret_cast<const BlockQ5_0*>(row)[b];
+      nibbles(w.qs);
+      fifth(w.qh);
+      off = 16, dw = fp16_to_fp32(w.d);
+    } else {
+      const auto& w = reinterpret_cast<const BlockQ5_1*>(row)[b];
+      nibbles(w.qs);
+      fifth(w.qh);
+      dw = fp16_to_fp32(w.d), mw = fp16_to_fp32(w.m), has_min = true;
     }
-    acc = std::fma(static_cast<float>(s), dw * fp16_to_fp32(xb[b].d), acc);
+    int32_t s = 0, sx = 0;
+    for (int i = 0; i < 32; ++i) s += (q[i] - off) * xb[b].qs[i], sx += xb[b].qs[i];
+    const float dx = fp16_to_fp32(xb[b].d);
+    acc = std::fma(static_cast<float>(s), dw * dx, acc);
+    if (has_min) acc = std::fma(mw, dx * static_cast<float>(sx), acc);
   }
   return acc;
 }
@@ -304,12 +334,15 @@ TEST_P(MatmulPacked, MultiEqualsOneCallPerMatrix) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(PackableTypes, MatmulPacked, ::testing::Values(DType::Q8_0, DType::Q4_0),
+INSTANTIATE_TEST_SUITE_P(PackableTypes, MatmulPacked,
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST(MatmulPacked, OnlyQ8_0AndQ4_0Pack) {
+TEST(MatmulPacked, OnlyThe32BlockTypesPack) {
   for (DType t : test::kAllWeightTypes) {
-    EXPECT_EQ(can_pack(t), t == DType::Q8_0 || t == DType::Q4_0) << dtype_name(t);
+    EXPECT_EQ(can_pack(t), t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 ||
+                               t == DType::Q5_1)
+        << dtype_name(t);
     std::mt19937 rng(1);
     const Weights w = make_weights(rng, t, 256, 16);
     EXPECT_EQ(packed_bytes(w.view) > 0, can_pack(t)) << dtype_name(t);
