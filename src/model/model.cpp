@@ -94,7 +94,7 @@ Status Model::bind(const std::string& path) {
   return ok_status();
 }
 
-// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_0 matrices. The
+// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_x/Q5_x matrices. The
 // mapped bytes of a packed matrix are given back: only the packed copy is read when
 // multiplying, and a row lookup (qTTT widening a matrix, the token embedding's lookups) maps
 // them again. The token embedding itself is not packed (rows are looked up); a tied output is
