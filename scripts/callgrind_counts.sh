@@ -2,7 +2,7 @@
 # Instruction counts of the engine's forward pass, a regression guard that a noisy machine
 # cannot blur: callgrind counts the instructions of one 64-token prefill chunk and of one
 # decoded token (only inside Context::forward_chunk; loading and set-up are not counted), on
-# the small golden models and, when present, the SmolLM2-shape benchmark models. One thread,
+# the small golden models (MODELS= names others; a 135M model takes minutes). One thread,
 # so that no spin-wait is counted. Valgrind does not run AVX-512, so the counts are of the
 # plain AVX2 build (LONGCTX_NATIVE=OFF) in build-callgrind/. docs/performance.md records them;
 # compare a change's counts with the counts of its parent commit, run the same way.
@@ -23,10 +23,6 @@ cmake --build "$build" --target longctx >/dev/null
 g=tests/data/golden/models
 default_models="$g/stories260K.gguf $g/llama_gqa_f16.gguf $g/llama_quant_q8_0.gguf $g/llama_quant_q4_0.gguf \
 $g/llama_quant_q4_k.gguf $g/llama_quant_q6_k.gguf"
-for t in f16 q8_0 q4_0; do
-  m=out/bench/smollm2-135m-random-$t.gguf
-  [ -f "$m" ] && default_models="$default_models $m"
-done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

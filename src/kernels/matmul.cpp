@@ -316,6 +316,7 @@ inline VI zero() { return _mm512_setzero_si512(); }
 inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
 inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
 inline VI dot_u8s8(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+inline VI dot2_u8s8(VI acc, VI u, VI s, VI u2, VI s2) { return dot_u8s8(dot_u8s8(acc, u, s), u2, s2); }
 inline VF scales(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline VF to_float(VI v) { return _mm512_cvtepi32_ps(v); }
 inline VF fzero() { return _mm512_setzero_ps(); }
@@ -342,6 +343,12 @@ inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256
 // u unsigned below 128 (Q4_0 nibbles): maddubs cannot saturate.
 inline VI dot_u8s8(VI acc, VI u, VI s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+// Two pairs with one widening: codes below 32 (Q4/Q5) keep each maddubs pair under 7,874 and
+// their sum under 16-bit saturation.
+inline VI dot2_u8s8(VI acc, VI u, VI s, VI u2, VI s2) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(u2, s2)),
+                                                 _mm256_set1_epi16(1)));
 }
 // Signed w (Q8_0): |w| times s with w's sign; s is never -128.
 inline VI dot_s8s8(VI acc, VI w_abs, VI w, VI s) {
@@ -459,7 +466,7 @@ struct PNib {
     }
     for (int c = 0; c < C; ++c) {
       const pv::VI xa = pv::bcast(pv::x4(xq[c] + 4 * J)), xb = pv::bcast(pv::x4(xq[c] + 16 + 4 * J));
-      is[c] = pv::dot_u8s8(pv::dot_u8s8(is[c], lo, xa), hi, xb);
+      is[c] = pv::dot2_u8s8(is[c], lo, xa, hi, xb);
     }
   }
   template <int C>
