@@ -173,7 +173,7 @@ nlohmann::json json_array_in(const std::string& out) {
 
 TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 1 --no-warmup -a dense -a quest:budget=64 "
-                 "--fill-attn infllm:sinks=4,local=64,topk=0 -o json");
+                 "--fill-attn infllm:sinks=4,local=64,topk=0 -o json --no-limits");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = json_array_in(r.out);
   ASSERT_EQ(j.size(), 4u) << r.out;
@@ -198,7 +198,7 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
 // (streaming) makes the next turn refill, and every row still has all its repetitions.
 TEST(Cli, BenchSpeedInterleavedRepetitions) {
   Result r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 300 -r 3 --interleave -a dense "
-                 "-a streaming:sinks=4,window=64 --fill-attn infllm:sinks=4,local=64,topk=0 -o json");
+                 "-a streaming:sinks=4,window=64 --fill-attn infllm:sinks=4,local=64,topk=0 -o json --no-limits");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = json_array_in(r.out);
   ASSERT_EQ(j.size(), 4u) << r.out;

@@ -140,13 +140,23 @@ TEST(CliOptions, BenchSpeedListsAreValidated) {
     EXPECT_NE(r.code, 0) << bad << ": " << r.out;
     EXPECT_NE(r.out.find("--n-"), std::string::npos) << bad << ": " << r.out;
   }
-  Result ok = run("bench speed -m " + kStories + " -p 8,16 -n 2 -r 1 --no-warmup --format json");
+  // Small bandwidth buffers keep the run short; the figures are not checked, only that each
+  // test has its bound and the fraction is the result over it.
+  Result ok = run("bench speed -m " + kStories + " -p 8,16 -n 2 -r 1 --no-warmup --format json --limits-mib 8");
   ASSERT_EQ(ok.code, 0) << ok.out;
   const auto j = nlohmann::json::parse(ok.out.substr(ok.out.find('[')));
   ASSERT_EQ(j.size(), 3u);
   EXPECT_EQ(j[0]["n_prompt"], 8);
   EXPECT_EQ(j[1]["n_prompt"], 16);
   EXPECT_EQ(j[2]["n_gen"], 2);
+  EXPECT_LE(j[0]["machine"]["buffer_bytes"].get<int64_t>(), int64_t{8} << 20);
+  EXPECT_GT(j[0]["machine"]["buffer_bytes"].get<int64_t>(), int64_t{7} << 20);
+  EXPECT_GT(j[0]["machine"]["read_gbps"].get<double>(), 0.0);
+  for (const auto& row : j) {
+    ASSERT_GT(row["bound_ts"].get<double>(), 0.0) << row.dump();
+    EXPECT_NEAR(row["of_bound"].get<double>(), row["avg_ts"].get<double>() / row["bound_ts"].get<double>(), 1e-9);
+  }
+  EXPECT_NE(run("bench speed -m " + kStories + " -p 8 -n 0 -r 1 --limits-mib -1").code, 0);
 }
 
 }  // namespace

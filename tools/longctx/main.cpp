@@ -363,7 +363,7 @@ struct SpeedRow {
 int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const std::vector<int64_t>& ns,
                     const std::vector<int64_t>& ds, int reps, const std::string& output,
                     std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave,
-                    bool limits) {
+                    bool limits, int64_t limits_mib) {
   if (reps < 1) return fail("-r must be >= 1");
   if (output != "md" && output != "json") return fail("--format must be md or json");
   if (attns.empty()) attns.push_back(co.attn);
@@ -399,8 +399,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   const int64_t llc = lc::kernels::last_level_cache_bytes();
   auto measure_limits = [&] {
     if (!limits) return;
-    bw = lc::kernels::measure_bandwidth(c.pool(), std::clamp<int64_t>(4 * llc, int64_t{128} << 20, int64_t{512} << 20),
-                                        5);
+    const int64_t buf = limits_mib > 0 ? limits_mib << 20
+                                       : std::clamp<int64_t>(4 * llc, int64_t{128} << 20, int64_t{512} << 20);
+    bw = lc::kernels::measure_bandwidth(c.pool(), buf, 5);
     peak = lc::kernels::measure_peak(c.pool(), int64_t{1} << 22);
   };
   const lc::TokenCost cost = lc::token_cost(**model);
@@ -741,6 +742,11 @@ int main(int argc, char** argv) {
                      "e.g. infllm:sinks=4,local=64,topk=0 to fill 256K tokens in minutes");
   bspeed->add_flag("--no-warmup", bs_no_warmup, "skip the untimed warm-up run of each test");
   bool bs_interleave = false, bs_no_limits = false;
+  int64_t bs_limits_mib = 0;
+  bspeed->add_option("--limits-mib", bs_limits_mib,
+                     "size of each of the bandwidth measurement's three buffers, MiB (0: 4 x the last-level cache, "
+                     "128 to 512)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))->capture_default_str();
   bspeed->add_flag("--no-limits", bs_no_limits,
                    "skip measuring the machine's read bandwidth and peak arithmetic (the 'of bound' column)");
   bspeed->add_flag("--interleave", bs_interleave,
@@ -819,7 +825,7 @@ int main(int argc, char** argv) {
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, !tok_no_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave,
-                                          !bs_no_limits);
+                                          !bs_no_limits, bs_limits_mib);
     if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed, mm_layers);
     for (const auto& c : extra)
