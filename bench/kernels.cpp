@@ -51,8 +51,8 @@ std::vector<uint8_t> make_weights(DType t, int64_t n_in, int64_t n_out) {
   return w;
 }
 
-// packed: the row-interleaved copy a loaded model multiplies (Q8_0, Q4_0), else the blocks as
-// stored in the file.
+// packed: the row-interleaved copy a loaded model multiplies (Q8_0, Q4_x, Q5_x, Q4_K, Q5_K,
+// Q6_K), else the blocks as stored in the file.
 void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int threads, FloatGemm fg, bool packed) {
   set_float_gemm(fg);
   const auto w = make_weights(t, s.n_in, s.n_out);
@@ -132,10 +132,10 @@ const char* float_gemm_name(FloatGemm g) {
 }
 
 int register_all() {
-  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K};
+  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   for (DType t : types)
     for (const Shape& s : kShapes) {
-      // k-quants need rows of whole 256-blocks: the 576-wide matrices cannot be Q4_K/Q6_K
+      // k-quants need rows of whole 256-blocks: the 576-wide matrices cannot be k-quants
       // (llama.cpp falls back to legacy types for them), so only 1536x576 runs for those.
       if (s.n_in % traits(t).block_size != 0) continue;
       for (int64_t nt : {1, 512})

@@ -38,19 +38,24 @@ void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, Thr
 void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
                   int64_t n_tokens, ThreadPool& pool);
 
-// Row-interleaved weights: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 matrices repacked in groups of
-// kPackRows rows, each block of 32 columns holding the group's kPackRows scales (and mins) and
-// then the rows' codes four at a time across the rows, so that one vector of integer dot
-// products advances kPackRows rows at once and the scales multiply a vector of rows (no
-// per-row broadcast or horizontal sum). The packed copy takes the bytes the file's blocks take.
-// The layout is private to this build's kernels and never written to a file. A matrix of any
-// row count packs its whole groups; matmul takes the remaining rows from `data` with the same
-// arithmetic: per row and block, (float)(exact integer dot) * (d_w * d_x) added to the row's
-// sum with one FMA (then m * d_x * sum(x codes) with a second for Q4_1/Q5_1), in block order
-// (ggml's scalar order; the min term's d_x * sum stays f32 where ggml's Q8_1 rounds it to
-// f16). Results do not depend on n_tokens or on which rows were packed. (A matrix without a
-// packed copy -- fewer than kPackRows rows -- goes through the 4x4 tiles, which keep 8 partial
-// sums per row and round differently.)
+// Row-interleaved weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matrices repacked
+// in groups of kPackRows rows, each block (32 columns) or superblock (256 columns, k-quants)
+// holding the group's kPackRows scales (and mins) and then the rows' codes four at a time
+// across the rows, so that one vector of integer dot products advances kPackRows rows at once
+// and the scales multiply a vector of rows (no per-row broadcast or horizontal sum). The packed
+// copy takes the bytes the file's blocks take (Q4_K and Q5_K 4 more per row and superblock:
+// their 6-bit scales and mins are stored as bytes). The layout is private to this build's
+// kernels and never written to a file. A matrix of any row count packs its whole groups;
+// matmul takes the remaining rows from `data` with the same arithmetic:
+//  - 32-blocks: per row and block, (float)(exact integer dot) * (d_w * d_x) added to the row's
+//    sum with one FMA (then m * d_x * sum(x codes) with a second for Q4_1/Q5_1), in block order
+//    (ggml's scalar order; the min term's d_x * sum stays f32 where ggml's Q8_1 rounds it to f16);
+//  - k-quants: per row and superblock, (float)(exact integer sum_j scale_j dot_j, Q6_K's -32
+//    offset included) * (d * d_x) with one FMA, then for Q4_K/Q5_K -(float)(sum_j min_j
+//    bsum_j) * (dmin * d_x) with a second, in superblock order.
+// Results do not depend on n_tokens or on which rows were packed. (A matrix without a packed
+// copy -- fewer than kPackRows rows -- goes through the 4x4 tiles, which keep partial sums per
+// row and round differently.)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 inline constexpr int64_t kPackRows = 16;  // one 512-bit vector of 32-bit lanes
 #else

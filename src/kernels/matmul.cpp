@@ -330,7 +330,16 @@ inline VI bcast8(int8_t x) { return _mm512_set1_epi8(x); }
 template <int N> VI slli32(VI v) { return _mm512_slli_epi32(v, N); }
 template <int N> VI srli32(VI v) { return _mm512_srli_epi32(v, N); }
 inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF fnmadd(VF a, VF b, VF c) { return _mm512_fnmadd_ps(a, b, c); }
+inline VF fmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
 inline VF fset1(float x) { return _mm512_set1_ps(x); }
+inline VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
+inline VI mullo32(VI a, VI b) { return _mm512_mullo_epi32(a, b); }
+inline VI madd16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+// R bytes -> R 32-bit lanes (unsigned / signed); 2R bytes -> 2R 16-bit halves (unsigned).
+inline VI u8_to_32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI s8_to_32(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI u8_to_16(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 #else
 static_assert(kR == 8);
 using VI = __m256i;
@@ -368,7 +377,15 @@ inline VI bcast8(int8_t x) { return _mm256_set1_epi8(x); }
 template <int N> VI slli32(VI v) { return _mm256_slli_epi32(v, N); }
 template <int N> VI srli32(VI v) { return _mm256_srli_epi32(v, N); }
 inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF fnmadd(VF a, VF b, VF c) { return _mm256_fnmadd_ps(a, b, c); }
+inline VF fmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 inline VF fset1(float x) { return _mm256_set1_ps(x); }
+inline VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
+inline VI mullo32(VI a, VI b) { return _mm256_mullo_epi32(a, b); }
+inline VI madd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
+inline VI u8_to_32(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI s8_to_32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI u8_to_16(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 constexpr int kVB = 4 * kR;  // bytes per vector
 inline int32_t x4(const int8_t* x) {
@@ -376,10 +393,36 @@ inline int32_t x4(const int8_t* x) {
   std::memcpy(&v, x, 4);
   return v;
 }
+// Chunk k's fifth bits (codes 4k..4k+3 of every row) as 16 in each byte, or 0: lane r of hb
+// holds row r's 32 fifth bits with bit 8i + k the bit of code 4k + i.
+template <int K>
+VI fifth(VI hb) {
+  const VI bit = and_(hb, bcast8(static_cast<int8_t>(1 << K)));
+  if constexpr (K < 4) return slli32<4 - K>(bit);
+  else if constexpr (K > 4) return srli32<K - 4>(bit);
+  else return bit;
+}
+// Codes 4J..4J+3 (low nibbles of vector J) and 16+4J..16+4J+3 (high nibbles) of a 32-code
+// nibble block, with their fifth bits for Q5 types.
+template <bool Fifth, int J>
+void nib_pair(const uint8_t* p, [[maybe_unused]] VI hb, VI& lo, VI& hi) {
+  const VI raw = load(p + kVB * J);
+  lo = nib_lo(raw), hi = nib_hi(raw);
+  if constexpr (Fifth) {
+    lo = or_(lo, fifth<J>(hb));
+    hi = or_(hi, fifth<J + 4>(hb));
+  }
+}
+// The 32 codes' dot with one token's 32 activation codes x, added to acc.
+inline VI nib_dot(const VI* lo, const VI* hi, const int8_t* x, VI acc) {
+  for (int j = 0; j < 4; ++j) acc = dot2_u8s8(acc, lo[j], bcast(x4(x + 4 * j)), hi[j], bcast(x4(x + 16 + 4 * j)));
+  return acc;
+}
 }  // namespace pv
 
 struct PQ8_0 {
   using Block = BlockQ8_0;
+  static constexpr int64_t kQK = 32;  // columns per group-block
   static constexpr size_t kBytes = 34 * pv::kR;
   static constexpr bool kMin = false;
 #if defined(LC_VNNI)
@@ -424,6 +467,7 @@ struct PQ8_0 {
 template <class B, bool Fifth, bool Min>
 struct PNib {
   using Block = B;
+  static constexpr int64_t kQK = 32;
   static constexpr int kHead = 2 * pv::kR * (Min ? 2 : 1);
   static constexpr size_t kBytes = kHead + 4 * pv::kVB + (Fifth ? pv::kVB : 0);
   static constexpr int kCorr = Min ? 0 : (Fifth ? -16 : -8);
@@ -448,22 +492,10 @@ struct PNib {
       }
     }
   }
-  // Chunk k's fifth bits (codes 4k..4k+3 of every row) as 16 in each byte, or 0.
-  template <int K>
-  static pv::VI fifth(pv::VI hb) {
-    const pv::VI bit = pv::and_(hb, pv::bcast8(static_cast<int8_t>(1 << K)));
-    if constexpr (K < 4) return pv::slli32<4 - K>(bit);
-    else if constexpr (K > 4) return pv::srli32<K - 4>(bit);
-    else return bit;
-  }
   template <int J, int C>
-  static void chunk_pair(const uint8_t* p, [[maybe_unused]] pv::VI hb, const int8_t* const* xq, pv::VI* is) {
-    const pv::VI raw = pv::load(p + pv::kVB * J);
-    pv::VI lo = pv::nib_lo(raw), hi = pv::nib_hi(raw);
-    if constexpr (Fifth) {
-      lo = pv::or_(lo, fifth<J>(hb));
-      hi = pv::or_(hi, fifth<J + 4>(hb));
-    }
+  static void chunk_pair(const uint8_t* p, pv::VI hb, const int8_t* const* xq, pv::VI* is) {
+    pv::VI lo, hi;
+    pv::nib_pair<Fifth, J>(p, hb, lo, hi);
     for (int c = 0; c < C; ++c) {
       const pv::VI xa = pv::bcast(pv::x4(xq[c] + 4 * J)), xb = pv::bcast(pv::x4(xq[c] + 16 + 4 * J));
       is[c] = pv::dot2_u8s8(is[c], lo, xa, hi, xb);
@@ -496,6 +528,166 @@ using PQ4_1 = PNib<BlockQ4_1, false, true>;
 using PQ5_0 = PNib<BlockQ5_0, true, false>;
 using PQ5_1 = PNib<BlockQ5_1, true, true>;
 
+// Packed k-quants: a group-superblock covers 256 columns of R rows.
+//   Q4_K / Q5_K (148R / 180R bytes): the R d (f16), the R dmin (f16), the 6-bit scales as bytes
+//     [j][r] (8R), the mins as byte pairs [j/2][r][j%2] (8R: one madd against two activation
+//     sums of 32), then the 8 sub-blocks of 32 codes, each packed as a Q4_0 / Q5_0 block (4
+//     nibble vectors, Q5_K then its fifth-bit vector). Value = d sc_j q - dmin m_j.
+//   Q6_K (210R bytes, as many as the file's): the R d (f16), the int8 scales [s][r] (16R), then
+//     per sub-block s of 16 codes two nibble vectors and one vector of high bit pairs. Nibble
+//     vector v holds codes 16s+4v+i (low) and 16s+8+4v+i (high); byte i of a lane's high-bit
+//     word holds the top two bits of codes 16s+i, 16s+8+i, 16s+4+i, 16s+12+i at bits 0, 2, 4
+//     and 6. Value = d sc_s (q - 32); -32 * (sum of the 16 activation codes) starts each
+//     sub-block's integer sum.
+// dots() gives each lane's exact integer sum over the superblock, sum_j sc_j dot_j; mins() gives
+// sum_j m_j bsum_j; row_sums() computes both from one unpacked row (the scalar tails).
+template <bool Five>
+struct PK45 {
+  using Block = std::conditional_t<Five, BlockQ5_K, BlockQ4_K>;
+  static constexpr int64_t kQK = 256;
+  static constexpr bool kMin = true;
+  static constexpr int kSub = 4 * pv::kVB + (Five ? pv::kVB : 0);  // bytes per sub-block
+  static constexpr int kScales = 4 * pv::kR, kMins = 12 * pv::kR, kHead = 20 * pv::kR;
+  static constexpr size_t kBytes = kHead + 8 * kSub;
+  // Code e (0..31) of sub-block j: qs[32(j/2) + e] holds sub-block j's code in its low (even j)
+  // or high (odd j) nibble; Q5_K's fifth bit is bit j of qh[e].
+  static int code(const Block& b, int j, int e) {
+    const uint8_t v = b.qs[32 * (j / 2) + e];
+    int q = (j & 1) ? v >> 4 : v & 15;
+    if constexpr (Five) q |= ((b.qh[e] >> j) & 1) << 4;
+    return q;
+  }
+  static void pack(const Block* const* rows, int64_t sb, uint8_t* dst) {
+    constexpr int R = pv::kR;
+    for (int r = 0; r < R; ++r) {
+      const Block& b = rows[r][sb];
+      std::memcpy(dst + 2 * r, &b.d, 2);
+      std::memcpy(dst + 2 * R + 2 * r, &b.dmin, 2);
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        k4_scale_min(b.scales, j, sc, mn);
+        dst[kScales + R * j + r] = static_cast<uint8_t>(sc);
+        dst[kMins + 2 * R * (j / 2) + 2 * r + (j & 1)] = static_cast<uint8_t>(mn);
+      }
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* s = dst + kHead + kSub * j;
+        for (int v = 0; v < 4; ++v)
+          for (int i = 0; i < 4; ++i)
+            s[pv::kVB * v + 4 * r + i] = static_cast<uint8_t>((code(b, j, 4 * v + i) & 15) | (code(b, j, 16 + 4 * v + i) & 15) << 4);
+        if constexpr (Five) {
+          uint32_t out = 0;
+          for (int k = 0; k < 8; ++k)
+            for (int i = 0; i < 4; ++i) out |= static_cast<uint32_t>(code(b, j, 4 * k + i) >> 4) << (8 * i + k);
+          std::memcpy(s + 4 * pv::kVB + 4 * r, &out, 4);
+        }
+      }
+    }
+  }
+  template <int C>
+  static void dots(const uint8_t* p, const int8_t* const* xq, const int16_t* const*, pv::VI* isum) {
+    for (int c = 0; c < C; ++c) isum[c] = pv::zero();
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* s = p + kHead + kSub * j;
+      const pv::VI hb = Five ? pv::load(s + 4 * pv::kVB) : pv::zero();
+      pv::VI lo[4], hi[4];
+      pv::nib_pair<Five, 0>(s, hb, lo[0], hi[0]);
+      pv::nib_pair<Five, 1>(s, hb, lo[1], hi[1]);
+      pv::nib_pair<Five, 2>(s, hb, lo[2], hi[2]);
+      pv::nib_pair<Five, 3>(s, hb, lo[3], hi[3]);
+      const pv::VI sc = pv::u8_to_32(p + kScales + pv::kR * j);
+      for (int c = 0; c < C; ++c)
+        isum[c] = pv::add32(isum[c], pv::mullo32(pv::nib_dot(lo, hi, xq[c] + 32 * j, pv::zero()), sc));
+    }
+  }
+  // sum_j m_j * bsum32_j for one token (b32: its 8 sums of 32 in this superblock).
+  static pv::VI mins(const uint8_t* p, const int32_t* b32) {
+    pv::VI m = pv::zero();
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t pair = static_cast<uint16_t>(b32[2 * k]) | static_cast<uint32_t>(b32[2 * k + 1]) << 16;
+      m = pv::add32(m, pv::madd16(pv::u8_to_16(p + kMins + 2 * pv::kR * k), pv::bcast(static_cast<int32_t>(pair))));
+    }
+    return m;
+  }
+  static void row_sums(const Block& b, const int8_t* x, const int16_t*, const int32_t* b32, int32_t& isum, int32_t& msum) {
+    isum = msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      k4_scale_min(b.scales, j, sc, mn);
+      int32_t dot = 0;
+      for (int e = 0; e < 32; ++e) dot += code(b, j, e) * x[32 * j + e];
+      isum += sc * dot;
+      msum += mn * b32[j];
+    }
+  }
+  static uint16_t dmin(const Block& b) { return b.dmin; }
+};
+using PQ4_K = PK45<false>;
+using PQ5_K = PK45<true>;
+
+struct PQ6_K {
+  using Block = BlockQ6_K;
+  static constexpr int64_t kQK = 256;
+  static constexpr bool kMin = false;
+  static constexpr int kScales = 2 * pv::kR, kHead = 18 * pv::kR, kSub = 3 * pv::kVB;
+  static constexpr size_t kBytes = kHead + 16 * kSub;
+  static int code(const Block& b, int e) {  // the 6-bit code of element e (quant_blocks.h)
+    const int h = e / 128, l = e % 32, part = (e % 128) / 32;
+    const uint8_t* L = b.ql + 64 * h;
+    const uint8_t H = b.qh[32 * h + l];
+    const int low = part == 0 ? L[l] & 15 : part == 1 ? L[l + 32] & 15 : part == 2 ? L[l] >> 4 : L[l + 32] >> 4;
+    return low | ((H >> (2 * part)) & 3) << 4;
+  }
+  static void pack(const Block* const* rows, int64_t sb, uint8_t* dst) {
+    constexpr int R = pv::kR;
+    for (int r = 0; r < R; ++r) {
+      const Block& b = rows[r][sb];
+      std::memcpy(dst + 2 * r, &b.d, 2);
+      for (int s = 0; s < 16; ++s) dst[kScales + R * s + r] = static_cast<uint8_t>(b.scales[s]);
+      for (int s = 0; s < 16; ++s) {
+        uint8_t* v = dst + kHead + kSub * s;
+        int q[16];
+        for (int e = 0; e < 16; ++e) q[e] = code(b, 16 * s + e);
+        for (int i = 0; i < 4; ++i) {
+          v[4 * r + i] = static_cast<uint8_t>((q[i] & 15) | (q[8 + i] & 15) << 4);
+          v[pv::kVB + 4 * r + i] = static_cast<uint8_t>((q[4 + i] & 15) | (q[12 + i] & 15) << 4);
+          v[2 * pv::kVB + 4 * r + i] = static_cast<uint8_t>(q[i] >> 4 | (q[8 + i] >> 4) << 2 | (q[4 + i] >> 4) << 4 | (q[12 + i] >> 4) << 6);
+        }
+      }
+    }
+  }
+  template <int C>
+  static void dots(const uint8_t* p, const int8_t* const* xq, const int16_t* const* b16, pv::VI* isum) {
+    const pv::VI m30 = pv::bcast8(0x30);
+    for (int c = 0; c < C; ++c) isum[c] = pv::zero();
+    for (int s = 0; s < 16; ++s) {
+      const uint8_t* v = p + kHead + kSub * s;
+      const pv::VI r0 = pv::load(v), r1 = pv::load(v + pv::kVB), hb = pv::load(v + 2 * pv::kVB);
+      const pv::VI lo0 = pv::or_(pv::nib_lo(r0), pv::and_(pv::slli32<4>(hb), m30));
+      const pv::VI hi0 = pv::or_(pv::nib_hi(r0), pv::and_(pv::slli32<2>(hb), m30));
+      const pv::VI lo1 = pv::or_(pv::nib_lo(r1), pv::and_(hb, m30));
+      const pv::VI hi1 = pv::or_(pv::nib_hi(r1), pv::and_(pv::srli32<2>(hb), m30));
+      const pv::VI sc = pv::s8_to_32(p + kScales + pv::kR * s);
+      for (int c = 0; c < C; ++c) {
+        const int8_t* x = xq[c] + 16 * s;
+        pv::VI t = pv::bcast(-32 * b16[c][s]);
+        t = pv::dot2_u8s8(t, lo0, pv::bcast(pv::x4(x)), hi0, pv::bcast(pv::x4(x + 8)));
+        t = pv::dot2_u8s8(t, lo1, pv::bcast(pv::x4(x + 4)), hi1, pv::bcast(pv::x4(x + 12)));
+        isum[c] = pv::add32(isum[c], pv::mullo32(t, sc));
+      }
+    }
+  }
+  static pv::VI mins(const uint8_t*, const int32_t*) { return pv::zero(); }
+  static void row_sums(const Block& b, const int8_t* x, const int16_t*, const int32_t*, int32_t& isum, int32_t& msum) {
+    isum = msum = 0;
+    for (int s = 0; s < 16; ++s) {
+      int32_t dot = 0;
+      for (int e = 0; e < 16; ++e) dot += (code(b, 16 * s + e) - 32) * x[16 * s + e];
+      isum += b.scales[s] * dot;
+    }
+  }
+  static uint16_t dmin(const Block&) { return 0; }
+};
+
 // R rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
 template <class P, int C>
 void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
@@ -522,16 +714,59 @@ void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t 
   for (int c = 0; c < C; ++c) pv::store(y + c * ldy, acc[c]);
 }
 
+// The k-quant version against Q8_K activations: per superblock, the exact integer sum times
+// d * d_x with one FMA, then for Q4_K / Q5_K minus (sum_j m_j bsum_j) times dmin * d_x with a
+// second.
+template <class P, int C>
+void packed_tile_k(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+  const int64_t nsb = a.n / 256;
+  pv::VF acc[C];
+  const int8_t* xq[C];
+  const int16_t* b16[C];
+  for (int c = 0; c < C; ++c) acc[c] = pv::fzero();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* p = g + static_cast<size_t>(sb) * P::kBytes;
+    for (int c = 0; c < C; ++c) {
+      xq[c] = a.qs + (t0 + c) * a.n + 256 * sb;
+      b16[c] = a.bs16 + (t0 + c) * (a.n / 16) + 16 * sb;
+    }
+    pv::VI isum[C];
+    P::template dots<C>(p, xq, b16, isum);
+    const pv::VF dw = pv::scales(p);
+    for (int c = 0; c < C; ++c) acc[c] = pv::fma_scaled(isum[c], dw, a.d[(t0 + c) * nsb + sb], acc[c]);
+    if constexpr (P::kMin) {
+      const pv::VF mw = pv::scales(p + 2 * pv::kR);
+      for (int c = 0; c < C; ++c) {
+        const pv::VI ms = P::mins(p, a.bs32 + (t0 + c) * (a.n / 32) + 8 * sb);
+        acc[c] = pv::fnmadd(pv::to_float(ms), pv::fmul(mw, pv::fset1(a.d[(t0 + c) * nsb + sb])), acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) pv::store(y + c * ldy, acc[c]);
+}
+
 // One row from the unpacked blocks, with the packed lanes' arithmetic.
 template <class P>
 void packed_row(const uint8_t* w, const Acts& a, int64_t t, float* y) {
-  const int64_t nb = a.n / 32;
   const auto* blk = reinterpret_cast<const typename P::Block*>(w);
   float acc = 0;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int32_t s = P::row_dot(blk[b], a.qs + t * a.n + 32 * b);
-    acc = std::fma(static_cast<float>(s), fp16_to_fp32(blk[b].d) * a.d[t * nb + b], acc);
-    if constexpr (P::kMin) acc = std::fma(fp16_to_fp32(blk[b].m), a.ds[t * nb + b], acc);
+  if constexpr (P::kQK == 256) {
+    const int64_t nsb = a.n / 256;
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      int32_t isum, msum;
+      P::row_sums(blk[sb], a.qs + t * a.n + 256 * sb, a.bs16 + t * (a.n / 16) + 16 * sb,
+                  a.bs32 + t * (a.n / 32) + 8 * sb, isum, msum);
+      const float dx = a.d[t * nsb + sb];
+      acc = std::fma(static_cast<float>(isum), fp16_to_fp32(blk[sb].d) * dx, acc);
+      if constexpr (P::kMin) acc = std::fma(-static_cast<float>(msum), fp16_to_fp32(P::dmin(blk[sb])) * dx, acc);
+    }
+  } else {
+    const int64_t nb = a.n / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int32_t s = P::row_dot(blk[b], a.qs + t * a.n + 32 * b);
+      acc = std::fma(static_cast<float>(s), fp16_to_fp32(blk[b].d) * a.d[t * nb + b], acc);
+      if constexpr (P::kMin) acc = std::fma(fp16_to_fp32(blk[b].m), a.ds[t * nb + b], acc);
+    }
   }
   *y = acc;
 }
@@ -545,7 +780,7 @@ constexpr int kPackCols = 4;
 // Rows [o0, o1) of a packed matrix: whole groups from the packed copy, the rest row by row.
 template <class P>
 void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int64_t o1, float* y) {
-  const int64_t n_out = w.n_rows(), nb = a.n / 32;
+  const int64_t n_out = w.n_rows(), nb = a.n / P::kQK;
   const int64_t groups = n_out / kPackRows;
   const uint8_t* pk = static_cast<const uint8_t*>(w.packed);
   const uint8_t* wb = static_cast<const uint8_t*>(w.data);
@@ -563,8 +798,13 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
         const uint8_t* gp = pk + static_cast<size_t>(g * nb) * P::kBytes;
         float* yg = y + g * kPackRows;
         int64_t t = p0;
-        for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
-        for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out);
+        if constexpr (P::kQK == 256) {
+          for (; t + kPackCols <= p1; t += kPackCols) packed_tile_k<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
+          for (; t < p1; ++t) packed_tile_k<P, 1>(gp, a, t, yg + t * n_out, n_out);
+        } else {
+          for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
+          for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out);
+        }
       }
     }
     o = g1 * kPackRows;
@@ -574,7 +814,7 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
 
 template <class P>
 void pack_groups(const TensorView& w, uint8_t* dst) {
-  const int64_t nb = w.ne[0] / 32, groups = w.n_rows() / kPackRows;
+  const int64_t nb = w.ne[0] / P::kQK, groups = w.n_rows() / kPackRows;
   for (int64_t g = 0; g < groups; ++g) {
     const typename P::Block* rows[kPackRows];
     for (int r = 0; r < kPackRows; ++r) rows[r] = reinterpret_cast<const typename P::Block*>(w.row(g * kPackRows + r));
@@ -860,6 +1100,9 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
         }
       });
     case Path::kK:
+      if (w.packed && w.type == DType::Q4_K) return packed_rows<PQ4_K>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q5_K) return packed_rows<PQ5_K>(w, a, nt, b, e, y);
+      if (w.packed && w.type == DType::Q6_K) return packed_rows<PQ6_K>(w, a, nt, b, e, y);
       return for_tiles(b, e, nt, [&]<int R, int C>(int64_t o, int64_t tok) {
         float* yo = y + tok * n_out + o;
         if (w.type == DType::Q4_K) tile_q45k<false, R, C>(wb + o * ws, ws, a, tok, yo, n_out);
@@ -935,35 +1178,49 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
       const int64_t lo = std::max(b, first), hi = std::min(e, first + ws[i]->n_rows());
       if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first, hi - first, ys[i]);
     }
-  }, path == Path::kBlas ? 16 : path == Path::kQ32 ? kPackRows : kRM);
+  }, path == Path::kBlas ? 16 : path == Path::kQ32 || path == Path::kK ? kPackRows : kRM);
 }
 
 bool can_pack(DType t) {
-  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1;
+  switch (t) {
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
 }
 
 size_t packed_bytes(const TensorView& w) {
-  if (!can_pack(w.type) || w.ne[0] % 32 != 0) return 0;
+  if (!can_pack(w.type)) return 0;
+  const int64_t qk = traits(w.type).block_size;
+  if (w.ne[0] % qk != 0) return 0;
   size_t per = 0;
   switch (w.type) {
     case DType::Q8_0: per = PQ8_0::kBytes; break;
     case DType::Q4_0: per = PQ4_0::kBytes; break;
     case DType::Q4_1: per = PQ4_1::kBytes; break;
     case DType::Q5_0: per = PQ5_0::kBytes; break;
-    default: per = PQ5_1::kBytes; break;
+    case DType::Q5_1: per = PQ5_1::kBytes; break;
+    case DType::Q4_K: per = PQ4_K::kBytes; break;
+    case DType::Q5_K: per = PQ5_K::kBytes; break;
+    default: per = PQ6_K::kBytes; break;
   }
-  return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] / 32) * per;
+  return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] / qk) * per;
 }
 
 void pack_matrix(const TensorView& w, void* dst) {
-  LC_CHECK(can_pack(w.type) && w.ne[0] % 32 == 0);
+  LC_CHECK(can_pack(w.type) && w.ne[0] % traits(w.type).block_size == 0);
   uint8_t* d = static_cast<uint8_t*>(dst);
   switch (w.type) {
     case DType::Q8_0: return pack_groups<PQ8_0>(w, d);
     case DType::Q4_0: return pack_groups<PQ4_0>(w, d);
     case DType::Q4_1: return pack_groups<PQ4_1>(w, d);
     case DType::Q5_0: return pack_groups<PQ5_0>(w, d);
-    default: return pack_groups<PQ5_1>(w, d);
+    case DType::Q5_1: return pack_groups<PQ5_1>(w, d);
+    case DType::Q4_K: return pack_groups<PQ4_K>(w, d);
+    case DType::Q5_K: return pack_groups<PQ5_K>(w, d);
+    default: return pack_groups<PQ6_K>(w, d);
   }
 }
 

@@ -94,10 +94,10 @@ Status Model::bind(const std::string& path) {
   return ok_status();
 }
 
-// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_x/Q5_x matrices. The
-// mapped bytes of a packed matrix are given back: only the packed copy is read when
-// multiplying, and a row lookup (qTTT widening a matrix, the token embedding's lookups) maps
-// them again. The token embedding itself is not packed (rows are looked up); a tied output is
+// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_x/Q5_x and
+// Q4_K/Q5_K/Q6_K matrices. The mapped bytes of a packed matrix are given back: only the packed
+// copy is read when multiplying, and a row lookup (qTTT widening a matrix, the token
+// embedding's lookups) maps them again. The token embedding itself is not packed (rows are looked up); a tied output is
 // packed as its own copy.
 // LONGCTX_PACK=0 in the environment keeps every matrix unpacked (for A/B measurements).
 void Model::pack_matrices() {

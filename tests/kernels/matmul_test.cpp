@@ -186,7 +186,9 @@ TEST(Matmul, SupportsAndRejects) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row-interleaved (packed) Q8_0 / Q4_0.
+// Row-interleaved (packed) Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K.
+
+bool is_k(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 
 struct Packed {
   Weights w;
@@ -197,8 +199,10 @@ Packed make_packed(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
   Packed p;
   p.w = make_weights(rng, t, n_in, n_out);
   const size_t n = packed_bytes(p.w.view);
-  // Each group-block holds as many bytes as the rows' blocks in the file: 34 (Q8_0) or 18 (Q4_0) per row.
-  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows * (n_in / 32) * kPackRows) * traits(t).block_bytes);
+  // Each group-block holds as many bytes as the rows' blocks in the file (34 per row for Q8_0,
+  // 18 for Q4_0, 210 for Q6_K), Q4_K / Q5_K 4 more (scales and mins as bytes).
+  const size_t per_row = traits(t).block_bytes + (t == DType::Q4_K || t == DType::Q5_K ? 4 : 0);
+  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows * (n_in / traits(t).block_size) * kPackRows) * per_row);
   if (n > 0) {
     p.pk.resize(n);
     pack_matrix(p.w.view, p.pk.data());
@@ -261,6 +265,63 @@ float scalar_order(DType t, const uint8_t* row, const BlockQ8_0* xb, int64_t n_i
   return acc;
 }
 
+// The k-quants' scalar order, from the block definitions (quant_blocks.h): per row and
+// superblock, the exact integer sum over groups of scale_g * dot(codes - offset, x codes) (offset
+// 32 for Q6_K), converted to float, times d * d_x with one FMA; Q4_K / Q5_K then subtract
+// (sum_g min_g * sum of group g's x codes) * (dmin * d_x) with a second; superblocks in order.
+float scalar_order_k(DType t, const uint8_t* row, const BlockQ8_K* xb, int64_t n_in) {
+  float acc = 0;
+  for (int64_t b = 0; b < n_in / 256; ++b) {
+    const BlockQ8_K& x = xb[b];
+    int q[256], sc[16], mn[8];
+    int group = 32, off = 0;
+    float d = 0, dmin = 0;
+    if (t == DType::Q6_K) {
+      const auto& w = reinterpret_cast<const BlockQ6_K*>(row)[b];
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* L = w.ql + 64 * h;
+        const uint8_t* H = w.qh + 32 * h;
+        for (int l = 0; l < 32; ++l) q[128 * h + l] = (L[l] & 15) | (H[l] & 3) << 4;
+        for (int l = 0; l < 32; ++l) q[128 * h + 32 + l] = (L[l + 32] & 15) | (H[l] >> 2 & 3) << 4;
+        for (int l = 0; l < 32; ++l) q[128 * h + 64 + l] = (L[l] >> 4) | (H[l] >> 4 & 3) << 4;
+        for (int l = 0; l < 32; ++l) q[128 * h + 96 + l] = (L[l + 32] >> 4) | (H[l] >> 6 & 3) << 4;
+      }
+      for (int g = 0; g < 16; ++g) sc[g] = w.scales[g];
+      group = 16, off = 32, d = fp16_to_fp32(w.d);
+    } else {
+      const bool five = t == DType::Q5_K;
+      const uint8_t* qs = five ? reinterpret_cast<const BlockQ5_K*>(row)[b].qs : reinterpret_cast<const BlockQ4_K*>(row)[b].qs;
+      const uint8_t* scales = five ? reinterpret_cast<const BlockQ5_K*>(row)[b].scales : reinterpret_cast<const BlockQ4_K*>(row)[b].scales;
+      const uint16_t dd = five ? reinterpret_cast<const BlockQ5_K*>(row)[b].d : reinterpret_cast<const BlockQ4_K*>(row)[b].d;
+      const uint16_t dm = five ? reinterpret_cast<const BlockQ5_K*>(row)[b].dmin : reinterpret_cast<const BlockQ4_K*>(row)[b].dmin;
+      for (int c = 0; c < 4; ++c) {
+        for (int l = 0; l < 32; ++l) q[64 * c + l] = qs[32 * c + l] & 15;
+        for (int l = 0; l < 32; ++l) q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+      }
+      if (five) {
+        const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(row)[b].qh;
+        for (int c = 0; c < 4; ++c)
+          for (int l = 0; l < 32; ++l) {
+            q[64 * c + l] |= (qh[l] >> (2 * c) & 1) << 4;
+            q[64 * c + 32 + l] |= (qh[l] >> (2 * c + 1) & 1) << 4;
+          }
+      }
+      for (int g = 0; g < 8; ++g) k4_scale_min(scales, g, sc[g], mn[g]);
+      d = fp16_to_fp32(dd), dmin = fp16_to_fp32(dm);
+    }
+    int32_t isum = 0, msum = 0;
+    for (int g = 0; g < 256 / group; ++g) {
+      int32_t dot = 0;
+      for (int i = 0; i < group; ++i) dot += (q[group * g + i] - off) * x.qs[group * g + i];
+      isum += sc[g] * dot;
+      if (t != DType::Q6_K) msum += mn[g] * (x.bsums[2 * g] + x.bsums[2 * g + 1]);
+    }
+    acc = std::fma(static_cast<float>(isum), d * x.d, acc);
+    if (t != DType::Q6_K) acc = std::fma(-static_cast<float>(msum), dmin * x.d, acc);
+  }
+  return acc;
+}
+
 class MatmulPacked : public ::testing::TestWithParam<DType> {};
 
 // Every output of a packed matrix, in whole groups and in the rows after them, for token counts
@@ -269,17 +330,23 @@ TEST_P(MatmulPacked, EqualsScalarOrderBitForBit) {
   const DType t = GetParam();
   uint32_t seed = 900;
   // Row counts of whole groups and with rows after them (kPackRows is 16 with AVX512-VNNI, else 8).
-  for (const Case& c : {Case{32, 16, 1}, Case{576, 67, 1}, Case{576, 32, 9}, Case{96, 29, 70}, Case{1536, 23, 3},
-                        Case{256, 40, 8}, Case{64, 24, 65}}) {
+  const std::vector<Case> cases32 = {Case{32, 16, 1},  Case{576, 67, 1},  Case{576, 32, 9}, Case{96, 29, 70},
+                                     Case{1536, 23, 3}, Case{256, 40, 8}, Case{64, 24, 65}};
+  const std::vector<Case> cases256 = {Case{256, 16, 1},  Case{512, 67, 1},  Case{768, 32, 9}, Case{256, 29, 70},
+                                      Case{1536, 23, 3}, Case{256, 40, 8}, Case{512, 24, 65}};
+  for (const Case& c : is_k(t) ? cases256 : cases32) {
     std::mt19937 rng(seed++);
     const Packed p = make_packed(rng, t, c.n_in, c.n_out);
     const auto x = test::random_floats(rng, c.n_in * c.n_tokens, -2, 2);
     std::vector<BlockQ8_0> xb(static_cast<size_t>(c.n_in / 32));
+    std::vector<BlockQ8_K> xk(static_cast<size_t>(c.n_in / 256));
     std::vector<float> want(static_cast<size_t>(c.n_out * c.n_tokens));
     for (int64_t tk = 0; tk < c.n_tokens; ++tk) {
-      ref::quantize_row_q8_0(x.data() + tk * c.n_in, xb.data(), c.n_in);
+      if (is_k(t)) ref::quantize_row_q8_k(x.data() + tk * c.n_in, xk.data(), c.n_in);
+      else ref::quantize_row_q8_0(x.data() + tk * c.n_in, xb.data(), c.n_in);
       for (int64_t o = 0; o < c.n_out; ++o)
-        want[static_cast<size_t>(tk * c.n_out + o)] = scalar_order(t, p.w.view.row(o), xb.data(), c.n_in);
+        want[static_cast<size_t>(tk * c.n_out + o)] = is_k(t) ? scalar_order_k(t, p.w.view.row(o), xk.data(), c.n_in)
+                                                              : scalar_order(t, p.w.view.row(o), xb.data(), c.n_in);
     }
     for (int threads : {1, 2, 3}) {
       ThreadPool pool(threads);
@@ -296,7 +363,7 @@ TEST_P(MatmulPacked, EqualsScalarOrderBitForBit) {
 TEST_P(MatmulPacked, MatchesReference) {
   const DType t = GetParam();
   std::mt19937 rng(77);
-  for (const Case& c : {Case{512, 67, 5}, Case{576, 16, 1}, Case{1536, 13, 7}}) {
+  for (const Case& c : {Case{512, 67, 5}, Case{is_k(t) ? 768 : 576, 16, 1}, Case{1536, 13, 7}}) {
     const Packed p = make_packed(rng, t, c.n_in, c.n_out);
     const auto x = test::random_floats(rng, c.n_in * c.n_tokens, -2, 2);
     std::vector<float> y(static_cast<size_t>(c.n_out * c.n_tokens));
@@ -323,10 +390,11 @@ TEST_P(MatmulPacked, MatchesReference) {
 TEST_P(MatmulPacked, MultiEqualsOneCallPerMatrix) {
   const DType t = GetParam();
   std::mt19937 rng(31);
-  Packed p[3] = {make_packed(rng, t, 576, 67), make_packed(rng, t, 576, 13), make_packed(rng, t, 576, 24)};
+  const int64_t n_in = is_k(t) ? 512 : 576;
+  Packed p[3] = {make_packed(rng, t, n_in, 67), make_packed(rng, t, n_in, 13), make_packed(rng, t, n_in, 24)};
   const Weights w[3] = {p[0].w, p[1].w, p[2].w};
   for (int64_t nt : {1, 6}) {
-    const auto x = test::random_floats(rng, 576 * nt);
+    const auto x = test::random_floats(rng, n_in * nt);
     for (int threads : {1, 2, 3}) {
       ThreadPool pool(threads);
       expect_multi_equals_single(w, x, nt, pool, std::string(dtype_name(t)) + " packed threads=" + std::to_string(threads));
@@ -335,13 +403,14 @@ TEST_P(MatmulPacked, MultiEqualsOneCallPerMatrix) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackableTypes, MatmulPacked,
-                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1),
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST(MatmulPacked, OnlyThe32BlockTypesPack) {
+TEST(MatmulPacked, TheIntegerKernelTypesPack) {
   for (DType t : test::kAllWeightTypes) {
     EXPECT_EQ(can_pack(t), t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 ||
-                               t == DType::Q5_1)
+                               t == DType::Q5_1 || is_k(t))
         << dtype_name(t);
     std::mt19937 rng(1);
     const Weights w = make_weights(rng, t, 256, 16);
