@@ -1016,6 +1016,116 @@ void tile_f(const uint8_t* w, size_t ws, const float* x, int64_t n, int64_t t0, 
     }
 }
 
+// Packed float weights (F16, BF16): a group of R rows stored column by column, column k being
+// the R rows' element k (2R bytes), so that one load and one conversion give a vector whose
+// lane r is row r's weight and one FMA against the broadcast activation advances R rows.
+// Every (row, token) output is one FMA chain over the columns in order, acc = fma(w_k, x_k,
+// acc) from 0, whatever the tile shape: the same bits for any n_tokens, any split of the
+// rows and the scalar tail rows. Tiles: G groups x C tokens, G = 8 (AVX-512) or 4 groups for
+// one token (independent chains hide the FMA latency), 2 groups x 8 (4) tokens in prefill.
+template <DType T>
+inline pv::VF load_pf(const uint16_t* p) {
+#if defined(LC_VNNI)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (T == DType::F16) return _mm512_cvtph_ps(h);
+  else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#else
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
+  else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#endif
+}
+
+template <DType T>
+inline float scalar_pf(uint16_t v) {
+  if constexpr (T == DType::F16) return fp16_to_fp32(v);
+  else return bf16_to_fp32(v);
+}
+
+// G groups from g (gs elements apart) x C tokens from t0; y points at y[t0, first row of g].
+template <DType T, int G, int C>
+void packed_tile_f(const uint16_t* g, size_t gs, const float* x, int64_t n, int64_t t0, float* y, int64_t ldy) {
+  constexpr int R = pv::kR;
+  pv::VF acc[G][C];
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = pv::fzero();
+  const float* xr = x + t0 * n;
+  for (int64_t k = 0; k < n; ++k) {
+    pv::VF w[G];
+    for (int i = 0; i < G; ++i) w[i] = load_pf<T>(g + i * gs + k * R);
+    for (int c = 0; c < C; ++c) {
+      const pv::VF xb = pv::fset1(xr[c * n + k]);
+      for (int i = 0; i < G; ++i) acc[i][c] = pv::fmadd(w[i], xb, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) pv::store(y + c * ldy + i * R, acc[i][c]);
+}
+
+// Groups are kPfPad elements (one cache line) further apart than their n * R elements: model
+// widths are multiples of 128, which would put the decode tile's 8 streams exactly a multiple
+// of 4 KiB apart, on the same L1 sets.
+constexpr int64_t kPfPad = 32;
+#if defined(LC_VNNI)
+constexpr int kPfDecodeGroups = 8, kPfCols = 8;
+#else
+constexpr int kPfDecodeGroups = 4, kPfCols = 4;
+#endif
+
+template <DType T>
+void packed_rows_f(const TensorView& w, const float* x, int64_t nt, int64_t o0, int64_t o1, float* y) {
+  const int64_t n_out = w.n_rows(), n = w.ne[0];
+  const int64_t groups = n_out / kPackRows;
+  const size_t gs = static_cast<size_t>(n * kPackRows + kPfPad);  // elements from group to group
+  const uint16_t* pk = static_cast<const uint16_t*>(w.packed);
+  auto one = [&](int64_t o) {  // a row outside the whole groups, from the file's layout
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w.row(o));
+    for (int64_t t = 0; t < nt; ++t) {
+      float acc = 0;
+      for (int64_t k = 0; k < n; ++k) acc = std::fma(scalar_pf<T>(row[k]), x[t * n + k], acc);
+      y[t * n_out + o] = acc;
+    }
+  };
+  int64_t o = o0;
+  while (o < o1 && o % kPackRows != 0) one(o++);
+  const int64_t g0 = o / kPackRows, g1 = std::min(groups, o1 / kPackRows);
+  auto tiles = [&]<int G>(int64_t g, int64_t t0, int64_t t1) {
+    const uint16_t* gp = pk + static_cast<size_t>(g) * gs;
+    float* yg = y + g * kPackRows;
+    int64_t t = t0;
+    for (; t + kPfCols <= t1; t += kPfCols) packed_tile_f<T, G, kPfCols>(gp, gs, x, n, t, yg + t * n_out, n_out);
+    for (; t < t1; ++t) packed_tile_f<T, G, 1>(gp, gs, x, n, t, yg + t * n_out, n_out);
+  };
+  if (g1 > g0) {
+    if (nt == 1) {
+      int64_t g = g0;
+      for (; g + kPfDecodeGroups <= g1; g += kPfDecodeGroups)
+        packed_tile_f<T, kPfDecodeGroups, 1>(pk + g * gs, gs, x, n, 0, y + g * kPackRows, n_out);
+      for (; g + 2 <= g1; g += 2) packed_tile_f<T, 2, 1>(pk + g * gs, gs, x, n, 0, y + g * kPackRows, n_out);
+      for (; g < g1; ++g) packed_tile_f<T, 1, 1>(pk + g * gs, gs, x, n, 0, y + g * kPackRows, n_out);
+    } else {
+      for (int64_t p0 = 0; p0 < nt; p0 += kTokPanel) {
+        const int64_t p1 = std::min(nt, p0 + kTokPanel);
+        int64_t g = g0;
+        for (; g + 2 <= g1; g += 2) tiles.template operator()<2>(g, p0, p1);
+        for (; g < g1; ++g) tiles.template operator()<1>(g, p0, p1);
+      }
+    }
+    o = g1 * kPackRows;
+  }
+  while (o < o1) one(o++);
+}
+
+void pack_float(const TensorView& w, uint16_t* dst) {
+  const int64_t n = w.ne[0], groups = w.n_rows() / kPackRows;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < kPackRows; ++r) {
+      const uint16_t* row = reinterpret_cast<const uint16_t*>(w.row(g * kPackRows + r));
+      uint16_t* d = dst + static_cast<size_t>(g * (n * kPackRows + kPfPad)) + r;
+      for (int64_t k = 0; k < n; ++k) d[k * kPackRows] = row[k];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 thread_local Buffer<float> tl_rows;  // per thread: weight rows widened to f32
@@ -1072,6 +1182,8 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
   const int64_t n_in = w.ne[0], n_out = w.n_rows();
   const uint8_t* wb = static_cast<const uint8_t*>(w.data);
   const size_t ws = w.row_size();
+  if (w.packed && w.type == DType::F16) return packed_rows_f<DType::F16>(w, x, nt, b, e, y);
+  if (w.packed && w.type == DType::BF16) return packed_rows_f<DType::BF16>(w, x, nt, b, e, y);
   switch (path) {
     case Path::kBlas:
       return blas_rows(w, b, e, x, nt, y);
@@ -1178,13 +1290,13 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
       const int64_t lo = std::max(b, first), hi = std::min(e, first + ws[i]->n_rows());
       if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first, hi - first, ys[i]);
     }
-  }, path == Path::kBlas ? 16 : path == Path::kQ32 || path == Path::kK ? kPackRows : kRM);
+  }, path == Path::kBlas ? 16 : path == Path::kFallback ? kRM : kPackRows);
 }
 
 bool can_pack(DType t) {
   switch (t) {
     case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::F16: case DType::BF16:
       return true;
     default:
       return false;
@@ -1197,6 +1309,8 @@ size_t packed_bytes(const TensorView& w) {
   if (w.ne[0] % qk != 0) return 0;
   size_t per = 0;
   switch (w.type) {
+    case DType::F16: case DType::BF16:
+      return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] * kPackRows + kPfPad) * 2;
     case DType::Q8_0: per = PQ8_0::kBytes; break;
     case DType::Q4_0: per = PQ4_0::kBytes; break;
     case DType::Q4_1: per = PQ4_1::kBytes; break;
@@ -1220,7 +1334,8 @@ void pack_matrix(const TensorView& w, void* dst) {
     case DType::Q5_1: return pack_groups<PQ5_1>(w, d);
     case DType::Q4_K: return pack_groups<PQ4_K>(w, d);
     case DType::Q5_K: return pack_groups<PQ5_K>(w, d);
-    default: return pack_groups<PQ6_K>(w, d);
+    case DType::Q6_K: return pack_groups<PQ6_K>(w, d);
+    default: return pack_float(w, reinterpret_cast<uint16_t*>(d));
   }
 }
 

@@ -186,9 +186,19 @@ TEST(Matmul, SupportsAndRejects) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row-interleaved (packed) Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K.
+// Row-interleaved (packed) Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 and BF16.
 
 bool is_k(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+// Packed F16 / BF16: one FMA chain per row and token over the columns in order, from 0.
+float scalar_order_half(DType t, const uint8_t* row, const float* x, int64_t n_in) {
+  const auto* w = reinterpret_cast<const uint16_t*>(row);
+  float acc = 0;
+  for (int64_t k = 0; k < n_in; ++k)
+    acc = std::fma(t == DType::F16 ? fp16_to_fp32(w[k]) : bf16_to_fp32(w[k]), x[k], acc);
+  return acc;
+}
 
 struct Packed {
   Weights w;
@@ -202,7 +212,10 @@ Packed make_packed(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
   // Each group-block holds as many bytes as the rows' blocks in the file (34 per row for Q8_0,
   // 18 for Q4_0, 210 for Q6_K), Q4_K / Q5_K 4 more (scales and mins as bytes).
   const size_t per_row = traits(t).block_bytes + (t == DType::Q4_K || t == DType::Q5_K ? 4 : 0);
-  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows * (n_in / traits(t).block_size) * kPackRows) * per_row);
+  // F16 / BF16 groups are one cache line (64 bytes) further apart.
+  const size_t pad = t == DType::F16 || t == DType::BF16 ? 64 : 0;
+  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows) *
+                   (static_cast<size_t>(n_in / traits(t).block_size * kPackRows) * per_row + pad));
   if (n > 0) {
     p.pk.resize(n);
     pack_matrix(p.w.view, p.pk.data());
@@ -345,8 +358,10 @@ TEST_P(MatmulPacked, EqualsScalarOrderBitForBit) {
       if (is_k(t)) ref::quantize_row_q8_k(x.data() + tk * c.n_in, xk.data(), c.n_in);
       else ref::quantize_row_q8_0(x.data() + tk * c.n_in, xb.data(), c.n_in);
       for (int64_t o = 0; o < c.n_out; ++o)
-        want[static_cast<size_t>(tk * c.n_out + o)] = is_k(t) ? scalar_order_k(t, p.w.view.row(o), xk.data(), c.n_in)
-                                                              : scalar_order(t, p.w.view.row(o), xb.data(), c.n_in);
+        want[static_cast<size_t>(tk * c.n_out + o)] =
+            is_half(t) ? scalar_order_half(t, p.w.view.row(o), x.data() + tk * c.n_in, c.n_in)
+            : is_k(t)  ? scalar_order_k(t, p.w.view.row(o), xk.data(), c.n_in)
+                       : scalar_order(t, p.w.view.row(o), xb.data(), c.n_in);
     }
     for (int threads : {1, 2, 3}) {
       ThreadPool pool(threads);
@@ -404,13 +419,13 @@ TEST_P(MatmulPacked, MultiEqualsOneCallPerMatrix) {
 
 INSTANTIATE_TEST_SUITE_P(PackableTypes, MatmulPacked,
                          ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                                           DType::Q4_K, DType::Q5_K, DType::Q6_K),
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST(MatmulPacked, TheIntegerKernelTypesPack) {
+TEST(MatmulPacked, ThePackableTypes) {
   for (DType t : test::kAllWeightTypes) {
     EXPECT_EQ(can_pack(t), t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 ||
-                               t == DType::Q5_1 || is_k(t))
+                               t == DType::Q5_1 || is_k(t) || is_half(t))
         << dtype_name(t);
     std::mt19937 rng(1);
     const Weights w = make_weights(rng, t, 256, 16);
