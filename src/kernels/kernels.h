@@ -53,6 +53,10 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
 //  - k-quants: per row and superblock, (float)(exact integer sum_j scale_j dot_j, Q6_K's -32
 //    offset included) * (d * d_x) with one FMA, then for Q4_K/Q5_K -(float)(sum_j min_j
 //    bsum_j) * (dmin * d_x) with a second, in superblock order.
+// F16 and BF16 matrices are packed too, column by column (lane r of a vector = row r's element
+// k; groups one cache line apart): every (row, token) output is one FMA chain over the columns
+// in order, on every tile shape and in the tail rows, instead of OpenBLAS's sgemm (prefill) or
+// the 8-partial-sum tiles.
 // Results do not depend on n_tokens or on which rows were packed. (A matrix without a packed
 // copy -- fewer than kPackRows rows -- goes through the 4x4 tiles, which keep partial sums per
 // row and round differently.)

@@ -94,8 +94,8 @@ Status Model::bind(const std::string& path) {
   return ok_status();
 }
 
-// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_x/Q5_x and
-// Q4_K/Q5_K/Q6_K matrices. The mapped bytes of a packed matrix are given back: only the packed
+// matmul's row-interleaved copies (kernels::pack_matrix) of the Q8_0/Q4_x/Q5_x, Q4_K/Q5_K/Q6_K
+// and F16/BF16 matrices. The mapped bytes of a packed matrix are given back: only the packed
 // copy is read when multiplying, and a row lookup (qTTT widening a matrix, the token
 // embedding's lookups) maps them again. The token embedding itself is not packed (rows are looked up); a tied output is
 // packed as its own copy.
