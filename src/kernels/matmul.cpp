@@ -1036,12 +1036,6 @@ inline pv::VF load_pf(const uint16_t* p) {
 #endif
 }
 
-template <DType T>
-inline float scalar_pf(uint16_t v) {
-  if constexpr (T == DType::F16) return fp16_to_fp32(v);
-  else return bf16_to_fp32(v);
-}
-
 // G groups from g (gs elements apart) x C tokens from t0; y points at y[t0, first row of g].
 template <DType T, int G, int C>
 void packed_tile_f(const uint16_t* g, size_t gs, const float* x, int64_t n, int64_t t0, float* y, int64_t ldy) {
@@ -1082,7 +1076,7 @@ void packed_rows_f(const TensorView& w, const float* x, int64_t nt, int64_t o0, 
     const uint16_t* row = reinterpret_cast<const uint16_t*>(w.row(o));
     for (int64_t t = 0; t < nt; ++t) {
       float acc = 0;
-      for (int64_t k = 0; k < n; ++k) acc = std::fma(scalar_pf<T>(row[k]), x[t * n + k], acc);
+      for (int64_t k = 0; k < n; ++k) acc = std::fma(FW<T>::scalar(row[k]), x[t * n + k], acc);
       y[t * n_out + o] = acc;
     }
   };
