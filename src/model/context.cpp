@@ -383,6 +383,7 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
   if (B > lead.params_.n_batch)
     return fail_all(fmt::format("decode_batch: {} sequences exceed the batch size {}", B, lead.params_.n_batch));
   std::vector<char> live(ctxs.size(), 1);
+  std::vector<char> dropped(ctxs.size(), 0);  // rows whose attention failed in this layer
   for (int64_t i = 0; i < B; ++i) {
     Context* c = ctxs[static_cast<size_t>(i)];
     Status& s = out[static_cast<size_t>(i)];
@@ -444,29 +445,46 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
         kernels::matmul(wq, cur + i * E, 1, q + i * q_dim, pool);
       }
     }
-    // Row i's attention over its own cache. With at least as many rows as threads, the rows
-    // are spread over the threads, each running its rows' backends single-threaded (one
-    // parallel region per layer instead of one per row); otherwise each row uses the pool.
-    auto attend = [&](int64_t i, ThreadPool& tp) {
-      if (!live[static_cast<size_t>(i)]) {
-        std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
-        return;
-      }
+    auto fail = [&](int64_t i, const Status& s) {  // the cache is cut back after the parallel part
+      out[static_cast<size_t>(i)] = s;
+      live[static_cast<size_t>(i)] = 0;
+      dropped[static_cast<size_t>(i)] = 1;
+    };
+    auto cut_back = [&] {  // serial: truncating returns blocks to the (maybe shared) pool
+      for (int64_t i = 0; i < B; ++i)
+        if (dropped[static_cast<size_t>(i)]) {
+          ctxs[static_cast<size_t>(i)]->kv_->truncate(ctxs[static_cast<size_t>(i)]->n_past_);
+          dropped[static_cast<size_t>(i)] = 0;
+        }
+    };
+    // Each row's K/V go into its own cache first, one row after the other: the caches may
+    // take their blocks from one shared pool (a server's slots), which is not thread-safe.
+    for (int64_t i = 0; i < B; ++i) {
+      if (!live[static_cast<size_t>(i)]) continue;
       Context& c = *ctxs[static_cast<size_t>(i)];
       float* qi = q + i * q_dim;
       const int32_t* pi = &pos[static_cast<size_t>(i)];
       c.prepare_qkv_row(L, qi, k + i * k_dim, v + i * v_dim, pi);
       for (ForwardHooks* h : c.hooks_) h->on_queries(il, qi, pi, 1);
-      Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi);
-      if (s) s = c.backend_->forward(il, 1, qi, pi, *c.kv_, attn + i * o_dim, tp);
-      if (!s) {
-        c.kv_->truncate(c.n_past_);
-        out[static_cast<size_t>(i)] = s;
-        live[static_cast<size_t>(i)] = 0;
-        std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
-        return;
+      if (Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi); !s) fail(i, s);
+    }
+    cut_back();
+    // Row i's attention over its own cache. With at least as many rows as threads, the rows
+    // are spread over the threads, each running its rows' backends single-threaded (one
+    // parallel region per layer instead of one per row); otherwise each row uses the pool.
+    auto attend = [&](int64_t i, ThreadPool& tp) {
+      if (live[static_cast<size_t>(i)]) {
+        Context& c = *ctxs[static_cast<size_t>(i)];
+        float* qi = q + i * q_dim;
+        const int32_t* pi = &pos[static_cast<size_t>(i)];
+        if (Status s = c.backend_->forward(il, 1, qi, pi, *c.kv_, attn + i * o_dim, tp); !s) {
+          fail(i, s);
+        } else {
+          for (ForwardHooks* h : c.hooks_) h->on_attention(c, il, qi, pi, 1);
+          return;
+        }
       }
-      for (ForwardHooks* h : c.hooks_) h->on_attention(c, il, qi, pi, 1);
+      std::fill(attn + i * o_dim, attn + (i + 1) * o_dim, 0.0f);
     };
     if (pool.size() > 1 && B >= pool.size()) {
       pool.for_each_dynamic(B, [&](int64_t i, int) {
@@ -476,6 +494,7 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
     } else {
       for (int64_t i = 0; i < B; ++i) attend(i, pool);
     }
+    cut_back();
     kernels::matmul(L.wo, attn, B, cur, pool);
     rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
     rows(B, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });

@@ -157,17 +157,20 @@ TEST(Server, CompletionEqualsRunAndStreamsTheSameText) {
 }
 
 TEST(Server, FourClientsAtOnceGetWhatTheyGetAlone) {
+  // Long enough that the four generations overlap even when a slow (sanitised) build starts
+  // the clients' connections tens of milliseconds apart.
+  constexpr int kTokens = 128;
   TestServer srv;
   std::vector<std::string> prompts, want(4), got(4);
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(story(1 + i, i));
-    want[i] = run_alone(prompts[i], 32);
+    want[i] = run_alone(prompts[i], kTokens);
   }
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i)
     ts.emplace_back([&, i] {
       auto c = srv.client();
-      json r = post(c, "/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", 32}, {"temperature", 0}});
+      json r = post(c, "/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", kTokens}, {"temperature", 0}});
       got[i] = r.value("choices", json::array({{{"text", "(error) " + r.dump()}}}))[0]["text"];
     });
   for (auto& t : ts) t.join();
