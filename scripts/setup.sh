@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-      libcpp-httplib-dev libfmt-dev libopenblas-dev libicu-dev libcairo2-dev fonts-dejavu-core
+      libcpp-httplib-dev libfmt-dev libopenblas-dev libopenmpi-dev openmpi-bin libicu-dev libcairo2-dev fonts-dejavu-core
       chromium)
 missing=()
 for p in "${pkgs[@]}"; do

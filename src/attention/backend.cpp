@@ -31,6 +31,13 @@ Status AttentionBackend::check_call(int64_t il, int64_t n, const KvCache& kv) co
   if (kv.n_head_kv() != shape_.n_head_kv || kv.head_dim() != shape_.head_dim ||
       kv.head_dim_v() != shape_.head_dim_v)
     return make_error("attention: KV cache shape differs from the backend's (call attach first)");
+  if (detached_) {
+    if (!supports_detached())
+      return make_error(ErrorCode::kUnsupported,
+                        fmt::format("attention {}: cannot attend a cache that does not hold its queries (context "
+                                    "parallelism runs dense or fixed attention)", spec()));
+    return ok_status();
+  }
   for (int64_t h = 0; h < shape_.n_head_kv; ++h)
     if (kv.n_tokens(il, h) < n)
       return make_error(fmt::format("attention: layer {} KV head {} holds {} tokens but the chunk has {} "

@@ -94,6 +94,20 @@ class AttentionBackend {
   void keep_row_lse(bool on) { keep_lse_ = on; }
   virtual const float* row_lse() const { return nullptr; }
 
+  // Context parallelism (src/dist), where each process caches one shard of the sequence:
+  // * set_detached(true): the next forward() calls' queries are not in this cache (another
+  //   process holds them and their keys), so each query sees every cached token of its KV head
+  //   and forward() needs no appended chunk. A backend that cannot do that refuses the call.
+  // * keep_partial_lse(true): partial_lse() gives each row's log-sum-exp over the keys it
+  //   attended in the last forward(), as the backend scored them: [n, n_head], -inf for a row
+  //   that attended none. Two partial outputs of one row merge exactly with it.
+  // Dense and fixed support both.
+  void set_detached(bool on) { detached_ = on; }
+  bool detached() const { return detached_; }
+  void keep_partial_lse(bool on) { keep_partial_ = on; }
+  virtual const float* partial_lse() const { return nullptr; }
+  virtual bool supports_detached() const { return false; }
+
  protected:
   explicit AttentionBackend(const AttnShape& s);
   // The caps of an exact softmax over every visible key (dense, naive).
@@ -107,6 +121,8 @@ class AttentionBackend {
   AttnShape shape_;
   bool record_ = false;
   bool keep_lse_ = false;
+  bool keep_partial_ = false;
+  bool detached_ = false;
   Selection selection_;
 };
 

@@ -26,6 +26,11 @@ Status ExecBackend::begin_forward(int64_t il, int64_t n, const float* q, const i
   ctx.d = shape_.head_dim;
   ctx.dv = shape_.head_dim_v;
   ctx.out = out;
+  ctx.detached = detached_;
+  if (keep_lse_ || keep_partial_) {
+    lse_.assign(static_cast<size_t>(n * shape_.n_head), -std::numeric_limits<float>::infinity());
+    ctx.lse = lse_.data();
+  }
   if (record_) {
     selection_ = Selection{il, n, shape_.n_head, {}};
     selection_.keys.assign(static_cast<size_t>(n * shape_.n_head), {});
@@ -61,7 +66,7 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
   const int64_t seg = std::max(B, split_ / B * B);
   // Rows a tile's last token sees; items of one call differ only by their tokens.
   auto last_vis = [&](const attn::Item& it) {
-    return ctx.kv->n_tokens(ctx.il, it.hk) - ctx.n + it.t0 + it.nt;
+    return ctx.visible(ctx.kv->n_tokens(ctx.il, it.hk), it.t0 + it.nt - 1);
   };
   int64_t n_seg_max = 0;
   for (const auto& it : items) n_seg_max = std::max(n_seg_max, (last_vis(it) + seg - 1) / seg);
@@ -222,18 +227,13 @@ class DenseBackend final : public ExecBackend {
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
-    if (keep_lse_) {
-      lse_.assign(static_cast<size_t>(n * shape_.n_head), -std::numeric_limits<float>::infinity());
-      ctx.lse = lse_.data();
-    }
     run_dense(ctx, pool);
     return ok_status();
   }
   // Every row attends every visible token, so the kept log-sum-exp is the full softmax's.
   const float* row_lse() const override { return keep_lse_ && !lse_.empty() ? lse_.data() : nullptr; }
-
- private:
-  std::vector<float> lse_;  // [n, n_head] of the last forward, with keep_row_lse(true)
+  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
+  bool supports_detached() const override { return true; }
 };
 
 }  // namespace

@@ -34,6 +34,10 @@ struct ExecCtx {
   float* out = nullptr;       // [n, n_head, head_dim_v]
   Selection* sel = nullptr;   // non-null: record attended keys
   float* lse = nullptr;       // non-null: finish() writes each row's log-sum-exp, [n, n_head]
+  // The queries are not in the cache (AttentionBackend::set_detached): each sees all of it.
+  bool detached = false;
+  // Tokens of a KV head holding n_head_tokens that query t sees: [0, visible).
+  int64_t visible(int64_t n_head_tokens, int64_t t) const { return detached ? n_head_tokens : n_head_tokens - n + t + 1; }
 };
 
 // Tokens [t0, t0 + nt) x query heads [h0, h0 + g) of KV head hk; row r = (t - t0) * g + (h - h0).
@@ -91,7 +95,7 @@ class Runner {
   int64_t token_of(int64_t r) const { return item_.t0 + r / item_.g; }
   int64_t head_of(int64_t r) const { return item_.h0 + r % item_.g; }
   // Tokens of the KV head row r may see: [0, vis).
-  int64_t vis(int64_t r) const { return n_head_tokens_ - c_->n + token_of(r) + 1; }
+  int64_t vis(int64_t r) const { return c_->visible(n_head_tokens_, token_of(r)); }
   int64_t n_head_tokens() const { return n_head_tokens_; }
   const Item& item() const { return item_; }
   const ExecCtx& ctx() const { return *c_; }

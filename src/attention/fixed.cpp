@@ -46,6 +46,9 @@ class FixedBackend final : public ExecBackend {
     return s;
   }
 
+  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
+  bool supports_detached() const override { return true; }
+
   AttentionCaps caps() const override {
     AttentionCaps c{spec()};
     c.fixed_distance = distance_;
@@ -75,7 +78,7 @@ class FixedBackend final : public ExecBackend {
       const int64_t N = kv.n_tokens(il, hk);
       const int32_t* kp = kv.positions(il, hk);
       for (int64_t t = 0; t < n; ++t) {
-        const int64_t vis = N - n + t + 1;
+        const int64_t vis = ctx.visible(N, t);
         const int64_t lo_pos = static_cast<int64_t>(pos[t]) - distance_;
         near_[static_cast<size_t>(hk * n + t)] =
             std::lower_bound(kp, kp + vis, lo_pos, [](int32_t a, int64_t b) { return a < b; }) - kp;
@@ -120,7 +123,7 @@ class FixedBackend final : public ExecBackend {
       const size_t mid = first + (sp.size() - first) / 2;
       for (size_t j = first; j < sp.size(); ++j) sp[j].rows = j < mid ? near_rows : ~near_rows;
     }
-    const int64_t vis_max = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
+    const int64_t vis_max = ctx.visible(kv.n_tokens(il, it.hk), it.t0 + it.nt - 1);
     attn::add_spans(sp, b, vis_max - b, B, 0, false);
   }
 

@@ -48,6 +48,7 @@ class ExecBackend : public AttentionBackend {
 
   int64_t split_ = kDefaultSplit;
   std::vector<float> partials_;  // split-K partial states
+  std::vector<float> lse_;       // [n, n_head] of the last forward, with keep_row_lse or keep_partial_lse
 
   Buffer<float> qbuf_[attn::kMaxVariants];     // [n, n_head, head_dim] each
   std::vector<int32_t> qpos_[attn::kMaxVariants];  // [n] each

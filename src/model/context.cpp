@@ -149,8 +149,10 @@ size_t Context::activation_bytes() const {
 
 void Context::truncate(int64_t n) {
   pending_ = PendingDecode{};
+  const int64_t before = n_past_;
   n_past_ = n < n_past_ ? n : n_past_;
   kv_->truncate(n_past_);
+  if (sp_ && (n_past_ < before || n_past_ == 0)) sp_->on_truncate(n_past_);
   // Hidden ranges wholly cut off are forgotten; one the cut goes through keeps its head.
   int64_t n_hidden = 0;
   std::vector<HiddenRange> kept;
@@ -307,6 +309,7 @@ Status Context::begin_decode(std::span<const int32_t> in, Logits which, bool con
 
 Expected<bool> Context::decode_step(int64_t max_tokens) {
   if (!pending_.active) return make_error("decode_step: no decode call is pending (begin_decode first)");
+  if (sp_) return decode_sharded();
   PendingDecode& pd = pending_;
   const DecodeCall& call = pd.call;
   const Logits which = call.which;
@@ -320,7 +323,8 @@ Expected<bool> Context::decode_step(int64_t max_tokens) {
     pending_ = PendingDecode{};
     return s.error();
   };
-  Status st = forward_chunk(pd.tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0));
+  Status st = forward_chunk(pd.tokens.data() + i, m, w, logits_.data() + (w == Logits::kAll ? i * hp_.n_vocab : 0),
+                            n_past_);
   if (!st.is_ok()) {
     kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
     return end_with(st);
@@ -339,12 +343,83 @@ Expected<bool> Context::decode_step(int64_t max_tokens) {
   return true;
 }
 
+Expected<bool> Context::decode_sharded() {
+  const DecodeCall call = pending_.call;
+  const std::vector<int32_t> tokens = std::move(pending_.tokens);
+  pending_ = PendingDecode{};
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (call.which == Logits::kAll)
+    return make_error(ErrorCode::kUnsupported, "decode: every token's logits are not kept when the sequence is "
+                                               "spread over processes");
+  LC_ASSIGN_OR_RETURN(const ShardPlan plan, sp_->plan(n, call));
+  const int64_t n_before = n_past_;
+  const size_t tokens_before = tokens_.size();
+  auto undo = [&](const Status& st) -> Expected<bool> {
+    kv_->truncate(n_before);
+    n_past_ = n_before;
+    tokens_.resize(tokens_before);
+    return st.error();
+  };
+  bool have_logits = false;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const ShardStep& st = plan.steps[i];
+    if (st.count < 1 || st.first < 0 || st.first + st.count > n || st.count > params_.n_batch)
+      return undo(make_error(fmt::format("sequence parallel: a step of {} tokens at {} does not fit a call of {} "
+                                         "with chunks of {}", st.count, st.first, n, params_.n_batch)));
+    if (st.store && n_past_ + st.count > params_.n_ctx)
+      return undo(make_error(ErrorCode::kContextFull,
+                             fmt::format("{} tokens do not fit: {} already in this process's context of {} "
+                                         "(raise --ctx-size)", st.count, n_past_, params_.n_ctx)));
+    if (st.drop_before > 0) {
+      if (st.drop_before > n_past_ - n_before)
+        return undo(make_error("sequence parallel: a step drops more tokens than the call stored"));
+      auto frag = kv_->extract(n_before, st.drop_before);
+      if (!frag) return undo(frag.error());
+      // tokens_ lists what the cache holds: the dropped tokens leave it too.
+      tokens_.erase(tokens_.begin() + static_cast<int64_t>(tokens_before),
+                    tokens_.begin() + static_cast<int64_t>(tokens_before) + st.drop_before);
+    }
+    const Logits w = call.which == Logits::kLast && st.first + st.count == n ? Logits::kLast : Logits::kNone;
+    if (Status s = forward_chunk(tokens.data() + st.first, st.count, w, logits_.data(), st.pos0, &st); !s)
+      return undo(s);
+    if (st.store) tokens_.insert(tokens_.end(), tokens.begin() + st.first, tokens.begin() + st.first + st.count);
+    have_logits |= w == Logits::kLast;
+  }
+  if (call.which == Logits::kLast)
+    if (Status s = sp_->share_logits(logits_.data(), hp_.n_vocab, have_logits); !s) return undo(s);
+  return true;
+}
+
+Status Context::set_sequence_parallel(SequenceParallel* sp) {
+  if (sp == nullptr) {
+    sp_ = nullptr;
+    backend_->keep_partial_lse(false);
+    return ok_status();
+  }
+  if (n_past_ != 0 || pending_.active) return make_error("sequence parallel: the context is not empty");
+  if (press_ || !hooks_.empty())
+    return make_error(ErrorCode::kUnsupported, "sequence parallel: a KV press (--kv-press) runs on one process's "
+                                               "cache only");
+  if (rope_plan_->dynamic())
+    return make_error(ErrorCode::kUnsupported, "sequence parallel: a dynamic rope re-rotates the whole cache as "
+                                               "it grows; give a static one");
+  if (has_query_weights()) return make_error(ErrorCode::kUnsupported, "sequence parallel: qTTT is not supported");
+  if (!backend_->supports_detached())
+    return make_error(ErrorCode::kUnsupported,
+                      fmt::format("sequence parallel: attention {} cannot attend a shard that does not hold its "
+                                  "queries (use dense or fixed)", backend_->spec()));
+  backend_->keep_partial_lse(true);
+  sp_ = sp;
+  return ok_status();
+}
+
 Status Context::evaluate_scratch(std::span<const int32_t> tokens) {
+  if (sp_) return make_error(ErrorCode::kUnsupported, "evaluate_scratch: the sequence is spread over processes");
   const int64_t P = n_past_, n = static_cast<int64_t>(tokens.size());
   if (P + n > params_.n_ctx) return make_error(ErrorCode::kContextFull, "evaluate_scratch: the tokens do not fit");
   Status st = ok_status();
   for (int64_t i = 0; i < n && st; i += params_.n_batch)
-    st = forward_chunk(tokens.data() + i, std::min(params_.n_batch, n - i), Logits::kNone, nullptr);
+    st = forward_chunk(tokens.data() + i, std::min(params_.n_batch, n - i), Logits::kNone, nullptr, n_past_);
   kv_->truncate(P);
   n_past_ = P;
   return st;
@@ -393,6 +468,8 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
       s = make_error(ErrorCode::kInvalidArgument, "decode_batch: a context appears twice in one batch");
     } else if (c->pending_.active) {
       s = make_error(ErrorCode::kInvalidArgument, "decode_batch: the context has a decode call pending");
+    } else if (c->sp_) {
+      s = make_error(ErrorCode::kUnsupported, "decode_batch: the sequence is spread over processes");
     } else if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= hp.n_vocab) {
       s = make_error(ErrorCode::kInvalidArgument, fmt::format("token id {} is outside the vocabulary [0, {})",
                                                               tokens[static_cast<size_t>(i)], hp.n_vocab));
@@ -539,7 +616,8 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
   return out;
 }
 
-Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits) {
+Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits, int64_t pos0,
+                              const ShardStep* shard) {
   const HParams& hp = hp_;
   const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
                 k_dim = hp.n_head_kv * hp.head_dim, v_dim = hp.n_head_kv * hp.head_dim_v;
@@ -549,7 +627,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   for (int64_t t = 0; t < n; ++t) {
     const TensorView& te = model_.tok_embd();
     kernels::dequantize_row(te.type, te.row(tokens[t]), x + t * E, E);
-    pos_[static_cast<size_t>(t)] = static_cast<int32_t>(n_past_ + t);
+    pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
   }
 
   auto rows = [&](int64_t count, auto&& fn) {
@@ -558,6 +636,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     }, count >= 64 ? 8 : count);
   };
 
+  const bool store = shard == nullptr || shard->store;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
     rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
@@ -571,8 +650,18 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
                       &pos_[static_cast<size_t>(t)]);
     });
     for (ForwardHooks* h : hooks_) h->on_queries(il, q_.data(), pos_.data(), n);
-    LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
-    LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_));
+    if (store) LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
+    if (shard) {
+      backend_->set_detached(!store);
+      const Status st = backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_);
+      backend_->set_detached(false);
+      LC_TRY(st);
+      if (shard->merge)
+        LC_TRY(sp_->merge_attention(*this, il, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(),
+                                    backend_->partial_lse()));
+    } else {
+      LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_));
+    }
     for (ForwardHooks* h : hooks_) h->on_attention(*this, il, q_.data(), pos_.data(), n);
     kernels::matmul(L.wo, attn_.data(), n, cur, *pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
@@ -589,7 +678,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     kernels::matmul(L.w_down, gate_.data(), n, cur, *pool_);
     rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
   }
-  n_past_ += n;
+  if (store) n_past_ += n;
 
   if (which == Logits::kNone) return ok_status();
   const int64_t first = which == Logits::kAll ? 0 : n - 1;
@@ -698,6 +787,13 @@ Status Context::set_attention(std::string_view spec) {
   auto attn = make_attention_backend(spec, as);
   if (!attn) return make_error("--attn: " + attn.error().message);
   for (ForwardHooks* h : hooks_) LC_TRY(h->attach_backend(**attn));
+  if (sp_) {
+    if (!(*attn)->supports_detached())
+      return make_error(ErrorCode::kUnsupported,
+                        fmt::format("--attn: {} cannot attend a shard that does not hold its queries (the sequence "
+                                    "is spread over processes: use dense or fixed)", (*attn)->spec()));
+    (*attn)->keep_partial_lse(true);
+  }
   LC_TRY((*attn)->attach(*kv_));
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);

@@ -21,6 +21,7 @@
 #include "kv/press.h"
 #include "model/forward_hooks.h"
 #include "model/model.h"
+#include "model/sequence_parallel.h"
 #include "rope/rope_scaling.h"
 #include "rope/rope_table.h"
 
@@ -211,11 +212,21 @@ class Context {
   void set_query_weights(Buffer<float> wq);
   void clear_query_weights();
   bool has_query_weights() const { return !wq_views_.empty(); }
+  // Context parallelism (model/sequence_parallel.h; src/dist): from now on every decode call
+  // runs as sp plans it; sp must outlive its use. Refused (an error that names why) with a
+  // press, a dynamic rope, qTTT's weights, or an attention backend that cannot attend a cache
+  // its queries are not in. Call on an empty context; null detaches.
+  Status set_sequence_parallel(SequenceParallel* sp);
+  bool sequence_parallel() const { return sp_ != nullptr; }
 
  private:
   Context(const Model& model, const ContextParams& p);
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
-  Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits);
+  // pos0: the position of tokens[0]. shard: the step of a sequence-parallel call (else null).
+  Status forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits, int64_t pos0,
+                       const ShardStep* shard = nullptr);
+  // decode_step() of a sequence-parallel context: the whole call, as sp_ plans it.
+  Expected<bool> decode_sharded();
   Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
   // Biases, QK-norm and the rope plan's query scaling of one token's q, k, v rows of layer L.
   void prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float* vt, const int32_t* pos) const;
@@ -238,6 +249,7 @@ class Context {
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<PressRunner> press_;  // null: no compression
   std::vector<ForwardHooks*> hooks_;    // the press's runner first, then those attached
+  SequenceParallel* sp_ = nullptr;      // context parallelism (null: this process holds it all)
   std::vector<int32_t> tokens_;         // the tokens the cache holds (none of hidden_)
   std::vector<HiddenRange> hidden_;     // hidden ranges of sequence indices, ascending
   ChunkCallback on_chunk_;

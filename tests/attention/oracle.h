@@ -138,4 +138,22 @@ std::vector<float> full_oracle(const Seq& s, const RopeTable& rt) {
   return out;
 }
 
+// Fixed-distance attention of every token: keys within W at their real positions, every other
+// key scored as rope(q, W) . rope(k, 0).
+inline std::vector<float> fixed_oracle(const Seq& s, const RopeTable& rt, int64_t W) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  std::vector<float> out(static_cast<size_t>(s.T * s.H * s.dv));
+  for (int64_t i = 0; i < s.T; ++i)
+    for (int64_t h = 0; h < s.H; ++h) {
+      std::vector<SelectedKey> keys;
+      for (int64_t j = 0; j <= i; ++j) {
+        const bool far = i - j > W;
+        keys.push_back({static_cast<int32_t>(j), static_cast<int32_t>(far ? W : i), static_cast<int32_t>(far ? 0 : j)});
+      }
+      const auto o = oracle_row(s, rt, scale, i, h, keys);
+      for (int64_t c = 0; c < s.dv; ++c) out[static_cast<size_t>((i * s.H + h) * s.dv + c)] = static_cast<float>(o[static_cast<size_t>(c)]);
+    }
+  return out;
+}
+
 }  // namespace lc::test

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -34,6 +36,8 @@
 #include "runtime/measure.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "dist/comm.h"
+#include "dist/context_parallel.h"
 
 namespace {
 
@@ -91,24 +95,48 @@ Expected<std::unique_ptr<lc::Session>> make_session(const lc::Model& m, const Co
   return lc::Session::create(m, sp);
 }
 
-int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& prompt_arg,
+// Options of `run` for context parallelism over MPI (src/dist).
+struct CpOpts {
+  std::string mode;     // --cp: "" = one process
+  double timeout = 60;  // --cp-timeout: seconds any rank waits for another
+};
+
+int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& prompt_arg,
             const std::string& file, const std::string& question, int64_t n_predict, bool no_special_bos,
-            bool parse_special, const std::string& qttt_spec, const std::string& prompt_cache) {
+            bool parse_special, const std::string& qttt_spec, const std::string& prompt_cache, const CpOpts& cpo,
+            bool ignore_eos) {
   if (!prompt_arg.empty() && !file.empty()) return fail("give either -p or -f, not both");
   if (n_predict < 0) return fail("-n must be >= 0");
   if (auto q = lc::parse_qttt(qttt_spec); !q) return fail(q.error().message);
+  // --cp: this process holds one shard of the sequence (mpirun starts the others). Errors after
+  // MPI is up end every rank (Comm::abort), so that none waits for one that gave up.
+  std::unique_ptr<lc::dist::Comm> comm;
+  lc::dist::CpParams cp_params;
+  if (!cpo.mode.empty()) {
+    auto p = lc::dist::parse_cp(cpo.mode);
+    if (!p) return fail(p.error().message);
+    cp_params = *p;
+    if (!prompt_cache.empty()) return fail("--cp: --prompt-cache is not supported (each rank holds one shard)");
+    if (!qttt_spec.empty()) return fail("--cp: --qttt trains on the whole cache, which no rank holds");
+    auto c = lc::dist::Comm::init(nullptr, nullptr, cpo.timeout);
+    if (!c) return fail(c.error().message);
+    comm = std::move(*c);
+  }
+  auto bail = [&](const std::string& msg) {
+    if (comm) comm->abort(msg);
+    return fail(msg);
+  };
+  const bool speak = !comm || comm->rank() == 0;  // one rank prints the text
   std::string prompt = prompt_arg;
   if (!file.empty()) {
     auto t = read_file(file);
-    if (!t) return fail(t.error().message);
+    if (!t) return bail(t.error().message);
     prompt = std::move(*t);
   }
   auto sp = so.params();
-  if (!sp) return fail(sp.error().message);
-  auto model = load_model(co);
-  if (!model) return fail(model.error().message);
-  auto session = make_session(**model, co, qttt_spec);
-  if (!session) return fail(session.error().message);
+  if (!sp) return bail(sp.error().message);
+  auto model = load_model(co_in);
+  if (!model) return bail(model.error().message);
   const lc::Tokenizer& tok = (*model)->tokenizer();
   // --question: appended after the prompt (tokenised as one text); a query-agnostic press
   // compresses the prompt before the question is read, and qTTT trains on the prompt alone.
@@ -116,7 +144,26 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   pr.tokens = tok.encode(prompt + question, !no_special_bos, parse_special);
   if (!question.empty())
     pr.n_context = static_cast<int64_t>(common_prefix(tok.encode(prompt, !no_special_bos, parse_special), pr.tokens));
-  if (Status s = (*session)->validate(pr); !s) return fail(s.message());
+  CommonOpts co = co_in;
+  if (comm && cp_params.mode == lc::dist::CpMode::kRing) {
+    // Ring attention evaluates each rank's shard in one forward chunk.
+    const int64_t shard = (static_cast<int64_t>(pr.tokens.size()) + comm->size() - 1) / comm->size();
+    co.n_batch = std::clamp<int64_t>(shard, co.n_batch, 65536);
+  }
+  auto session = make_session(**model, co, qttt_spec);
+  if (!session) return bail(session.error().message);
+  if (Status s = (*session)->validate(pr); !s) return bail(s.message());
+  std::unique_ptr<lc::dist::ContextParallel> cp;
+  if (comm) {
+    auto c = lc::dist::ContextParallel::create(*comm, cp_params, (*session)->context());
+    if (!c) return bail(c.error().message);
+    cp = std::move(*c);
+    const int64_t n = static_cast<int64_t>(pr.tokens.size());
+    cp->set_query_tokens(pr.n_context >= 0 && pr.n_context < n ? n - pr.n_context : 1);
+    fmt::print(stderr, "cp {}: rank {}/{} started, pid {}\n", cp_params.spec(), comm->rank(), comm->size(),
+               static_cast<long>(getpid()));
+    std::fflush(stderr);
+  }
   // --prompt-cache: a saved session continues (the prompt's prefix it holds is not evaluated
   // again), and the session is saved when the request ends.
   bool resume = false;
@@ -130,15 +177,18 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
   }
   lc::Sampler sampler(*sp);
   const std::string shown = prompt + question;
-  std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
-  std::fflush(stdout);
+  if (speak) {
+    std::fputs(shown.size() > 2000 ? "" : shown.c_str(), stdout);
+    std::fflush(stdout);
+  }
   lc::GenerateOptions go;
   go.n_predict = n_predict;
   go.qttt_seed = sp->seed;
+  go.ignore_eos = ignore_eos;
   // A long prefill shows a progress line (tokens, rate, time left) on a terminal.
   std::unique_ptr<lc::Progress> prog;
-  (*session)->set_progress([&prog](int64_t done, int64_t total) {
-    if (total < 4096) return;
+  (*session)->set_progress([&prog, speak](int64_t done, int64_t total) {
+    if (total < 4096 || !speak) return;
     if (!prog) prog = std::make_unique<lc::Progress>("prefill", total);
     prog->update(done);
     if (done >= total) {
@@ -146,10 +196,26 @@ int cmd_run(const CommonOpts& co, const SamplingOpts& so, const std::string& pro
       prog.reset();
     }
   });
-  auto st = resume ? (*session)->continue_with(pr.tokens, sampler, go, print_piece)
-                    : (*session)->run(pr, sampler, go, print_piece);
-  if (!st) return fail(st.error().message);
-  print_summary(*st, (*session)->context());
+  const lc::TokenCallback on_token = speak ? lc::TokenCallback(print_piece)
+                                           : lc::TokenCallback([](int32_t, std::string_view) { return true; });
+  auto st = resume ? (*session)->continue_with(pr.tokens, sampler, go, on_token)
+                    : (*session)->run(pr, sampler, go, on_token);
+  if (!st) return bail(st.error().message);
+  if (speak) print_summary(*st, (*session)->context());
+  if (comm) {
+    const lc::dist::CpStats& cs = cp->stats();
+    const lc::KvMemory mem = (*session)->context().kv().memory();
+    // One line per rank, in rank order (each rank prints its own after the one before).
+    for (int r = 0; r < comm->size(); ++r) {
+      if (r == comm->rank())
+        fmt::print(stderr, "cp {}: rank {}/{}: tokens [{}, {}), KV {:.2f} MiB, peak RSS {:.1f} MiB, {:.3f} s in "
+                   "communication, {} bytes sent\n", cp_params.spec(), r, comm->size(), cs.shard_first,
+                   cs.shard_end, mib(static_cast<int64_t>(mem.in_use_bytes)), mib(lc::peak_rss_bytes()), cs.t_comm,
+                   cs.bytes_sent);
+      std::fflush(stderr);
+      if (Status s = comm->barrier(); !s) return bail(s.message());
+    }
+  }
   if (!prompt_cache.empty()) {
     if (Status s = (*session)->save(prompt_cache); !s) return fail("--prompt-cache: " + s.message());
     fmt::print(stderr, "prompt cache: {} prompt tokens reused, {} evaluated; saved {}\n", st->n_reused,
@@ -671,6 +737,15 @@ int main(int argc, char** argv) {
   run->add_option("--prompt-cache", run_prompt_cache,
                   "session file: when it exists, the run continues from it (the prompt's prefix it holds is not "
                   "evaluated again); the session is saved to it at the end");
+  bool run_ignore_eos = false;
+  run->add_flag("--ignore-eos", run_ignore_eos, "keep generating after an end-of-generation token (as llama-cli)");
+  CpOpts run_cp;
+  run->add_option("--cp", run_cp.mode,
+                  "context parallelism over MPI, under `mpirun -np N`: ring (exact ring attention) or "
+                  "star[:anchor=N] (Star Attention); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
+  run->add_option("--cp-timeout", run_cp.timeout,
+                  "seconds a rank waits for another before it ends the job with an error naming it")
+      ->capture_default_str();
   std::string run_qttt;
   run->add_option("--qttt", run_qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S "
                   "(Adam on W_q over spans of the context; see docs/qttt.md)");
@@ -818,7 +893,7 @@ int main(int argc, char** argv) {
   try {
     if (*run)
       return cmd_run(run_co, run_so, run_file.empty() ? run_prompt : "", run_file, run_question, run_n, run_no_bos,
-                     !run_no_special, run_qttt, run_prompt_cache);
+                     !run_no_special, run_qttt, run_prompt_cache, run_cp, run_ignore_eos);
     if (*chat) return cmd_chat(chat_co, chat_so, chat_system, chat_tmpl, chat_n);
     if (*info) return cmd_info(info_path);
     if (*cal) return cmd_calibrate(cal_co, cal_file, cal_far, cal_per_layer, cal_total, cal_out);

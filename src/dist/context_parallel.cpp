@@ -1,0 +1,264 @@
+#include "dist/context_parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/method_spec.h"
+
+namespace lc::dist {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Merges the partial (o2, l2) of one row into (o1, l1): both are softmax-weighted averages over
+// disjoint key sets with log-sum-exps l1 and l2.
+void merge_row(float* o1, float& l1, const float* o2, float l2, int64_t dv) {
+  if (l2 == kNegInf) return;
+  if (l1 == kNegInf) {
+    std::copy_n(o2, dv, o1);
+    l1 = l2;
+    return;
+  }
+  const double m = std::max(l1, l2);
+  const double w1 = std::exp(static_cast<double>(l1) - m), w2 = std::exp(static_cast<double>(l2) - m);
+  const double inv = 1.0 / (w1 + w2);
+  for (int64_t c = 0; c < dv; ++c) o1[c] = static_cast<float>((w1 * o1[c] + w2 * o2[c]) * inv);
+  l1 = static_cast<float>(m + std::log(w1 + w2));
+}
+
+}  // namespace
+
+std::string CpParams::spec() const {
+  if (mode == CpMode::kRing) return "ring";
+  return anchor > 0 ? fmt::format("star:anchor={}", anchor) : "star";
+}
+
+Expected<CpParams> parse_cp(std::string_view text) {
+  LC_ASSIGN_OR_RETURN(MethodSpec spec, MethodSpec::parse(text, "--cp mode"));
+  CpParams p;
+  if (spec.name() == "ring") {
+    p.mode = CpMode::kRing;
+  } else if (spec.name() == "star") {
+    p.mode = CpMode::kStar;
+    LC_TRY(spec.get_int("anchor", &p.anchor, 0, int64_t{1} << 30,
+                        "tokens of the anchor block every rank but the first reads before its own block (0: the "
+                        "first context block, as Star Attention does)"));
+  } else {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--cp: unknown mode '{}' (ring or star[:anchor=N])", spec.name()));
+  }
+  LC_TRY(spec.finish());
+  return p;
+}
+
+Expected<std::unique_ptr<ContextParallel>> ContextParallel::create(Comm& comm, const CpParams& p, Context& ctx) {
+  if (comm.size() < 2)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--cp {}: {} process; start at least 2 (mpirun -np N, N >= 2)", p.spec(),
+                                  comm.size()));
+  auto cp = std::unique_ptr<ContextParallel>(new ContextParallel(comm, p, ctx));
+  // The scratch cache that holds one block of another rank's keys and values while this rank
+  // attends it: the same layout, types and rope as this rank's own cache, its own memory.
+  KvCacheConfig kc = ctx.kv().config();
+  kc.pool = nullptr;
+  kc.budget_bytes = 0;
+  kc.budget_is_default = false;
+  kc.spill_dir.clear();
+  kc.rope_provider = nullptr;
+  LC_ASSIGN_OR_RETURN(cp->scratch_, KvCache::create(kc));
+  for (int64_t il = 0; il < kc.n_layer; ++il) cp->scratch_->set_rope(il, ctx.kv().rope(il));
+  LC_ASSIGN_OR_RETURN(cp->scratch_be_, make_attention_backend(ctx.attention().spec(), ctx.attention().shape()));
+  LC_TRY(cp->scratch_be_->attach(*cp->scratch_));
+  cp->scratch_be_->keep_partial_lse(true);
+  cp->scratch_be_->set_detached(true);
+  LC_TRY(ctx.set_sequence_parallel(cp.get()));
+  return cp;
+}
+
+ContextParallel::~ContextParallel() {
+  if (ctx_.sequence_parallel()) (void)ctx_.set_sequence_parallel(nullptr);
+}
+
+void ContextParallel::on_truncate(int64_t n) {
+  if (n == 0) {
+    n_global_ = 0;
+    broken_ = false;
+    cuts_.clear();
+  } else {
+    broken_ = true;
+  }
+}
+
+Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
+  if (broken_)
+    return make_error(ErrorCode::kUnsupported, "--cp: the sequence was cut back in the middle; a sequence spread "
+                                               "over processes can only be cleared");
+  const int N = comm_.size(), r = comm_.rank();
+  const int64_t chunk = ctx_.n_batch();
+  ShardPlan plan;
+  ring_call_ = false;
+  // A call after the first prompt: every rank evaluates it; the last one stores it.
+  auto global_step = [&](int64_t first, int64_t count) {
+    ShardStep s;
+    s.first = first;
+    s.count = count;
+    s.pos0 = n_global_ + first;
+    s.store = r == N - 1;
+    s.merge = true;
+    return s;
+  };
+  if (n_global_ > 0) {
+    for (int64_t i = 0; i < n; i += chunk) plan.steps.push_back(global_step(i, std::min(chunk, n - i)));
+    n_global_ += n;
+    return plan;
+  }
+  if (p_.mode == CpMode::kRing) {
+    if (n < N)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("--cp ring: the prompt has {} tokens, fewer than the {} ranks", n, N));
+    cuts_.assign(static_cast<size_t>(N + 1), 0);
+    for (int j = 0; j <= N; ++j) cuts_[static_cast<size_t>(j)] = n * j / N;
+    const int64_t a = cuts_[static_cast<size_t>(r)], b = cuts_[static_cast<size_t>(r + 1)];
+    if (b - a > chunk)
+      return make_error(ErrorCode::kUnsupported,
+                        fmt::format("--cp ring: this rank's shard of {} tokens is over the largest forward chunk "
+                                    "({}): ring attention evaluates a shard layer by layer in one piece; use more "
+                                    "ranks (or --cp star)", b - a, chunk));
+    ShardStep s;
+    s.first = a;
+    s.count = b - a;
+    s.pos0 = a;
+    s.merge = true;
+    plan.steps.push_back(s);
+    ring_call_ = true;
+    stats_.shard_first = a;
+    stats_.shard_end = b;
+    n_global_ = n;
+    return plan;
+  }
+  // Star Attention.
+  const int64_t q = std::clamp<int64_t>(n_query_, 1, n);
+  const int64_t D = n - q;  // the context
+  if (D < N)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--cp star: the context has {} tokens (the prompt's {} less the query's {}), fewer "
+                                  "than the {} ranks", D, n, q, N));
+  cuts_.assign(static_cast<size_t>(N + 1), 0);
+  for (int j = 0; j <= N; ++j) cuts_[static_cast<size_t>(j)] = D * j / N;
+  const int64_t a = cuts_[static_cast<size_t>(r)], b = cuts_[static_cast<size_t>(r + 1)];
+  auto local = [&](int64_t first, int64_t count, int64_t pos0) {
+    for (int64_t i = 0; i < count; i += chunk) {
+      ShardStep s;
+      s.first = first + i;
+      s.count = std::min(chunk, count - i);
+      s.pos0 = pos0 + i;
+      plan.steps.push_back(s);
+    }
+  };
+  const int64_t anchor = r > 0 ? std::min(p_.anchor > 0 ? p_.anchor : cuts_[1], a) : 0;
+  local(0, anchor, 0);
+  local(a, b - a, a);
+  for (int64_t i = D; i < n; i += chunk) plan.steps.push_back(global_step(i, std::min(chunk, n - i)));
+  plan.steps[static_cast<size_t>(plan.steps.size() - (n - D + chunk - 1) / chunk)].drop_before = anchor;
+  stats_.shard_first = a;
+  stats_.shard_end = b;
+  n_global_ = n;
+  (void)call;
+  return plan;
+}
+
+Status ContextParallel::merge_attention(Context& ctx, int64_t il, int64_t n, const float* q, const float* k,
+                                        const float* v, const int32_t* pos, float* out, const float* lse) {
+  if (lse == nullptr) return make_error("--cp: the attention backend kept no log-sum-exp to merge with");
+  const int64_t H = ctx.attention().shape().n_head;
+  lse_.assign(lse, lse + n * H);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = ring_call_ ? ring_merge(il, n, q, k, v, pos, out) : gather_merge(n, out);
+  stats_.t_comm += seconds_since(t0);
+  stats_.bytes_sent = comm_.bytes_sent();
+  return st;
+}
+
+Status ContextParallel::gather_merge(int64_t n, float* out) {
+  const AttnShape& sh = ctx_.attention().shape();
+  const int64_t rows = n * sh.n_head, dv = sh.head_dim_v, N = comm_.size();
+  const size_t per = static_cast<size_t>(rows * (dv + 1));
+  send_.resize(per);
+  std::copy_n(out, rows * dv, send_.begin());
+  std::copy(lse_.begin(), lse_.end(), send_.begin() + rows * dv);
+  recv_.resize(per * static_cast<size_t>(N));
+  LC_TRY(comm_.allgather(send_.data(), per * sizeof(float), recv_.data()));
+  // In rank order on every rank: the same bits everywhere.
+  std::fill(out, out + rows * dv, 0.0f);
+  std::fill(lse_.begin(), lse_.end(), kNegInf);
+  for (int64_t j = 0; j < N; ++j) {
+    const float* o = recv_.data() + static_cast<size_t>(j) * per;
+    const float* l = o + rows * dv;
+    for (int64_t r = 0; r < rows; ++r) merge_row(out + r * dv, lse_[static_cast<size_t>(r)], o + r * dv, l[r], dv);
+  }
+  return ok_status();
+}
+
+Status ContextParallel::ring_merge(int64_t il, int64_t n, const float* q, const float* k, const float* v,
+                                   const int32_t* pos, float* out) {
+  const KvCache& kv = ctx_.kv();
+  const int64_t kd = kv.n_head_kv() * kv.head_dim(), vd = kv.n_head_kv() * kv.head_dim_v();
+  const int N = comm_.size(), r = comm_.rank();
+  // A block on the wire: keys [m, kd], values [m, vd], positions [m] (int32 in float slots).
+  auto floats_of = [&](int64_t m) { return static_cast<size_t>(m * (kd + vd + 1)); };
+  auto shard = [&](int j) { return cuts_[static_cast<size_t>(j + 1)] - cuts_[static_cast<size_t>(j)]; };
+  send_.resize(floats_of(n));
+  std::copy_n(k, n * kd, send_.begin());
+  std::copy_n(v, n * vd, send_.begin() + n * kd);
+  std::memcpy(send_.data() + n * (kd + vd), pos, static_cast<size_t>(n) * sizeof(int32_t));
+  const int to = (r + 1) % N, from = (r - 1 + N) % N;
+  for (int s = 1; s < N; ++s) {
+    const int origin = (r - s + N) % N;  // whose block arrives in this step
+    const int64_t m = shard(origin);
+    recv_.resize(floats_of(m));
+    LC_TRY(comm_.sendrecv(send_.data(), send_.size() * sizeof(float), to, recv_.data(), recv_.size() * sizeof(float),
+                          from));
+    std::swap(send_, recv_);  // what arrived goes on to the next rank in the next step
+    if (origin < r) {
+      const float* bk = send_.data();
+      const float* bv = bk + m * kd;
+      const auto* bp = reinterpret_cast<const int32_t*>(bv + m * vd);
+      LC_TRY(attend_block(il, n, q, pos, m, bk, bv, bp, out));
+    }
+  }
+  return ok_status();
+}
+
+Status ContextParallel::attend_block(int64_t il, int64_t n, const float* q, const int32_t* qpos, int64_t m,
+                                     const float* k, const float* v, const int32_t* kpos, float* out) {
+  const AttnShape& sh = ctx_.attention().shape();
+  const int64_t rows = n * sh.n_head, dv = sh.head_dim_v;
+  scratch_->clear();
+  LC_TRY(scratch_->append(il, m, k, v, kpos));
+  part_.resize(static_cast<size_t>(rows * dv));
+  LC_TRY(scratch_be_->forward(il, n, q, qpos, *scratch_, part_.data(), ctx_.pool()));
+  const float* l2 = scratch_be_->partial_lse();
+  if (l2 == nullptr) return make_error("--cp: the attention backend kept no log-sum-exp to merge with");
+  for (int64_t r = 0; r < rows; ++r) merge_row(out + r * dv, lse_[static_cast<size_t>(r)], part_.data() + r * dv, l2[r], dv);
+  return ok_status();
+}
+
+Status ContextParallel::share_logits(float* logits, int64_t n_vocab, bool have) {
+  const int root = comm_.size() - 1;  // the last rank always evaluates the call's last token
+  if (comm_.rank() == root && !have) return make_error("--cp: the last rank has no logits for the call's last token");
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = comm_.bcast(logits, static_cast<size_t>(n_vocab) * sizeof(float), root);
+  stats_.t_comm += seconds_since(t0);
+  return st;
+}
+
+}  // namespace lc::dist

@@ -1,0 +1,96 @@
+// Context parallelism over MPI: each process holds a contiguous shard of one sequence's tokens
+// and of its KV cache, so the cache of each process is about 1/N of the whole.
+//
+// ring (exact): the prompt is split into N shards, one per rank, each evaluated as one chunk.
+//   In every layer the shards' keys and values pass around the ring (N - 1 steps) while each
+//   rank attends its queries over every earlier shard it receives; the partial outputs merge
+//   with their log-sum-exps (the online softmax of the dense backend), so the result is causal
+//   attention over the whole prompt (Liu et al. 2023, "Ring Attention with Blockwise
+//   Transformers for Near-Infinite Context").
+// star (approximate): Star Attention (Acharya et al. 2024, "Star Attention: Efficient LLM
+//   Inference over Long Sequences"). Phase 1: the context (the prompt without its query) is
+//   split into N blocks; every rank but the first evaluates its block after the anchor, the
+//   first block, and then drops the anchor's keys and values: local attention only, no
+//   communication. Phase 2: the query attends every rank's cache; each rank sends only its
+//   partial output and log-sum-exp per head, and the merge is exact.
+// Decoding, in both: every rank runs the new token's forward pass; it attends each rank's shard
+// (dense or fixed attention) and the partials merge as in phase 2. The last rank stores the
+// query and the generated tokens. Every rank merges the gathered partials in rank order, so all
+// of them compute the same bits and sample the same tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "dist/comm.h"
+#include "model/context.h"
+#include "model/sequence_parallel.h"
+
+namespace lc::dist {
+
+enum class CpMode { kRing, kStar };
+
+struct CpParams {
+  CpMode mode = CpMode::kRing;
+  int64_t anchor = 0;  // star: tokens of the anchor block (0: the first context block, as the paper)
+  std::string spec() const;
+};
+
+// "ring", "star" or "star:anchor=N"; errors name the mode or key.
+Expected<CpParams> parse_cp(std::string_view spec);
+
+struct CpStats {
+  int64_t shard_first = 0, shard_end = 0;  // this rank's tokens of the first prompt
+  double t_comm = 0;                       // seconds spent in ring steps and gathers
+  uint64_t bytes_sent = 0;
+};
+
+class ContextParallel final : public SequenceParallel {
+ public:
+  // Attaches itself to ctx (Context::set_sequence_parallel); comm and ctx must outlive it.
+  static Expected<std::unique_ptr<ContextParallel>> create(Comm& comm, const CpParams& p, Context& ctx);
+  ~ContextParallel() override;
+
+  // Star: the last q tokens of the first prompt are the query, attended in phase 2 (default 1:
+  // the prompt's last token). Ring ignores it.
+  void set_query_tokens(int64_t q) { n_query_ = q; }
+
+  Expected<ShardPlan> plan(int64_t n, const DecodeCall& call) override;
+  Status merge_attention(Context& ctx, int64_t il, int64_t n, const float* q, const float* k, const float* v,
+                         const int32_t* pos, float* out, const float* lse) override;
+  Status share_logits(float* logits, int64_t n_vocab, bool have) override;
+  void on_truncate(int64_t n) override;
+
+  const CpStats& stats() const { return stats_; }
+  const CpParams& params() const { return p_; }
+
+ private:
+  ContextParallel(Comm& comm, const CpParams& p, Context& ctx) : comm_(comm), p_(p), ctx_(ctx) {}
+  Status ring_merge(int64_t il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos,
+                    float* out);
+  Status gather_merge(int64_t n, float* out);
+  // Attends the n queries over a block of m keys and values from another rank, and merges the
+  // partial result into (out, lse_).
+  Status attend_block(int64_t il, int64_t n, const float* q, const int32_t* qpos, int64_t m, const float* k,
+                      const float* v, const int32_t* kpos, float* out);
+
+  Comm& comm_;
+  CpParams p_;
+  Context& ctx_;
+  int64_t n_query_ = 1;
+  int64_t n_global_ = 0;      // tokens of the sequence so far (all ranks)
+  bool broken_ = false;       // cut back in the middle: the shards no longer make a sequence
+  bool ring_call_ = false;    // the call in progress is a ring prompt
+  std::vector<int64_t> cuts_; // ring: shard r is [cuts_[r], cuts_[r + 1]) of the prompt
+  std::vector<float> lse_;    // [n, n_head] this rank's running log-sum-exp
+  std::vector<float> send_, recv_, part_;
+  std::unique_ptr<KvCache> scratch_;             // one remote block of one layer
+  std::unique_ptr<AttentionBackend> scratch_be_;
+  CpStats stats_;
+};
+
+}  // namespace lc::dist

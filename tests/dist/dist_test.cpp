@@ -1,0 +1,271 @@
+// Context parallelism over real MPI processes: this program runs under `mpirun -np N` (ctest
+// starts it with 2 and with 4 ranks), every rank running every test. The oracles are llama.cpp's
+// logits and greedy tokens (tests/data/golden) and a one-process run of the same model, which
+// every rank computes by itself; never the distributed run's own earlier output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "dist/context_parallel.h"
+#include "model/context.h"
+#include "model/model.h"
+#include "tasks/tasks.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lc::dist {
+namespace {
+
+Comm* g_comm = nullptr;
+const std::string kGolden = std::string(LONGCTX_TEST_DATA) + "/golden/";
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  in.seekg(0, std::ios::end);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return v;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return nlohmann::json::parse(in);
+}
+
+double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+
+ContextParams params(int64_t n_batch, const std::string& attn = "") {
+  ContextParams p;
+  p.n_ctx = 0;
+  p.n_batch = n_batch;
+  p.n_threads = 1;  // ranks share the machine's cores
+  p.attn = attn;
+  return p;
+}
+
+struct Distributed {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<ContextParallel> cp;
+};
+
+Distributed make_distributed(const Model& m, const std::string& mode, int64_t n_batch, const std::string& attn = "") {
+  Distributed d;
+  auto ctx = Context::create(m, params(n_batch, attn));
+  EXPECT_TRUE(ctx.has_value()) << (ctx ? "" : ctx.error().message);
+  d.ctx = std::move(*ctx);
+  auto p = parse_cp(mode);
+  EXPECT_TRUE(p.has_value()) << (p ? "" : p.error().message);
+  auto cp = ContextParallel::create(*g_comm, *p, *d.ctx);
+  EXPECT_TRUE(cp.has_value()) << (cp ? "" : cp.error().message);
+  d.cp = std::move(*cp);
+  return d;
+}
+
+// Greedy tokens after a prompt; the context is cleared first.
+std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, int64_t n) {
+  ctx.clear();
+  std::vector<int32_t> out;
+  Status st = ctx.decode(prompt, Logits::kLast);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  const int64_t V = ctx.model().hparams().n_vocab;
+  for (int64_t i = 0; i < n && st; ++i) {
+    out.push_back(argmax(ctx.logits(0), V));
+    st = ctx.decode(std::span<const int32_t>(&out.back(), 1), Logits::kLast);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+  }
+  return out;
+}
+
+class RingGolden : public ::testing::TestWithParam<const char*> {};
+
+// Ring prefill of llama.cpp's 256-token prompt P3: the last token's logits match llama.cpp's
+// (the golden F32 tolerance) and the one-process run's; then greedy decoding after P1 gives
+// llama.cpp's 64 tokens.
+TEST_P(RingGolden, LogitsAndGreedyTokensMatchLlamaCppAndOneProcess) {
+  const std::string name = GetParam();
+  auto model = Model::load(kGolden + "models/" + name + ".gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  const auto cj = read_json(kGolden + "cases/" + name + "/case.json");
+  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  const int64_t V = (*model)->hparams().n_vocab;
+  Distributed d = make_distributed(**model, "ring", 512);
+  ASSERT_TRUE(d.ctx->decode(p3, Logits::kLast).is_ok());
+  const auto ref = read_f32(kGolden + "cases/" + name + "/logits_p3.f32");
+  ASSERT_EQ(ref.size(), p3.size() * static_cast<size_t>(V));
+  EXPECT_LE(max_abs_diff(d.ctx->logits(0), ref.data() + (p3.size() - 1) * V, V), 1e-3) << name;
+  auto one = Context::create(**model, params(512));
+  ASSERT_TRUE(one.has_value());
+  ASSERT_TRUE((*one)->decode(p3, Logits::kLast).is_ok());
+  EXPECT_LE(max_abs_diff(d.ctx->logits(0), (*one)->logits(0), V), 1e-4) << name;
+  // This rank's cache holds its shard only.
+  const CpStats& cs = d.cp->stats();
+  EXPECT_EQ(cs.shard_end - cs.shard_first, static_cast<int64_t>(p3.size()) * (g_comm->rank() + 1) / g_comm->size() -
+                                               static_cast<int64_t>(p3.size()) * g_comm->rank() / g_comm->size());
+  EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first);
+
+  const auto p1 = cj["prompts"]["p1"]["ids"].get<std::vector<int32_t>>();
+  const auto gold = cj["greedy"]["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(greedy(*d.ctx, p1, static_cast<int64_t>(gold.size())), gold) << name;
+  // Generated tokens are stored by the last rank only.
+  const int64_t shard = static_cast<int64_t>(p1.size()) * (g_comm->rank() + 1) / g_comm->size() -
+                        static_cast<int64_t>(p1.size()) * g_comm->rank() / g_comm->size();
+  const int64_t stored = g_comm->rank() == g_comm->size() - 1 ? static_cast<int64_t>(gold.size()) : 0;
+  EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), shard + stored);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, RingGolden, ::testing::Values("llama_gqa_f32", "qwen2_bias_f32", "qwen3_qknorm_f32"));
+
+const std::string kProjectModel = std::string(LONGCTX_MODELS) + "/longctx-2l.gguf";
+
+// A long prompt for the project's model: text of its own curriculum's kind, tokenised.
+std::vector<int32_t> project_prompt(const Model& m, int64_t length, uint64_t seed, std::vector<std::string>* answers) {
+  tasks::PromptRenderer r(m.tokenizer(), detect_chat_template(m.file(), m.tokenizer()));
+  tasks::SampleSpec spec;
+  spec.task = "niah_single_1";
+  spec.length = length;
+  spec.depth = 50;
+  spec.seed = seed;
+  auto s = tasks::make_sample(r, spec);
+  EXPECT_TRUE(s.has_value()) << (s ? "" : s.error().message);
+  if (answers) *answers = s->answers;
+  return s->tokens;
+}
+
+// The project's model runs with its default attention (fixed distance) and logn scaling: ring
+// attention is exact there too, at a length where most keys are far.
+TEST(RingProjectModel, EqualsOneProcessAtTwoThousandTokens) {
+  auto model = Model::load(kProjectModel);
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  const auto prompt = project_prompt(**model, 2048, 7, nullptr);
+  const int64_t V = (*model)->hparams().n_vocab;
+  Distributed d = make_distributed(**model, "ring", 2048);
+  auto one = Context::create(**model, params(512));
+  ASSERT_TRUE(one.has_value());
+  const auto a = greedy(*d.ctx, prompt, 12);
+  const auto b = greedy(**one, prompt, 12);
+  EXPECT_EQ(a, b);
+  EXPECT_LE(max_abs_diff(d.ctx->logits(0), (*one)->logits(0), V), 1e-3);
+  EXPECT_NE(d.ctx->attention().spec().find("fixed"), std::string::npos) << d.ctx->attention().spec();
+}
+
+// Star Attention whose anchor is every token before a rank's block reads exactly what one process
+// reads: its logits are the one-process logits (a check of the phases, the positions, the anchor's
+// removal and the merge). With the paper's anchor (the first block) it is an approximation from
+// 3 ranks on.
+TEST(Star, WholePrefixAnchorIsExactAndFirstBlockAnchorIsNot) {
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
+  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  const int64_t V = (*model)->hparams().n_vocab;
+  auto one = Context::create(**model, params(512));
+  ASSERT_TRUE(one.has_value());
+  const auto want = greedy(**one, p3, 8);
+  std::vector<float> one_logits((*one)->logits(0), (*one)->logits(0) + V);
+  {
+    Distributed d = make_distributed(**model, "star:anchor=100000", 64);
+    d.cp->set_query_tokens(16);
+    EXPECT_EQ(greedy(*d.ctx, p3, 8), want);
+    EXPECT_LE(max_abs_diff(d.ctx->logits(0), one_logits.data(), V), 1e-3);
+    // The anchor left every cache but the first: each holds its block (the last rank also the
+    // query and the generated tokens).
+    const CpStats& cs = d.cp->stats();
+    const int64_t extra = g_comm->rank() == g_comm->size() - 1 ? 16 + 8 : 0;
+    EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first + extra);
+  }
+  {
+    Distributed d = make_distributed(**model, "star", 64);
+    d.cp->set_query_tokens(16);
+    greedy(*d.ctx, p3, 8);
+    const double diff = max_abs_diff(d.ctx->logits(0), one_logits.data(), V);
+    if (g_comm->size() == 2)
+      EXPECT_LE(diff, 1e-3);  // rank 1's anchor, the first block, is all that precedes its block
+    else
+      EXPECT_GT(diff, 1e-3);
+  }
+}
+
+// Star Attention on the project's model finds a needle in a 16K-token prompt (16 times its
+// training window), each rank holding a quarter or half of the context.
+TEST(Star, FindsTheNeedleAtSixteenThousandTokens) {
+  auto model = Model::load(kProjectModel);
+  ASSERT_TRUE(model.has_value());
+  std::vector<std::string> answers;
+  const auto prompt = project_prompt(**model, 16384, 11, &answers);
+  ASSERT_FALSE(answers.empty());
+  Distributed d = make_distributed(**model, "star", 512);
+  d.cp->set_query_tokens(32);  // the question and the answer prefix
+  const auto out = greedy(*d.ctx, prompt, 12);
+  const std::string text = (*model)->tokenizer().decode(out);
+  EXPECT_NE(text.find(answers[0]), std::string::npos) << "answer '" << answers[0] << "', got '" << text << "'";
+}
+
+TEST(Errors, ClearMessages) {
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  {
+    Distributed d = make_distributed(**model, "ring", 64);
+    const std::vector<int32_t> one_token{1};
+    const Status st = d.ctx->decode(one_token, Logits::kLast);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("fewer than the"), std::string::npos) << st.message();
+  }
+  {
+    auto ctx = Context::create(**model, params(64, "quest"));
+    ASSERT_TRUE(ctx.has_value());
+    auto cp = ContextParallel::create(*g_comm, *parse_cp("ring"), **ctx);
+    ASSERT_FALSE(cp.has_value());
+    EXPECT_NE(cp.error().message.find("use dense or fixed"), std::string::npos) << cp.error().message;
+  }
+  {
+    ContextParams p = params(64);
+    p.kv_press = "knorm:ratio=0.5";
+    auto ctx = Context::create(**model, p);
+    ASSERT_TRUE(ctx.has_value()) << ctx.error().message;
+    auto cp = ContextParallel::create(*g_comm, *parse_cp("star"), **ctx);
+    ASSERT_FALSE(cp.has_value());
+    EXPECT_NE(cp.error().message.find("press"), std::string::npos) << cp.error().message;
+  }
+  EXPECT_FALSE(parse_cp("tree").has_value());
+  EXPECT_FALSE(parse_cp("ring:anchor=4").has_value());
+  EXPECT_NE(parse_cp("star:anchor=x").error().message.find("anchor"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lc::dist
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto comm = lc::dist::Comm::init(&argc, &argv, 300);
+  if (!comm) {
+    std::fprintf(stderr, "%s\n", comm.error().message.c_str());
+    return 1;
+  }
+  lc::dist::g_comm = comm->get();
+  // Every rank runs every test (they communicate); rank 0 prints, the others report failures only.
+  if ((*comm)->rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  auto failed = (*comm)->sum(rc != 0 ? 1.0 : 0.0);
+  if (!failed) (*comm)->abort(failed.error().message);
+  if (*failed > 0 && (*comm)->rank() == 0) std::fprintf(stderr, "test_dist: %.0f rank(s) failed\n", *failed);
+  return *failed > 0 ? 1 : 0;
+}
