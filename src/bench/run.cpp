@@ -538,8 +538,30 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
   if (bad > 0) note(fmt::format("bench run: {} unreadable line(s) in {} ignored", bad, results_path));
   std::map<std::string, std::string> done;  // key -> input hash
   for (const auto& r : previous) done[r.key()] = r.input_hash;
-  std::ofstream out(results_path, std::ios::app);
-  if (!out) return make_error(fmt::format("{}: cannot open for appending", results_path));
+  const RunShard& shard = cfg.shard;
+  const bool distributed = shard.size > 1;
+  if (distributed && (shard.rank < 0 || shard.rank >= shard.size || !shard.gather))
+    return make_error(fmt::format("bench run: rank {} of {} has no way to hand its results over", shard.rank,
+                                  shard.size));
+  // A distributed run's ranks keep their records (with their place in the run's order) until
+  // the end; rank 0 writes them all.
+  std::vector<std::pair<int64_t, std::string>> kept;
+  nlohmann::json resumed_keys = nlohmann::json::array();
+  std::ofstream out;
+  if (!distributed || shard.rank == 0) {
+    out.open(results_path, std::ios::app);
+    if (!out) return make_error(fmt::format("{}: cannot open for appending", results_path));
+  }
+  auto write_record = [&](int64_t order, const SampleRecord& rec) -> Status {
+    if (distributed) {
+      kept.emplace_back(order, rec.to_json().dump());
+      return ok_status();
+    }
+    out << rec.to_json().dump() << '\n';
+    out.flush();
+    if (!out) return make_error(fmt::format("{}: write error", results_path));
+    return ok_status();
+  };
 
   // The cells of one (model, method): lengths ascending, so the cache only grows.
   std::vector<Cell> cells;
@@ -550,12 +572,15 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       for (int d : depths)
         for (int64_t i = 0; i < cfg.samples; ++i) cells.push_back({t, len, d, i});
     }
-  const int64_t total = static_cast<int64_t>(cells.size() * cfg.methods.size() * cfg.models.size());
+  const int64_t total_all = static_cast<int64_t>(cells.size() * cfg.methods.size() * cfg.models.size());
+  // This rank's share: places r, r + N, ...
+  const int64_t total = distributed ? (total_all - shard.rank + shard.size - 1) / shard.size : total_all;
+  int64_t order = -1;  // the place of the sample in the run's order
   RunReport rep;
   std::set<std::string> keys_in_matrix;
   std::set<std::string> short_noted;
   std::unique_ptr<Progress> prog;
-  if (cfg.progress) prog = std::make_unique<Progress>("bench", total, "samples");
+  if (cfg.progress && (!distributed || shard.rank == 0)) prog = std::make_unique<Progress>("bench", total, "samples");
   int64_t n_done = 0;
 
   std::unique_ptr<Model> draft;
@@ -615,6 +640,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       const bool agnostic = ctx->press() && !ctx->press()->schedule().query_aware;
       const std::string query_mode = !ctx->press() ? "" : agnostic ? "agnostic" : "aware";
       for (const Cell& cell : cells) {
+        if (++order % shard.size != shard.rank) continue;
         tasks::SampleSpec spec;
         spec.task = cell.task;
         spec.length = cell.length;
@@ -657,6 +683,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         keys_in_matrix.insert(key);
         auto it = done.find(key);
         if (it != done.end() && it->second == rec.input_hash) {
+          if (distributed) resumed_keys.push_back({key, rec.input_hash});
           ++rep.resumed;
           if (prog) prog->update(++n_done);
           continue;
@@ -697,9 +724,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
           rec.n_gen = rr->stats.gen_tokens;
           rec.t_prefill = rr->stats.seconds;
           rec.peak_rss = peak_rss_bytes();
-          out << rec.to_json().dump() << '\n';
-          out.flush();
-          if (!out) return make_error(fmt::format("{}: write error", results_path));
+          LC_TRY(write_record(order, rec));
           done[key] = rec.input_hash;
           ++rep.run;
           if (prog) prog->update(++n_done);
@@ -730,9 +755,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
         const KvMemory mem = ctx->kv().memory();
         rec.kv_bytes = static_cast<int64_t>(mem.in_use_bytes);
         rec.kv_alloc_bytes = static_cast<int64_t>(mem.resident_bytes + mem.metadata_bytes);
-        out << rec.to_json().dump() << '\n';
-        out.flush();
-        if (!out) return make_error(fmt::format("{}: write error", results_path));
+        LC_TRY(write_record(order, rec));
         done[key] = rec.input_hash;
         ++rep.run;
         if (prog) prog->update(++n_done);
@@ -740,6 +763,35 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
     }
   }
   if (prog) prog->finish();
+  if (distributed) {
+    nlohmann::json mine{{"records", kept}, {"resumed", resumed_keys}, {"run", rep.run},
+                        {"resumed_n", rep.resumed}, {"too_short", rep.too_short}};
+    LC_ASSIGN_OR_RETURN(std::vector<std::string> all, shard.gather(mine.dump()));
+    if (shard.rank != 0) return rep;
+    if (static_cast<int>(all.size()) != shard.size)
+      return make_error(fmt::format("bench run: {} of {} ranks' results arrived", all.size(), shard.size));
+    std::vector<std::pair<int64_t, std::string>> records;
+    rep = RunReport{};
+    for (const std::string& payload : all) {
+      nlohmann::json j = nlohmann::json::parse(payload, nullptr, false);
+      if (j.is_discarded() || !j.contains("records"))
+        return make_error("bench run: a rank's results arrived malformed");
+      for (const auto& r : j["records"]) records.emplace_back(r[0].get<int64_t>(), r[1].get<std::string>());
+      for (const auto& k : j["resumed"]) keys_in_matrix.insert(k[0].get<std::string>());
+      rep.run += j["run"].get<int64_t>();
+      rep.resumed += j["resumed_n"].get<int64_t>();
+      rep.too_short += j["too_short"].get<int64_t>();
+    }
+    std::sort(records.begin(), records.end());
+    for (const auto& [place, line] : records) {
+      LC_ASSIGN_OR_RETURN(SampleRecord rec, SampleRecord::from_json(nlohmann::json::parse(line)));
+      keys_in_matrix.insert(rec.key());
+      done[rec.key()] = rec.input_hash;
+      out << line << '\n';
+    }
+    out.flush();
+    if (!out) return make_error(fmt::format("{}: write error", results_path));
+  }
   out.close();
 
   // The summary covers this matrix, read back from the file (so resumed samples count).

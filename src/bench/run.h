@@ -27,6 +27,16 @@ struct ModelRef {
   size_t image_size = 0;
 };
 
+// A distributed run (`mpirun -np N longctx bench run`): rank r of N evaluates the samples whose
+// place in the run's order is r modulo N. At the end every rank calls gather once with its
+// payload; rank 0 gets every rank's, in rank order (the others an empty list), writes the
+// records into results.jsonl in the run's order, so that the file is the one a single process
+// writes (timing and memory fields aside), and writes the reports. The others write nothing.
+struct RunShard {
+  int rank = 0, size = 1;
+  std::function<Expected<std::vector<std::string>>(const std::string& mine)> gather;
+};
+
 struct RunConfig {
   std::vector<ModelRef> models;
   std::vector<MethodSetting> methods;  // empty: the baseline only
@@ -50,6 +60,7 @@ struct RunConfig {
   bool plots = true;
   bool progress = true;                // a progress line on a terminal
   std::function<void(const std::string&)> note;  // messages for the user (default: stderr)
+  RunShard shard;                      // one process of a distributed run (default: the only one)
 };
 
 // Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"qttt":..,"name":..}],

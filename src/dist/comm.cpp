@@ -187,6 +187,45 @@ Status Comm::bcast(void* buf, size_t bytes, int root) {
   return wait(req.data(), static_cast<int>(req.size()), fmt::format("the broadcast from rank {}", root), peers.data());
 }
 
+Expected<std::vector<std::string>> Comm::gather_strings(const std::string& mine, int root) {
+  std::vector<uint64_t> sizes(static_cast<size_t>(size_));
+  const uint64_t n = mine.size();
+  LC_TRY(allgather(&n, sizeof n, sizes.data()));
+  std::vector<std::string> out;
+  std::vector<MPI_Request> req;
+  std::vector<int> peers;
+  if (rank_ == root) {
+    out.resize(static_cast<size_t>(size_));
+    for (int j = 0; j < size_; ++j) {
+      LC_TRY(check_count(sizes[static_cast<size_t>(j)], "gather"));
+      if (j == rank_) {
+        out[static_cast<size_t>(j)] = mine;
+        continue;
+      }
+      out[static_cast<size_t>(j)].resize(sizes[static_cast<size_t>(j)]);
+      req.emplace_back();
+      peers.push_back(j);
+      if (int rc = MPI_Irecv(out[static_cast<size_t>(j)].data(), static_cast<int>(sizes[static_cast<size_t>(j)]),
+                             MPI_BYTE, j, kTagGather, MPI_COMM_WORLD, &req.back());
+          rc != MPI_SUCCESS)
+        return make_error(fmt::format("gather: receive from rank {}: {}", j, mpi_error(rc)));
+    }
+  } else {
+    LC_TRY(check_count(mine.size(), "gather"));
+    req.emplace_back();
+    peers.push_back(-1);
+    if (int rc = MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, root, kTagGather, MPI_COMM_WORLD,
+                           &req.back());
+        rc != MPI_SUCCESS)
+      return make_error(fmt::format("gather: send to rank {}: {}", root, mpi_error(rc)));
+    bytes_sent_ += mine.size();
+  }
+  if (!req.empty())
+    LC_TRY(wait(req.data(), static_cast<int>(req.size()), fmt::format("the gather of results on rank {}", root),
+                peers.data()));
+  return out;
+}
+
 Expected<double> Comm::sum(double x) {
   std::vector<double> all(static_cast<size_t>(size_));
   LC_TRY(allgather(&x, sizeof x, all.data()));

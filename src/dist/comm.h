@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -33,6 +34,8 @@ class Comm {
   Status allgather(const void* send, size_t bytes, void* recv);
   // root's buffer into every rank's.
   Status bcast(void* buf, size_t bytes, int root);
+  // Every rank's string on rank `root`, in rank order; the other ranks get an empty list.
+  Expected<std::vector<std::string>> gather_strings(const std::string& mine, int root);
   // Sum of one value over all ranks.
   Expected<double> sum(double x);
   Status barrier();

@@ -9,11 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "run_cli.h"
 
@@ -84,6 +87,45 @@ TEST(DistCli, ClearErrorsBeforeAndAfterMpiStarts) {
   r = sh(kMpirun + " -np 4 " + kBin + " run -m " + kGoldenModel + " -p 'a b' -n 1 --cp ring -t 1", &err);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(err.find("fewer than the 4 ranks"), std::string::npos) << err;
+}
+
+// results.jsonl without the fields that measure time or memory, line by line.
+std::vector<nlohmann::json> results_without_timings(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir + "/results.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* k : {"t_prefill", "t_decode", "prefill_tps", "decode_tps", "peak_rss", "kv_alloc_bytes"}) j.erase(k);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+TEST(DistCli, DistributedBenchRunWritesTheOneProcessReports) {
+  const std::string base = ::testing::TempDir() + "/dist_bench";
+  std::filesystem::remove_all(base);
+  const std::string args = " bench run --task niah_single_1,passkey,vt -L 512,1K --samples 3 -t 1 -o ";
+  std::string err;
+  ASSERT_EQ(sh(kBin + args + base + "/one", &err).code, 0) << err;
+  for (const char* np : {"2", "3"}) {
+    const std::string dir = base + "/np" + np;
+    const Result r = sh(kMpirun + " -np " + np + " " + kBin + args + dir, &err);
+    ASSERT_EQ(r.code, 0) << err;
+    EXPECT_NE(r.out.find("18 sample(s) run"), std::string::npos) << r.out;
+    const auto want = results_without_timings(base + "/one");
+    ASSERT_EQ(want.size(), 18u);
+    EXPECT_EQ(results_without_timings(dir), want) << np << " ranks";
+    // The plots of scores are the same drawings (cairo numbers its surfaces per process).
+    auto drawing = [](std::string svg) { return std::regex_replace(svg, std::regex("surface[0-9]+"), "surface"); };
+    for (const char* f : {"effective_length.csv", "accuracy_vs_length.svg", "accuracy_by_task-baseline.svg"})
+      EXPECT_TRUE(drawing(slurp(dir + "/" + f)) == drawing(slurp(base + "/one/" + f))) << f << ", " << np << " ranks";
+    // A second distributed run over the same folder resumes every sample.
+    const Result again = sh(kMpirun + " -np " + np + " " + kBin + args + dir, &err);
+    ASSERT_EQ(again.code, 0) << err;
+    EXPECT_NE(again.out.find("0 sample(s) run, 18 resumed"), std::string::npos) << again.out;
+    EXPECT_EQ(results_without_timings(dir).size(), 18u);
+  }
 }
 
 // Starts mpirun with 2 ranks on a long generation (the project's model, a 2K-token prompt, 100K

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dist/comm.h"
 #include "bench/method.h"
 #include "bench/ppl.h"
 #include "bench/run.h"
@@ -30,6 +31,7 @@ namespace {
 namespace bench = lc::bench;
 namespace report = lc::report;
 namespace tasks = lc::tasks;
+namespace dist = lc::dist;
 using nlohmann::json;
 
 bench::ModelRef model_ref(const std::string& path) {
@@ -248,6 +250,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
       int64_t seed = -1;
       double threshold = -1;
       bool no_plots = false;
+      double cp_timeout = 3600;  // ranks finish their shares at different times
       MethodOpts mo;
       CacheOpts cache;
     };
@@ -274,6 +277,9 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
     app->add_flag("--no-plots", o->no_plots, "skip the SVG/PNG plots");
     app->add_option("--draft", o->draft, "draft model GGUF for --kv-press speckv / specpc (same vocabulary)");
+    app->add_option("--cp-timeout", o->cp_timeout,
+                    "under mpirun: seconds a rank waits for the others' results before it ends the job")
+        ->capture_default_str();
     o->mo.add(app);
     o->mo.add_qttt(app);
     o->mo.add_reader(app);
@@ -323,10 +329,27 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                           if (!ms) return fail(ms.error().message);
                           cfg.methods = *ms;
                         }
+                        // Under mpirun with several ranks the samples are spread over them
+                        // (bench/run.h RunShard); rank 0 writes the reports.
+                        std::unique_ptr<dist::Comm> comm;
+                        if (dist::Comm::launched_by_mpi()) {
+                          auto c = dist::Comm::init(nullptr, nullptr, o->cp_timeout);
+                          if (!c) return fail(c.error().message);
+                          comm = std::move(*c);
+                          dist::Comm* cm = comm.get();
+                          cfg.shard.rank = cm->rank();
+                          cfg.shard.size = cm->size();
+                          cfg.shard.gather = [cm](const std::string& mine) { return cm->gather_strings(mine, 0); };
+                        }
                         auto rep = bench::run_matrix(cfg);
                         report::release_plot_caches();  // nothing draws after this
-                        if (!rep) return fail(rep.error().message);
-                        print_report(*rep, cfg.out_dir);
+                        if (!rep) {
+                          if (comm && comm->size() > 1) comm->abort(rep.error().message);
+                          return fail(rep.error().message);
+                        }
+                        if (!comm || comm->rank() == 0) print_report(*rep, cfg.out_dir);
+                        if (comm)
+                          if (lc::Status st = comm->barrier(); !st) comm->abort(st.message());
                         return 0;
                       } catch (const std::exception& e) {
                         return fail(e.what());
