@@ -31,3 +31,6 @@ std::vector<RegisteredCommand> add_serve_commands(CLI::App* app);
 
 // `longctx bench serve` (the server under concurrent clients): cmd_bench_serve.cpp.
 std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench);
+
+// `longctx bench scale-model` (the cost model of context parallelism): cmd_dist.cpp.
+std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench);
