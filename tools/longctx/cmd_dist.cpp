@@ -3,12 +3,16 @@
 // networks; prints a Markdown table and draws the speed-up against the number of hosts.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "command.h"
 #include "dist/cost_model.h"
+#include "dist/cqb.h"
 #include "options.h"
 #include "report/plot.h"
 
@@ -95,6 +99,102 @@ int run_scale(const ScaleArgs& a) {
   return 0;
 }
 
+struct RouteSimArgs {
+  int64_t slots = 20000;
+  int runs = 50;
+  double arrival = 0.9, eps0 = 1.0;
+  uint64_t seed = 1;
+  std::string out = "route-sim";
+};
+
+// Two servers with opposite strengths and one average one; job feature u ~ U(0, 1).
+std::vector<std::vector<double>> sim_servers() { return {{-2.0, 4.0}, {2.0, -4.0}, {0.0, 0.0}}; }
+
+int run_route_sim(const RouteSimArgs& a) {
+  dist::SimParams p;
+  p.theta = sim_servers();
+  p.arrival = a.arrival;
+  p.slots = a.slots;
+  p.runs = a.runs;
+  p.seed = a.seed;
+  p.eps0 = a.eps0;
+  const std::vector<std::string> policies{"oracle", "cqb", "least", "rr"};
+  auto r = dist::simulate(p, policies);
+  if (!r) return fail(r.error().message);
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
+  std::ofstream csv(a.out + "/queue_length.csv");
+  csv << "slot";
+  for (const auto& s : *r) csv << "," << s.policy;
+  csv << "\n";
+  for (int64_t t = 0; t < a.slots; ++t) {
+    csv << t + 1;
+    for (const auto& s : *r) csv << "," << s.mean_queue[static_cast<size_t>(t)];
+    csv << "\n";
+  }
+  if (!csv) return fail(a.out + "/queue_length.csv: write error");
+  fmt::print("servers' true parameters (bias, weight of u): (-2, 4), (2, -4), (0, 0); one arrival per slot with "
+             "probability {}; {} runs\n\n| policy | mean queue, last 10% of slots | mean slots in the system |\n"
+             "|---|---:|---:|\n", a.arrival, a.runs);
+  const int64_t from = a.slots - std::max<int64_t>(1, a.slots / 10);
+  for (const auto& s : *r) {
+    double m = 0;
+    for (int64_t t = from; t < a.slots; ++t) m += s.mean_queue[static_cast<size_t>(t)];
+    fmt::print("| {} | {:.2f} | {:.2f} |\n", s.policy, m / static_cast<double>(a.slots - from), s.mean_sojourn);
+  }
+  // Queue length over time, and the queue-length regret E[Q(T)] - E[Q_oracle(T)] against T (the
+  // mean over a window of T/10 slots before T, to tame the noise of one slot).
+  lc::report::Chart q;
+  q.title = "Queue length over time (mean over runs)";
+  q.x_label = "slot";
+  q.y_label = "jobs waiting";
+  for (const auto& s : *r) {
+    lc::report::Series ser{s.policy};
+    ser.markers = false;
+    for (int64_t t = 0; t < a.slots; t += std::max<int64_t>(1, a.slots / 400)) {
+      ser.x.push_back(static_cast<double>(t + 1));
+      ser.y.push_back(s.mean_queue[static_cast<size_t>(t)]);
+    }
+    q.series.push_back(std::move(ser));
+  }
+  if (lc::Status st = lc::report::write_chart(q, a.out + "/queue_length"); !st) return fail(st.message());
+  lc::report::Chart g;
+  g.title = "Queue-length regret against the oracle";
+  g.x_label = "T (slots)";
+  g.y_label = "E[Q(T)] - E[Q_oracle(T)]";
+  g.log2_x = true;
+  fmt::print("\n| T |");
+  for (size_t i = 1; i < r->size(); ++i) fmt::print(" {} regret |", (*r)[i].policy);
+  std::string sep = "|---:|";
+  for (size_t i = 1; i < r->size(); ++i) sep += "---:|";
+  fmt::print("\n{}\n", sep);
+  std::vector<int64_t> Ts;
+  for (int64_t T = 256; T <= a.slots; T *= 2) Ts.push_back(T);
+  std::vector<lc::report::Series> reg(r->size());
+  for (size_t i = 1; i < r->size(); ++i) reg[i].label = (*r)[i].policy;
+  auto window = [&](const dist::SimResult& s, int64_t T) {
+    const int64_t w = std::max<int64_t>(1, T / 10);
+    double m = 0;
+    for (int64_t t = T - w; t < T; ++t) m += s.mean_queue[static_cast<size_t>(t)];
+    return m / static_cast<double>(w);
+  };
+  for (int64_t T : Ts) {
+    fmt::print("| {} |", T);
+    for (size_t i = 1; i < r->size(); ++i) {
+      const double v = window((*r)[i], T) - window((*r)[0], T);
+      fmt::print(" {:.2f} |", v);
+      reg[i].x.push_back(static_cast<double>(T));
+      reg[i].y.push_back(v);
+    }
+    fmt::print("\n");
+  }
+  for (size_t i = 1; i < r->size(); ++i) g.series.push_back(std::move(reg[i]));
+  if (lc::Status st = lc::report::write_chart(g, a.out + "/regret_vs_T"); !st) return fail(st.message());
+  lc::report::release_plot_caches();
+  fmt::print("\nwrote {0}/queue_length.csv, {0}/queue_length.svg/.png, {0}/regret_vs_T.svg/.png\n", a.out);
+  return 0;
+}
+
 }  // namespace
 
 std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench) {
@@ -111,5 +211,18 @@ std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench) {
   app->add_option("--latency-10g", a->lat10, "seconds per message at 10 Gbit/s")->capture_default_str();
   app->add_option("--latency-100g", a->lat100, "seconds per message at 100 Gbit/s")->capture_default_str();
   app->add_option("-o,--out-dir", a->out, "folder for the plot")->capture_default_str();
-  return {{app, [a]() { return run_scale(*a); }}};
+  auto b = std::make_shared<RouteSimArgs>();
+  CLI::App* sim = bench->add_subcommand(
+      "route-sim", "simulate the router's policies (round-robin, least-loaded, CQB-eps) against the oracle on servers "
+                   "of known logistic service rates: queue length over time and queue-length regret against T");
+  sim->add_option("-T,--slots", b->slots, "time slots")->check(CLI::Range(int64_t{256}, int64_t{1} << 24))
+      ->capture_default_str();
+  sim->add_option("--runs", b->runs, "independent runs averaged")->check(CLI::Range(1, 100000))->capture_default_str();
+  sim->add_option("--arrival", b->arrival, "probability of an arrival per slot")->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sim->add_option("--eps0", b->eps0, "CQB-eps exploration: eps_t = min(1, eps0 / t^(1/4))")
+      ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  sim->add_option("--seed", b->seed, "seed")->capture_default_str();
+  sim->add_option("-o,--out-dir", b->out, "folder for the CSV and the plots")->capture_default_str();
+  return {{app, [a]() { return run_scale(*a); }}, {sim, [b]() { return run_route_sim(*b); }}};
 }
