@@ -3,7 +3,12 @@
 // networks; prints a Markdown table and draws the speed-up against the number of hosts.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -13,6 +18,7 @@
 #include "command.h"
 #include "dist/cost_model.h"
 #include "dist/cqb.h"
+#include "dist/router.h"
 #include "options.h"
 #include "report/plot.h"
 
@@ -195,7 +201,65 @@ int run_route_sim(const RouteSimArgs& a) {
   return 0;
 }
 
+int g_route_pipe[2] = {-1, -1};
+
+int run_route(const dist::RouterParams& p) {
+  auto r = dist::Router::create(p);
+  if (!r) return fail(r.error().message);
+  if (pipe(g_route_pipe) != 0) return fail("cannot create a pipe");
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    const char b = 0;
+    (void)!write(g_route_pipe[1], &b, 1);
+  };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  auto port = (*r)->bind();
+  if (!port) return fail(port.error().message);
+  dist::Router* router = r->get();
+  std::thread sig([router] {
+    char b = 0;
+    while (read(g_route_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    router->stop();
+  });
+  fmt::print("routing on http://{}:{}\n", p.host, *port);
+  std::fflush(stdout);
+  fmt::print(stderr, "longctx route: {} backends, policy {}, {} requests each at once\n", p.backends.size(), p.policy,
+             p.max_inflight);
+  router->run();
+  const char b = 0;
+  (void)!write(g_route_pipe[1], &b, 1);
+  sig.join();
+  return 0;
+}
+
 }  // namespace
+
+std::vector<RegisteredCommand> add_route_commands(CLI::App* app) {
+  auto p = std::make_shared<dist::RouterParams>();
+  CLI::App* route = app->add_subcommand(
+      "route", "an HTTP front that forwards OpenAI requests to several `longctx serve` backends: round-robin, "
+               "least-loaded or CQB-eps (a learnt contextual queueing bandit), with retries (docs/scale-out.md)");
+  route->add_option("--backend", p->backends, "backend URL http://HOST:PORT (repeat the flag)")->required();
+  route->add_option("--host", p->host, "address to listen on")->capture_default_str();
+  route->add_option("--port", p->port, "port (0: any free port, printed)")->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  route->add_option("--policy", p->policy, "rr, least or cqb")->capture_default_str();
+  route->add_option("--max-inflight", p->max_inflight, "requests a backend serves at once")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  route->add_option("--max-queue", p->max_queue, "requests that may wait; beyond, 429")->capture_default_str();
+  route->add_option("--eps0", p->eps0, "CQB-eps exploration: eps_t = min(1, eps0 / t^(1/4))")
+      ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  route->add_option("--slot", p->slot_s, "CQB's time slot, seconds")->check(CLI::Range(1e-3, 3600.0))
+      ->capture_default_str();
+  route->add_option("--retries", p->retries, "other backends tried after a failure")->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  route->add_option("--timeout", p->timeout_s, "a request's deadline, seconds, waiting included")
+      ->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+  return {{route, [p]() { return run_route(*p); }}};
+}
 
 std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench) {
   auto a = std::make_shared<ScaleArgs>();

@@ -34,3 +34,6 @@ std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench);
 
 // `longctx bench scale-model` (the cost model of context parallelism): cmd_dist.cpp.
 std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench);
+
+// `longctx route` (an HTTP front over several `longctx serve` backends): cmd_dist.cpp.
+std::vector<RegisteredCommand> add_route_commands(CLI::App* app);

@@ -863,6 +863,7 @@ int main(int argc, char** argv) {
   std::vector<RegisteredCommand> extra = add_bench_suite_commands(bench);
   for (auto& c : add_bench_serve_commands(bench)) extra.push_back(std::move(c));
   for (auto& c : add_dist_commands(bench)) extra.push_back(std::move(c));
+  for (auto& c : add_route_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_train_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_vocab_commands(&app)) extra.push_back(std::move(c));
   for (auto& c : add_methods_commands(&app)) extra.push_back(std::move(c));
