@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The router under a bounded mixed workload on loopback (docs/scale-out.md): two `longctx serve`
+# backends of unequal speed on long prompts (A: streaming attention, B: the model's own, which
+# reads every key), fresh for each policy, and `longctx route` with each policy in turn. The same N requests (half short
+# chats, half long documents, in a fixed order) arrive every GAP seconds; prints each policy's
+# mean latency, its mean by kind, and the queue length sampled over time (queue_<policy>.csv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-./build/longctx}
+if [ "$BIN" = ./build/longctx ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build --target longctx -j"$(nproc)" >&2
+fi
+N=${N:-24}
+GAP=${GAP:-0.3}
+out=out/route
+mkdir -p "$out"
+long=$(for i in $(seq 1 ${LONG:-300}); do printf 'The river ran past the old mill number %d. ' "$i"; done)
+start() {  # name, args...
+  local name=$1; shift
+  "$BIN" "$@" > "$out/$name.out" 2> "$out/$name.err" &
+  echo $! > "$out/$name.pid"
+  for _ in $(seq 1 100); do grep -q 'http://' "$out/$name.out" 2>/dev/null && break; sleep 0.1; done
+  grep -oP 'http://127.0.0.1:\K[0-9]+' "$out/$name.out"
+}
+cleanup() { for f in "$out"/*.pid; do kill "$(cat "$f")" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "| policy | mean latency s | short | long | requests on A (streaming) / B |"
+echo "|---|---:|---:|---:|---|"
+for policy in ${POLICIES:-rr least cqb}; do
+  # Fresh backends for each policy: no prompt cached from the run before.
+  pa=$(start "a_$policy" serve --port 0 -np 2 -t 1 --attn streaming:sinks=4,window=256)
+  pb=$(start "b_$policy" serve --port 0 -np 2 -t 1)
+  pr=$(start "r_$policy" route --port 0 --policy "$policy" --max-inflight 2 --slot 0.1 \
+       --backend "http://127.0.0.1:$pa" --backend "http://127.0.0.1:$pb")
+  : > "$out/lat_$policy.txt"
+  rpid=$(cat "$out/r_$policy.pid")
+  ( while kill -0 "$rpid" 2>/dev/null; do
+      printf '%s %s\n' "$(date +%s.%N)" "$(curl -s "localhost:$pr/router/stats" | grep -oP '"queue":\K[0-9]+')"
+      sleep 0.2; done > "$out/queue_$policy.csv" ) &
+  sampler=$!
+  for i in $(seq 1 "$N"); do
+    if [ $((i % 2)) -eq 0 ]; then kind=long; prompt="$long Where is the mill number $i?"; else kind=short; prompt="Tell me about the river number $i."; fi
+    body=$(printf '{"prompt": "%s", "max_tokens": 16, "temperature": 0}' "$prompt")
+    ( t=$(curl -s -o /dev/null -w '%{time_total}' -H 'Content-Type: application/json' "localhost:$pr/v1/completions" -d "$body"); echo "$kind $t" >> "$out/lat_$policy.txt" ) &
+    sleep "$GAP"
+  done
+  while [ "$(wc -l < "$out/lat_$policy.txt")" -lt "$N" ]; do sleep 0.2; done
+  split=$(curl -s "localhost:$pr/router/stats" | grep -oP '"routed":\K[0-9]+' | paste -sd/)
+  for x in r a b; do kill "$(cat "$out/${x}_$policy.pid")"; rm -f "$out/${x}_$policy.pid"; done
+  wait "$sampler" 2>/dev/null || true
+  awk -v p="$policy" -v s="$split" '{ t += $2; n++; k[$1] += $2; c[$1]++ }
+    END { printf "| %s | %.2f | %.2f | %.2f | %s |\n", p, t / n, k["short"] / c["short"], k["long"] / c["long"], s }' \
+    "$out/lat_$policy.txt"
+done
