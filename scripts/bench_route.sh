@@ -4,6 +4,8 @@
 # reads every key), fresh for each policy, and `longctx route` with each policy in turn. The same N requests (half short
 # chats, half long documents, in a fixed order) arrive every GAP seconds; prints each policy's
 # mean latency, its mean by kind, and the queue length sampled over time (queue_<policy>.csv).
+# N (default 24), GAP (seconds, default 0.3), LONG (sentences of a long prompt, default 300), EPS0
+# (CQB-eps exploration, default 1), POLICIES (default "rr least cqb").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-./build/longctx}
@@ -31,7 +33,7 @@ for policy in ${POLICIES:-rr least cqb}; do
   # Fresh backends for each policy: no prompt cached from the run before.
   pa=$(start "a_$policy" serve --port 0 -np 2 -t 1 --attn streaming:sinks=4,window=256)
   pb=$(start "b_$policy" serve --port 0 -np 2 -t 1)
-  pr=$(start "r_$policy" route --port 0 --policy "$policy" --max-inflight 2 --slot 0.1 \
+  pr=$(start "r_$policy" route --port 0 --policy "$policy" --max-inflight 2 --slot 0.1 --eps0 "${EPS0:-1}" \
        --backend "http://127.0.0.1:$pa" --backend "http://127.0.0.1:$pb")
   : > "$out/lat_$policy.txt"
   rpid=$(cat "$out/r_$policy.pid")
@@ -40,13 +42,14 @@ for policy in ${POLICIES:-rr least cqb}; do
       sleep 0.2; done > "$out/queue_$policy.csv" ) &
   sampler=$!
   for i in $(seq 1 "$N"); do
-    if [ $((i % 2)) -eq 0 ]; then kind=long; prompt="$long Where is the mill number $i?"; else kind=short; prompt="Tell me about the river number $i."; fi
+    if [ $((i % 2)) -eq 0 ]; then kind=long; prompt="Mill question $i. $long Where is the mill number $i?"; else kind=short; prompt="Tell me about the river number $i."; fi
     body=$(printf '{"prompt": "%s", "max_tokens": 16, "temperature": 0}' "$prompt")
     ( t=$(curl -s -o /dev/null -w '%{time_total}' -H 'Content-Type: application/json' "localhost:$pr/v1/completions" -d "$body"); echo "$kind $t" >> "$out/lat_$policy.txt" ) &
     sleep "$GAP"
   done
   while [ "$(wc -l < "$out/lat_$policy.txt")" -lt "$N" ]; do sleep 0.2; done
-  split=$(curl -s "localhost:$pr/router/stats" | grep -oP '"routed":\K[0-9]+' | paste -sd/)
+  curl -s "localhost:$pr/router/stats" > "$out/stats_$policy.json"
+  split=$(grep -oP '"routed":\K[0-9]+' "$out/stats_$policy.json" | paste -sd/)
   for x in r a b; do kill "$(cat "$out/${x}_$policy.pid")"; rm -f "$out/${x}_$policy.pid"; done
   wait "$sampler" 2>/dev/null || true
   awk -v p="$policy" -v s="$split" '{ t += $2; n++; k[$1] += $2; c[$1]++ }

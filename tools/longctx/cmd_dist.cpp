@@ -99,6 +99,8 @@ int run_scale(const ScaleArgs& a) {
   ideal.dashed = true;
   for (int N : a.hosts) ideal.x.push_back(N), ideal.y.push_back(N);
   ch.series.push_back(std::move(ideal));
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
   if (lc::Status st = lc::report::write_chart(ch, a.out + "/speedup_vs_hosts"); !st) return fail(st.message());
   lc::report::release_plot_caches();
   fmt::print("\nplot: {}/speedup_vs_hosts.svg, .png\n", a.out);
