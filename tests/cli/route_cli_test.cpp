@@ -153,6 +153,42 @@ TEST(Route, ADeadBackendsRequestsAreAnsweredByAnother) {
   EXPECT_EQ(completion(r.port, kPrompt, true), "<error event>");
 }
 
+// A backend killed while it works on a request: the router retries the request on the other one,
+// and the client gets the other's answer.
+TEST(Route, ABackendKilledMidRequestHasItsRequestRetried) {
+  Proc b1, b2;
+  start(b1, "serve --port 0 -np 2 -t 1", "listening on http://127.0.0.1:", "m1");
+  start(b2, "serve --port 0 -np 2 -t 1", "listening on http://127.0.0.1:", "m2");
+  std::string doc;
+  for (int i = 0; i < 1500; ++i) doc += fmt::format("The river ran past the old mill number {}. ", i);
+  doc += "Where is the mill?";
+  const std::string want = completion(b1.port, doc, false);
+  ASSERT_EQ(want.find("<error"), std::string::npos);
+  Proc r;  // round-robin: the first request goes to the first backend, b2
+  start(r, fmt::format("route --port 0 --policy rr --backend http://127.0.0.1:{} --backend http://127.0.0.1:{}",
+                       b2.port, b1.port),
+        "routing on http://127.0.0.1:", "router_mid");
+  int status = 0;
+  std::string got;
+  std::thread client([&] { got = completion(r.port, doc, false, &status); });
+  // Kill b2 once it is busy with the request.
+  httplib::Client probe("127.0.0.1", b2.port);
+  bool busy = false;
+  for (int i = 0; i < 600 && !busy; ++i) {
+    auto h = probe.Get("/health");
+    busy = h && h->status == 200 && json::parse(h->body).value("slots_processing", 0) > 0;
+    if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(busy) << "the request never reached the first backend";
+  b2.stop(SIGKILL);
+  client.join();
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(got, want);
+  const json st = stats(r.port);
+  EXPECT_EQ(st["backends"][0]["failed"].get<int64_t>(), 1);
+  EXPECT_EQ(st["backends"][1]["completed"].get<int64_t>(), 1);
+}
+
 TEST(Route, ClearErrors) {
   Result res = run("route --port 0");
   EXPECT_NE(res.code, 0);
