@@ -1,4 +1,5 @@
-// Contextual queueing bandits ("Contextual Queueing Bandits", ICLR 2026; the seed papers' 002):
+// Contextual queueing bandits (Bae, Kang and Lee, "Queue Length Regret Bounds for Contextual
+// Queueing Bandits", ICLR 2026, arXiv 2601.19300):
 // jobs wait in one queue, each with a feature vector per server; a server that serves job x for
 // one time slot completes it with probability sigma(theta_k . x), theta_k unknown. The agent
 // picks job-server pairs to maximise departures while it learns the theta_k. CQB-eps explores a
@@ -10,7 +11,8 @@
 // the oracle that knows theta and takes the pairs of the highest true rate), and a simulation in
 // discrete time with known rates, where the queue-length regret E[Q_policy(T)] - E[Q_oracle(T)]
 // can be computed (docs/scale-out.md).
-// The exploration schedule eps_t = min(1, eps0 / t^(1/4)) is this project's choice.
+// The exploration schedule eps_t = min(1, eps0 / t^(1/4)) is this project's choice: the paper's
+// exact schedule was not available here.
 #pragma once
 
 #include <cstdint>
