@@ -15,13 +15,24 @@
 #            than 1K at trained distances; --logn 1024 (the identity inside the 1K window)
 #            makes `logn` logit scaling its default beyond it.
 # Then copies the result to models/longctx-2l.gguf and scores it at its training length.
-#   scripts/make_model.sh                 # THREADS=2 OUT=out/make-model BUILD=build-rel
+#   scripts/make_model.sh                 # THREADS=2 OUT=out/make-model-$VARIANT BUILD=build-rel
+#
+# VARIANT=rope trains the plain-RoPE evaluation model (models/longctx-2l-rope.gguf): the same
+# vocabulary, stages and curriculum, but stage 3 without the distance ceiling and without the
+# logn default, so the model depends on real RoPE distances like models trained elsewhere. It
+# is the model on which RoPE scalings, sparse attention and presses are compared (docs/model.md).
 # Each stage resumes from its checkpoint if the script is interrupted and run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
 THREADS=${THREADS:-2}
-OUT=${OUT:-out/make-model}
+VARIANT=${VARIANT:-ceiling}
+case "$VARIANT" in
+  ceiling) NAME=longctx-2l; STAGE3=(--fixed-distance 64 --logn 1024) ;;
+  rope) NAME=longctx-2l-rope; STAGE3=() ;;
+  *) echo "make_model: VARIANT must be ceiling or rope, not '$VARIANT'" >&2; exit 2 ;;
+esac
+OUT=${OUT:-out/make-model-$VARIANT}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" --target longctx -j"$(nproc)" >&2
 mkdir -p "$OUT"
@@ -58,14 +69,14 @@ fi
 if [ ! -f "$OUT/stage3.done" ]; then
   init=(--init-from "$OUT/stage2.gguf")
   [ -f "$OUT/ck3/checkpoint.bin" ] && init=(--resume)
-  "$LC" train "${SHAPE[@]}" "${init[@]}" --fixed-distance 64 --logn 1024 --seq-len 1024 --batch 8 \
+  "$LC" train "${SHAPE[@]}" "${init[@]}" "${STAGE3[@]}" --seq-len 1024 --batch 8 \
     --steps 5000 --lr 1e-3 --warmup 50 --weight-decay 0 --cur-min-len 256 --cur-ramp 0 --cur-lm 0.25 \
     --curriculum niah_single_1=0.5,niah_single_2=0.5,niah_multikey_1=4,niah_multikey_2=1,passkey=0.25,vt=3,recall=1,repeat=0.25,text=0.25 \
-    --checkpoint-dir "$OUT/ck3" --checkpoint-every 1000 -o "$OUT/longctx-2l.gguf"
+    --checkpoint-dir "$OUT/ck3" --checkpoint-every 1000 -o "$OUT/$NAME.gguf"
   touch "$OUT/stage3.done"
 fi
 echo "make_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
-cp "$OUT/longctx-2l.gguf" models/longctx-2l.gguf
+cp "$OUT/$NAME.gguf" "models/$NAME.gguf"
 # Held-out accuracy at the training length (evaluation seeds never meet training's, docs/training.md).
-"$LC" bench run -m models/longctx-2l.gguf --task ruler --task passkey -L 1K --samples 20 -t "$THREADS" \
+"$LC" bench run -m "models/$NAME.gguf" --task ruler --task passkey -L 1K --samples 20 -t "$THREADS" \
   -o "$OUT/eval-1k" --no-plots
