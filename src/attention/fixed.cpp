@@ -53,6 +53,7 @@ class FixedBackend final : public ExecBackend {
     AttentionCaps c{spec()};
     c.fixed_distance = distance_;
     c.reads_all_keys = budget_ == 0;
+    c.unrotates_keys = true;
     return c;
   }
 

@@ -42,6 +42,12 @@ class InfLlmBackend final : public ExecBackend {
     return s;
   }
 
+  AttentionCaps caps() const override {
+    AttentionCaps c{spec()};
+    c.unrotates_keys = true;  // representatives, and memory blocks scored at the fixed distance
+    return c;
+  }
+
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;

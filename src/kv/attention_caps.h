@@ -16,6 +16,8 @@ struct AttentionCaps {
   int64_t fixed_distance = 0;       // keys further back than this are scored at this distance (fixed)
   bool evicts = false;              // drops tokens from the cache (streaming)
   bool relabels_positions = false;  // scores keys at positions other than the stored ones (streaming)
+  bool unrotates_keys = false;      // rotates stored keys back to position 0 with the cache's table
+                                    // (fixed, infllm)
 };
 
 }  // namespace lc

@@ -267,12 +267,17 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   if (cfg_.rope_provider) {
     int32_t max_pos = 0;
     for (int64_t t = 0; t < n; ++t) max_pos = std::max(max_pos, pos[t]);
-    RopeTable t = cfg_.rope_provider(static_cast<int64_t>(max_pos) + 1);
+    RopeTable t = cfg_.rope_provider(std::max(static_cast<int64_t>(max_pos) + 1, rope_length_hint_));
     if (!same_table(t, rope_[static_cast<size_t>(il)])) {
       if (t.n_rot != rope_[static_cast<size_t>(il)].n_rot ||
           static_cast<int64_t>(t.inv_freq.size()) < t.n_rot / 2)
         return make_error("kv append: the rope provider changed the number of rotated dimensions");
-      set_rope(il, t);
+      if (cfg_.rope_rerotate) {
+        set_rope(il, t);
+      } else {
+        for (int64_t h = 0; h < H; ++h) mixed_rope_ = mixed_rope_ || head(il, h).n > 0;
+        rope_[static_cast<size_t>(il)] = std::move(t);
+      }
     }
   }
   // A last block shared with another cache (a truncation left it partly filled) is copied
@@ -427,6 +432,7 @@ Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
 
 void KvCache::truncate(int64_t n_seq) {
   if (n_seq < 0) n_seq = 0;
+  if (n_seq == 0) mixed_rope_ = false;
   for (auto& hd : heads_) {
     const auto it = std::lower_bound(hd.idx.begin(), hd.idx.end(), static_cast<int32_t>(std::min<int64_t>(n_seq, INT32_MAX)));
     const int64_t m = it - hd.idx.begin();
@@ -674,6 +680,10 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
                                   first, first + count, hd.n,
                                   il, h));
   if (delta == 0 || count == 0) return ok_status();
+  if (mixed_rope_)
+    return make_error(ErrorCode::kUnsupported,
+                      "kv shift: the cached keys were rotated with different tables (dynamic-ntk:cache=append), "
+                      "so they cannot be moved with one; use dynamic-ntk:cache=rerotate");
   LC_TRY(own_blocks(hd));
   const RopeTable& rt = rope_[static_cast<size_t>(il)];
   rewrite_keys(hd, first, count, [&](float* row, int64_t i) {

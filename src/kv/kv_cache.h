@@ -102,6 +102,9 @@ struct KvCacheConfig {
   KvBudgetPolicy policy = KvBudgetPolicy::kError;  // kSpill is chosen when spill_dir is set
   RopeTable rope;            // the table keys are rotated with
   RopeProvider rope_provider;  // optional: table per current length (dynamic NTK)
+  // With a provider: true re-rotates held keys to each new table; false leaves them with the
+  // table they were appended with (mixed_rope() then says whether tables differ).
+  bool rope_rerotate = true;
   // A pool shared with other caches of the same shape and types (the server's slots): its
   // budget and spill tier are then the caches' together, and budget_bytes / spill_dir are
   // ignored. Only one thread at a time may use the caches that share a pool.
@@ -145,6 +148,12 @@ class KvCache {
   // Adds delta to the positions of tokens [first, first + count) of head (il, h), re-rotating
   // their stored keys (a K-shift).
   Status shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta);
+  // The length a rope provider is asked for is at least this (the length the current decode
+  // call reaches, so a prompt evaluated in chunks gets its whole length's table).
+  void set_rope_length_hint(int64_t n) { rope_length_hint_ = n; }
+  // Held keys were rotated with different tables (a provider without re-rotation): operations
+  // that rotate stored keys back or on with one table are refused.
+  bool mixed_rope() const { return mixed_rope_; }
   // Re-rotates every stored key of layer il to `table` (a rope change, e.g. dynamic NTK).
   void set_rope(int64_t il, const RopeTable& table);
   void set_evictor(KvEvictor e) { evictor_ = std::move(e); }
@@ -287,6 +296,8 @@ class KvCache {
   std::vector<Head> heads_;            // [n_layer * n_head_kv]
   std::vector<int64_t> n_appended_;    // [n_layer]
   std::vector<RopeTable> rope_;        // [n_layer] the table layer il's keys are rotated with
+  int64_t rope_length_hint_ = 0;
+  bool mixed_rope_ = false;
   KvEvictor evictor_;
   // Append scratch, grown to the largest chunk seen (never per token).
   Buffer<float> krot_;                 // [n, n_head_kv, head_dim]

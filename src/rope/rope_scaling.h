@@ -37,6 +37,9 @@ class RopeScaling {
   // dynamic ones (dynamic-ntk) change with it, so keys rotated under an older table drift.
   virtual RopeTable table(int64_t n_ctx) const = 0;
   virtual bool dynamic() const { return false; }
+  // For a dynamic table: true if cached keys are re-rotated to every new table, false if each
+  // keeps the table it was appended with.
+  virtual bool rerotates_cache() const { return true; }
   // The canonical spec with every parameter resolved, e.g. "yarn:factor=8,orig=4096,...".
   virtual std::string describe() const = 0;
 };
@@ -52,6 +55,7 @@ class RopePlan {
 
   RopeTable table(int64_t n_ctx) const { return scaling_->table(n_ctx); }
   bool dynamic() const { return scaling_->dynamic(); }
+  bool rerotates_cache() const { return scaling_->rerotates_cache(); }
   const RopeScaling& scaling() const { return *scaling_; }
 
   bool logn() const { return logn_l0_ > 0; }

@@ -107,6 +107,9 @@ Status check_qttt_context(const Context& ctx) {
                                   ctx.press()->spec()));
   LC_ASSIGN_OR_RETURN(const int64_t distance, qttt_fixed_distance(ctx));
   (void)distance;
+  if (ctx.kv().mixed_rope())
+    return make_error("--qttt: the cached keys were rotated with different tables (dynamic-ntk:cache=append), and "
+                      "qTTT's gradient rotates them back with one; use dynamic-ntk:cache=rerotate");
   return ok_status();
 }
 

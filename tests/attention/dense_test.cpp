@@ -239,6 +239,56 @@ TEST(AttentionDense, DynamicRopeReRotatesCachedKeys) {
   EXPECT_LT(worst, 2e-4);
 }
 
+TEST(AttentionDense, DynamicRopeAppendKeepsEachKeysTable) {
+  // rope_rerotate = false (dynamic-ntk:cache=append, transformers' cache): a key keeps the table
+  // of the length reached when it was appended; queries use the current one. Chunks of 60: keys
+  // 0..119 were appended under `small` (lengths 60 and 120), keys 120.. under `large`.
+  Seq s(200, 4, 2, 64, 64, 13);
+  const RopeTable small = test_rope(64, true, 10000.0f), large = test_rope(64, true, 40000.0f, 1.1f);
+  auto cfg = kv_config(s, 16, small);
+  cfg.rope_provider = [&](int64_t n_ctx) { return n_ctx <= 120 ? small : large; };
+  cfg.rope_rerotate = false;
+  const auto r = run_seq(s, "dense", cfg, {60}, /*record=*/true);
+  EXPECT_TRUE(r.kv->mixed_rope());
+  const auto& sel = r.sel.back();
+  const float scale = 1.0f / std::sqrt(64.0f);
+  const int64_t g = s.H / s.Hkv;
+  double worst = 0;
+  for (int64_t t = 0; t < sel.n; ++t)
+    for (int64_t h = 0; h < s.H; ++h) {
+      const int64_t tg = r.chunk_t0.back() + t;
+      const auto q = rotate(s.qt(tg, h), s.d, large, static_cast<int32_t>(tg));
+      std::vector<double> sc(static_cast<size_t>(tg + 1));
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j <= tg; ++j) {
+        const auto k = rotate(s.kt(j, h / g), s.d, j < 120 ? small : large, static_cast<int32_t>(j));
+        double a = 0;
+        for (int64_t c = 0; c < s.d; ++c) a += q[static_cast<size_t>(c)] * k[static_cast<size_t>(c)];
+        sc[static_cast<size_t>(j)] = a * scale;
+        mx = std::max(mx, sc[static_cast<size_t>(j)]);
+      }
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < s.dv; ++i) {
+        double o = 0;
+        for (int64_t j = 0; j <= tg; ++j) o += sc[static_cast<size_t>(j)] * s.vt(j, h / g)[i];
+        worst = std::max(worst, std::abs(o / sum - r.out[static_cast<size_t>((tg * s.H + h) * s.dv + i)]));
+      }
+    }
+  EXPECT_LT(worst, 2e-4);
+  // Moving keys with one table would be wrong now: refused.
+  EXPECT_FALSE(r.kv->shift_positions(0, 0, 0, 10, 5).is_ok());
+  // The length hint: a chunk is rotated with the table of the length its call reaches.
+  auto hinted = KvCache::create(cfg);
+  ASSERT_TRUE(hinted.has_value());
+  (*hinted)->set_rope_length_hint(200);
+  ASSERT_TRUE((*hinted)->append(0, 60, s.k.data(), s.v.data(), s.pos.data()).is_ok());
+  EXPECT_FALSE((*hinted)->mixed_rope());
+  std::vector<float> got(static_cast<size_t>(s.d));
+  (*hinted)->read_keys(0, 0, 7, 1, got.data());
+  const auto want = rotate(s.kt(7, 0), s.d, large, 7);
+  for (int64_t c = 0; c < s.d; ++c) EXPECT_NEAR(got[static_cast<size_t>(c)], want[static_cast<size_t>(c)], 1e-5);
+}
+
 TEST(AttentionRegistry, SpecErrorsNameMethodAndKey) {
   AttnShape sh{1, 4, 2, 64, 64, 0.0f};
   auto bad = make_attention_backend("qest:budget=10", sh);

@@ -32,7 +32,8 @@ TEST(RopeRegistry, DescribeResolvesDefaults) {
       {"none", "none:base=10000"},
       {"linear:factor=4", "linear:factor=4,base=10000"},
       {"ntk:factor=2.5,base=500000", "ntk:factor=2.5,base=500000"},
-      {"dynamic-ntk:factor=2", "dynamic-ntk:factor=2,orig=4096,base=10000"},
+      {"dynamic-ntk:factor=2", "dynamic-ntk:factor=2,orig=4096,base=10000,cache=append"},
+      {"dynamic-ntk:factor=2,cache=rerotate", "dynamic-ntk:factor=2,orig=4096,base=10000,cache=rerotate"},
       {"yarn:factor=8", "yarn:factor=8,orig=4096,base=10000,alpha=1,beta=32,ramp=code,attn_factor=1"},
       {" yarn : orig=2048 , factor=16, ramp=paper ",
        "yarn:factor=16,orig=2048,base=10000,alpha=1,beta=32,ramp=paper,attn_factor=1"},
@@ -137,6 +138,7 @@ TEST(RopeRegistry, OtherBadValues) {
   EXPECT_HAS(err_scaling("yarn:factor=4,orig=1.5", info), "orig must be a positive integer");
   EXPECT_HAS(err_scaling("yarn:factor=4,base=-1", info), "base must be > 0");
   EXPECT_HAS(err_scaling("yarn:factor=4,ramp=cubic", info), "ramp must be one of code|paper, got 'cubic'");
+  EXPECT_HAS(err_scaling("dynamic-ntk:factor=4,cache=keep", info), "cache must be one of append|rerotate, got 'keep'");
   EXPECT_HAS(err_scaling("yarn:factor=4,alpha=32,beta=1", info), "beta (1) must be greater than alpha (32)");
   EXPECT_HAS(err_scaling("mrrope-pro:factor=4,alpha=32,beta=32", info), "must be greater than alpha");
   EXPECT_HAS(err_scaling("llama3:low=4,high=1", info), "high (1) must be greater than low (4)");
