@@ -507,7 +507,10 @@ class ChainPress final : public KvPress {
   }
   int64_t lookahead() const override {
     int64_t m = 0;
-    for (const auto& q : parts_) m = std::max(m, q->lookahead());
+    for (const auto& q : parts_) {
+      if (q->lookahead() == kLookaheadAnswer) return kLookaheadAnswer;
+      m = std::max(m, q->lookahead());
+    }
     return m;
   }
   const PromptCompression* prompt_compression() const override {
@@ -525,11 +528,16 @@ class ChainPress final : public KvPress {
   Status compress(const PressContext& c, int64_t il) override {
     for (const auto& q : parts_) {
       PressContext ci = c;
-      // Each part sees the queries it asked for: the last n_obs() of those given.
-      const int64_t want = q->n_obs();
-      if (ci.n_obs > want) {
-        const int64_t skip = ci.n_obs - want;
-        ci.n_obs = want;
+      // Each part sees the queries it asked for: the last n_obs() of the prompt's queries, and
+      // the draft's lookahead queries and keys (which come after them) only if it looks ahead.
+      const int64_t la = q->lookahead() != 0 ? c.n_lookahead : 0;
+      const int64_t n_prompt = c.n_obs - c.n_lookahead;
+      const int64_t take = std::min(n_prompt, q->n_obs());
+      const int64_t skip = n_prompt - take;
+      ci.n_obs = take + la;
+      ci.n_lookahead = la;
+      if (la == 0) ci.lookahead_keys = nullptr;
+      if (skip > 0) {
         ci.queries = c.queries ? c.queries + skip * q_stride_ : nullptr;
         ci.query_pos = c.query_pos ? c.query_pos + skip : nullptr;
         ci.query_seq = c.query_seq ? c.query_seq + skip : nullptr;
@@ -702,7 +710,7 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   o.schedule.after_prefill = o.ratio >= 0 || o.budget >= 0;
   if (o.schedule.per_chunk && !o.schedule.after_prefill)
     return make_error(fmt::format("kv press {}: chunk=1 needs ratio= or budget=", sname));
-  if (scorer->lookahead() > 0 && (o.schedule.per_chunk || o.schedule.decode_interval > 0 || !o.schedule.after_prefill))
+  if (scorer->lookahead() != 0 && (o.schedule.per_chunk || o.schedule.decode_interval > 0 || !o.schedule.after_prefill))
     return make_error(fmt::format("kv press {}: the draft looks ahead once, after the prompt: chunk= and interval= are "
                                   "not supported", sname));
   if (o.schedule.decode_interval > 0 && o.schedule.decode_target < o.n_sink + o.window)

@@ -76,7 +76,19 @@ struct PressContext {
   // contract). SpecKV gives it: its lookahead queries come from draft tokens that were run
   // through the model and removed from the cache again, so they lie after n_appended(il).
   const int32_t* query_seq = nullptr;
+  // SpecKV's lookahead: the LAST n_lookahead of the n_obs queries are those of draft tokens run
+  // through the model after the prompt (sequence indices from query_seq), and lookahead_keys
+  // [n_head_kv, n_lookahead, head_dim] are the keys those tokens had in layer il, post-RoPE as
+  // the cache stores keys. The tokens are no longer in the cache; a press that looks ahead
+  // puts their keys in its softmax (the authors score with them present), the others never
+  // see them (a chain hands the lookahead queries and keys to its look-ahead parts only).
+  int64_t n_lookahead = 0;
+  const float* lookahead_keys = nullptr;
 };
+
+// PressScorer::lookahead() / KvPress::lookahead(): look ahead by the request's answer budget
+// (its max new tokens; SpecKV's default, as the authors' configs: lookahead_tokens = null).
+inline constexpr int64_t kLookaheadAnswer = -1;
 
 // When the model calls compress().
 struct PressSchedule {
@@ -148,8 +160,10 @@ class PressScorer {
   virtual int64_t default_window() const { return n_obs(); }
   virtual int64_t default_sinks() const { return 0; }
   virtual bool default_reduce_max() const { return false; }
-  // Draft tokens whose target queries the press wants in its observation window (SpecKV): the
-  // model generates them with the draft, runs them through itself, scores, then removes them.
+  // Draft tokens whose target queries (and keys) the press scores with (SpecKV): the model
+  // generates them with the draft, runs them through itself, scores, then removes them.
+  // 0: none; > 0: that many; kLookaheadAnswer: the request's answer budget. n_obs() counts the
+  // prompt's observation queries only; the lookahead queries come on top (PressContext).
   virtual int64_t lookahead() const { return 0; }
   // Non-null: feed it the real attention of every forward pass (H2O).
   virtual AttentionObserver* observer() { return nullptr; }
@@ -167,12 +181,13 @@ class KvPress {
   bool needs_queries() const { return n_obs() > 0; }
   // Feeds of the real forward pass (see AttentionObserver); null: none wanted.
   virtual AttentionObserver* observer() { return nullptr; }
-  // SpecKV: draft tokens to look ahead with before the after-prefill compression (0: none).
+  // SpecKV: draft tokens to look ahead with before the after-prefill compression (0: none;
+  // kLookaheadAnswer: the request's answer budget; see PressScorer::lookahead).
   virtual int64_t lookahead() const { return 0; }
   // SpecPC: non-null when the press compresses the prompt before prefill (with a draft model).
   virtual const PromptCompression* prompt_compression() const { return nullptr; }
   // Whether the press needs a draft model (speckv, specpc).
-  bool needs_draft() const { return lookahead() > 0 || prompt_compression() != nullptr; }
+  bool needs_draft() const { return lookahead() != 0 || prompt_compression() != nullptr; }
   // An attention backend the press cannot work with (error naming both), e.g. h2o's observer
   // recomputes dense attention, which a sparse backend does not compute.
   virtual Status check_backend(const AttentionCaps& attn) const { (void)attn; return ok_status(); }

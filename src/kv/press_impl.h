@@ -50,8 +50,7 @@ using ScorerFactory = std::function<Expected<std::unique_ptr<PressScorer>>(Args&
 // A scorer by name (adakv's inner=); nullptr if unknown.
 const ScorerFactory* find_scorer(std::string_view name);
 
-// make_<name> of every LC_PRESS_SCORER in the registry list (press_<name>.cpp; speckv shares
-// press_snapkv.cpp).
+// make_<name> of every LC_PRESS_SCORER in the registry list (press_<name>.cpp).
 #define LC_PRESS_SCORER(name, help, paper) \
   Expected<std::unique_ptr<PressScorer>> make_##name(Args& a, const PressShape& s);
 #include "kv/press_list.h"

@@ -59,7 +59,8 @@ LC_PRESS_FRAME(adakv,
                "Feng et al., \"Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient "
                "LLM Inference\", arXiv 2407.11550, 2024")
 LC_PRESS_SCORER(speckv,
-                "SnapKV scores from the last prompt queries + the queries of the draft's lookahead tokens (needs --draft)",
+                "attention of the last prompt queries and of a draft's answer run through the model (its keys in the "
+                "softmax), max over group x queries, max-pooled (needs --draft)",
                 "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
 LC_PRESS_FRAME(specpc,
                "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)",

@@ -5,15 +5,8 @@
 //   s_j   = avgpool_kernel(a)_j    (zero padding, kernel 5: keeps the neighbours of a hit)
 // per query head; the framework reduces over the GQA group. The window's own tokens are not
 // pooled (as the authors' code) and score +max: they are what the window is.
-// PyramidKV uses the same scores with per-layer budgets (press.cpp).
-//
-// SpecKV — Galim et al., "Draft-based Approximate Inference for LLMs" (arXiv 2506.08373):
-// the same scores, but the observation queries are the target's queries of its last obs=32
-// prompt tokens PLUS those of `lookahead` tokens a small draft model generated greedily after
-// the prompt (the model runs the draft tokens through itself to get them, then truncates them
-// away; see Context). The draft's output approximates what the answer will attend, so the
-// scores look at the future rather than only at the end of the prompt. Defaults as the
-// authors': max-pool kernel 7, max over the GQA group.
+// PyramidKV uses the same scores with per-layer budgets (press.cpp). SpecKV, a relative with a
+// draft's lookahead, has its own file (press_speckv.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -28,19 +21,12 @@ namespace {
 
 class SnapKv final : public PressScorer {
  public:
-  SnapKv(std::string name, int64_t obs, int64_t lookahead, int64_t kernel, bool max_pool)
-      : name_(std::move(name)), obs_(obs), lookahead_(lookahead), kernel_(kernel), max_pool_(max_pool) {}
-  std::string name() const override { return name_; }
+  SnapKv(int64_t obs, int64_t kernel, bool max_pool) : obs_(obs), kernel_(kernel), max_pool_(max_pool) {}
+  std::string name() const override { return "snapkv"; }
   std::string params() const override {
-    std::string s = fmt::format("obs={},kernel={},pool={}", obs_, kernel_, max_pool_ ? "max" : "avg");
-    if (name_ == "speckv") s += fmt::format(",lookahead={}", lookahead_);
-    return s;
+    return fmt::format("obs={},kernel={},pool={}", obs_, kernel_, max_pool_ ? "max" : "avg");
   }
-  // SpecKV's queries: the last obs prompt tokens and the lookahead tokens after them.
-  int64_t n_obs() const override { return obs_ + lookahead_; }
-  int64_t default_window() const override { return obs_; }
-  bool default_reduce_max() const override { return name_ == "speckv"; }
-  int64_t lookahead() const override { return lookahead_; }
+  int64_t n_obs() const override { return obs_; }
   Status score(const PressContext& c, int64_t il, const PressShape& s, PressScores& out) override {
     std::vector<float> qr;
     rotate_queries(c, il, s, qr);
@@ -75,8 +61,7 @@ class SnapKv final : public PressScorer {
   }
 
  private:
-  std::string name_;
-  int64_t obs_, lookahead_, kernel_;
+  int64_t obs_, kernel_;
   bool max_pool_;
 };
 
@@ -93,19 +78,7 @@ Expected<std::unique_ptr<PressScorer>> make_snapkv(Args& a, const PressShape&) {
   if (kernel % 2 == 0)
     return make_error(fmt::format("kv press {}: kernel={}: expected an odd size", a.name(), kernel));
   LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "avg", {"avg", "max"}, kPoolHelp));
-  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("snapkv", obs, 0, kernel, pool == "max"));
-}
-
-Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape&) {
-  LC_ASSIGN_OR_RETURN(int64_t obs, a.integer("obs", 32, 1, 1 << 20, kObsHelp));
-  LC_ASSIGN_OR_RETURN(int64_t la, a.integer("lookahead", 8, 1, 4096,
-                                            "tokens the draft generates greedily after the prompt; the model's "
-                                            "queries of them also score, tokens"));
-  LC_ASSIGN_OR_RETURN(int64_t kernel, a.integer("kernel", 7, 1, 1025, kKernelHelp));
-  if (kernel % 2 == 0)
-    return make_error(fmt::format("kv press {}: kernel={}: expected an odd size", a.name(), kernel));
-  LC_ASSIGN_OR_RETURN(std::string pool, a.choice("pool", "max", {"avg", "max"}, kPoolHelp));
-  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>("speckv", obs, la, kernel, pool == "max"));
+  return std::unique_ptr<PressScorer>(std::make_unique<SnapKv>(obs, kernel, pool == "max"));
 }
 
 }  // namespace lc::press

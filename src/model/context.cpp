@@ -236,6 +236,10 @@ const KvPress* Context::press() const { return press_ ? &press_->press() : nullp
 
 double Context::press_seconds() const { return press_ ? press_->seconds() : 0.0; }
 
+void Context::set_answer_tokens(int64_t n) {
+  if (press_) press_->set_answer_tokens(n);
+}
+
 const std::vector<int32_t>& Context::prompt_kept() const {
   static const std::vector<int32_t> none;
   return press_ ? press_->prompt_kept() : none;

@@ -204,6 +204,10 @@ class Context {
   // The press attached to the forward pass (null: none), and its runner.
   const KvPress* press() const;
   const PressRunner* press_runner() const { return press_.get(); }
+  // The answer budget of the request whose prompt is decoded next (its max new tokens; < 0:
+  // none, the default): how far SpecKV's draft looks ahead with lookahead=answer. Kept until
+  // set again (clear() keeps it).
+  void set_answer_tokens(int64_t n);
   ThreadPool& pool() { return *pool_; }
   size_t activation_bytes() const;
   // qTTT (runtime/qttt.h): every layer's attn_q.weight is replaced, for the tokens decoded next,

@@ -26,7 +26,8 @@ Status check_draft_vocab(const Model& target, const std::string& target_name, co
 DraftRunner::DraftRunner(const Model& draft, std::string name, const ContextParams& base)
     : model_(draft), name_(std::move(name)), base_(base) {}
 
-Expected<std::vector<int32_t>> DraftRunner::generate(std::span<const int32_t> prompt, int64_t n, int64_t record) {
+Expected<std::vector<int32_t>> DraftRunner::generate(std::span<const int32_t> prompt, int64_t n, int64_t record,
+                                                     bool stop_at_eog) {
   const int64_t need = static_cast<int64_t>(prompt.size()) + n;
   if (!ctx_ || ctx_->n_ctx() < need) {
     ContextParams dp;
@@ -54,6 +55,7 @@ Expected<std::vector<int32_t>> DraftRunner::generate(std::span<const int32_t> pr
     const float* lg = dc.logits(0);
     const int32_t id = static_cast<int32_t>(std::max_element(lg, lg + nv) - lg);
     out.push_back(id);
+    if (stop_at_eog && model_.tokenizer().is_eog(id)) break;
     if (i + 1 < n) LC_TRY(dc.decode(std::span<const int32_t>(&id, 1), Logits::kLast));
   }
   return out;

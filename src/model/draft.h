@@ -31,8 +31,11 @@ class DraftRunner {
   DraftRunner(const Model& draft, std::string name, const ContextParams& base);
   // The draft's greedy continuation of `prompt` by n tokens (lowest id on ties), read from an
   // empty draft context. The queries of its last `record` tokens (the prompt's and the n - 1
-  // generated tokens fed back) are kept in recorded().
-  Expected<std::vector<int32_t>> generate(std::span<const int32_t> prompt, int64_t n, int64_t record);
+  // generated tokens fed back) are kept in recorded(). stop_at_eog: the continuation ends with
+  // the first end-of-generation token it produces (an answer; SpecKV's lookahead, as the
+  // authors' draft.generate with max_new_tokens).
+  Expected<std::vector<int32_t>> generate(std::span<const int32_t> prompt, int64_t n, int64_t record,
+                                          bool stop_at_eog = false);
   // The draft's context after generate(): its cache holds the prompt and the tokens fed back.
   const Context& context() const { return *ctx_; }
   const QueryWindow& recorded() const { return recorder_->window(); }

@@ -74,7 +74,11 @@ void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int
 // H2O: the attention these queries just paid, accumulated on the press side (positions are the
 // sequence indices here).
 void PressRunner::on_attention(Context& ctx, int64_t il, const float* q, const int32_t* pos, int64_t n) {
-  if (!observer_ || in_lookahead_) return;
+  if (in_lookahead_) {
+    capture_lookahead_keys(ctx.kv(), il, n);
+    return;
+  }
+  if (!observer_) return;
   ScopedTimer timer{t_press_};
   observer_->observe(ctx.kv(), il, q, pos, pos, n, &ctx.pool(), ctx.attention().row_lse());
 }
@@ -85,7 +89,7 @@ Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
   n_generated_ = 0;
   if (!active_) return ok_status();
   LC_TRY(compress(ctx, PressPhase::kChunk));
-  if (press_->lookahead() > 0 && press_->schedule().covers(PressPhase::kPrefill)) {
+  if (press_->lookahead() != 0 && press_->schedule().covers(PressPhase::kPrefill)) {
     LC_TRY(lookahead_compress(ctx));
   } else {
     LC_TRY(compress(ctx, PressPhase::kPrefill));
@@ -106,10 +110,12 @@ void PressRunner::on_truncate(int64_t n) {
   if (n == 0) t_press_ = 0;
 }
 
-Status PressRunner::compress(Context& ctx, PressPhase phase) {
+Status PressRunner::compress(Context& ctx, PressPhase phase, int64_t n_lookahead) {
   if (!press_->schedule().covers(phase)) return ok_status();
   ScopedTimer timer{t_press_};
-  const int64_t m = std::min(window_.size(), press_->n_obs());
+  const int64_t m = std::min(window_.size(), press_->n_obs() + n_lookahead);
+  LC_CHECK(m >= n_lookahead);
+  const int64_t per_layer = ctx.kv().n_head_kv() * n_lookahead * ctx.kv().head_dim();
   for (int64_t il = 0; il < n_layer_; ++il) {
     PressContext pc;
     pc.kv = &ctx.kv();
@@ -121,35 +127,80 @@ Status PressRunner::compress(Context& ctx, PressPhase phase) {
     // the window's last queries lie past the cache's end, which the indices say explicitly.
     pc.query_seq = pc.query_pos;
     pc.n_obs = m;
+    pc.n_lookahead = n_lookahead;
+    pc.lookahead_keys = n_lookahead > 0 ? lookahead_keys_.data() + il * per_layer : nullptr;
     LC_TRY(press_->compress(pc, il));
   }
   return ok_status();
 }
 
-// SpecKV (Galim et al., arXiv 2506.08373): the draft continues the prompt greedily; the model
-// runs those tokens over its cache so that their queries join the observation window (the
-// approximate future queries), the tokens leave the cache again, and the press scores the
-// prompt's keys with the last prompt queries plus the lookahead queries.
+// SpecKV (Galim et al., arXiv 2506.08373): the draft answers the prompt greedily (up to the
+// lookahead, ending after an end-of-generation token); the model runs that answer over its
+// cache, so that its queries join the observation window and its keys join the scores'
+// softmax, as in the authors' code, where the target prefills prompt + draft answer in one
+// pass and scores before the answer is cropped away. The tokens leave the cache again
+// (evaluate_scratch), and the press scores the prompt's keys with the last prompt queries
+// plus the lookahead queries, the lookahead keys copied aside while they were in the cache.
 Status PressRunner::lookahead_compress(Context& ctx) {
-  const int64_t la = std::min(press_->lookahead(), ctx.n_ctx() - ctx.n_past());
-  if (la <= 0 || window_.width() == 0) return compress(ctx, PressPhase::kPrefill);
+  const int64_t want = press_->lookahead() == kLookaheadAnswer
+                           ? (answer_tokens_ >= 0 ? answer_tokens_ : kLookaheadNoAnswer)
+                           : press_->lookahead();
+  const int64_t la = std::min(want, ctx.n_ctx() - ctx.n_past());
+  lookahead_run_ = 0;
+  if (la <= 0) return compress(ctx, PressPhase::kPrefill);
   // The window of the real tokens comes back afterwards (later compressions while decoding,
   // TOVA's last query, must not see the draft's tokens).
   const QueryWindow saved = window_;
+  Status st = ok_status();
   {
     ScopedTimer timer{t_press_};  // the draft and the lookahead forward (compress() times itself)
-    LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_->generate(ctx.tokens(), la, 0));
+    LC_ASSIGN_OR_RETURN(std::vector<int32_t> drafted, draft_->generate(ctx.tokens(), la, 0, true));
+    const KvCache& kv = ctx.kv();
+    lookahead_n_ = static_cast<int64_t>(drafted.size());
+    lookahead_seq0_ = ctx.n_past();
+    lookahead_keys_.assign(static_cast<size_t>(n_layer_ * kv.n_head_kv() * lookahead_n_ * kv.head_dim()), 0.0f);
+    lookahead_done_.assign(static_cast<size_t>(n_layer_), 0);
+    lookahead_error_.clear();
+    window_.grow(saved.width() + lookahead_n_);
     in_lookahead_ = true;  // the draft's tokens are not attention the model really computed
-    Status st = ctx.evaluate_scratch(drafted);
+    st = ctx.evaluate_scratch(drafted);
     in_lookahead_ = false;
-    if (!st) {
-      window_ = saved;
-      return st;
-    }
+    if (st && lookahead_error_.empty())
+      for (int64_t il = 0; il < n_layer_; ++il)
+        if (lookahead_done_[static_cast<size_t>(il)] != lookahead_n_)
+          lookahead_error_ = fmt::format("layer {} stored {} of the {} lookahead tokens", il,
+                                         lookahead_done_[static_cast<size_t>(il)], lookahead_n_);
+    if (st && !lookahead_error_.empty())
+      st = make_error(fmt::format("--kv-press {}: the draft's lookahead tokens: {}", press_->spec(), lookahead_error_));
   }
-  Status st = compress(ctx, PressPhase::kPrefill);
+  if (st) st = compress(ctx, PressPhase::kPrefill, lookahead_n_);
+  if (st) lookahead_run_ = lookahead_n_;
   window_ = saved;
+  std::vector<float>().swap(lookahead_keys_);  // up to n_layer x n_head_kv x lookahead keys
   return st;
+}
+
+void PressRunner::capture_lookahead_keys(const KvCache& kv, int64_t il, int64_t n) {
+  if (!lookahead_error_.empty()) return;
+  const int64_t Hkv = kv.n_head_kv(), d = kv.head_dim();
+  int64_t& done = lookahead_done_[static_cast<size_t>(il)];
+  if (done + n > lookahead_n_) {
+    lookahead_error_ = fmt::format("layer {} ran {} tokens, more than the {} drafted", il, done + n, lookahead_n_);
+    return;
+  }
+  for (int64_t h = 0; h < Hkv; ++h) {
+    const int64_t nh = kv.n_tokens(il, h);
+    const int32_t* idx = kv.seq_index(il, h);
+    // The chunk's tokens are the newest of every head: sequence indices seq0 + done ... + n - 1.
+    if (nh < n || idx[nh - n] != lookahead_seq0_ + done || idx[nh - 1] != lookahead_seq0_ + done + n - 1) {
+      lookahead_error_ = fmt::format("layer {} head {} does not hold them as its newest tokens (the attention "
+                                     "backend moved or dropped them)",
+                                     il, h);
+      return;
+    }
+    kv.read_keys(il, h, nh - n, n, lookahead_keys_.data() + ((il * Hkv + h) * lookahead_n_ + done) * d);
+  }
+  done += n;
 }
 
 // SpecPC (Galim et al., arXiv 2506.08373): the draft reads the whole prompt and looks ahead;

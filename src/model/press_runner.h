@@ -8,6 +8,7 @@
 
 #include <iosfwd>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -32,6 +33,13 @@ class PressRunner final : public ForwardHooks {
   double seconds() const { return t_press_; }
   // SpecPC: indices into the last compressed prompt of the tokens kept (empty: none ran).
   const std::vector<int32_t>& prompt_kept() const { return prompt_kept_; }
+  // The request's answer budget (its max new tokens; < 0: none, as in perplexity): how far
+  // SpecKV's draft looks ahead when the press says lookahead=answer (its default).
+  void set_answer_tokens(int64_t n) { answer_tokens_ = n; }
+  // SpecKV: the draft tokens the last after-prompt compression looked ahead with (0: none).
+  int64_t lookahead_run() const { return lookahead_run_; }
+  // lookahead=answer where the runtime generates no answer (perplexity, bench speed/press).
+  static constexpr int64_t kLookaheadNoAnswer = 32;
 
   Status before_prompt(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
                        std::optional<std::vector<int32_t>>& replace) override;
@@ -51,8 +59,12 @@ class PressRunner final : public ForwardHooks {
 
  private:
   PressRunner(std::unique_ptr<KvPress> press, const Model& model, const ContextParams& p);
-  Status compress(Context& ctx, PressPhase phase);
+  // n_lookahead: the last n_lookahead queries of the window are SpecKV's draft tokens, whose
+  // keys lookahead_keys_ holds.
+  Status compress(Context& ctx, PressPhase phase, int64_t n_lookahead = 0);
   Status lookahead_compress(Context& ctx);
+  // During the lookahead's forward: copies the keys layer il just stored for its n tokens.
+  void capture_lookahead_keys(const KvCache& kv, int64_t il, int64_t n);
   Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
 
   std::unique_ptr<KvPress> press_;
@@ -64,6 +76,14 @@ class PressRunner final : public ForwardHooks {
   bool context_done_ = false;  // query-agnostic: the context part has been compressed
   bool in_lookahead_ = false;  // SpecKV's draft tokens run: their attention is not observed
   int64_t n_generated_ = 0;    // single-token decodes since the last prompt
+  int64_t answer_tokens_ = -1;  // the request's max new tokens (< 0: none given)
+  int64_t lookahead_run_ = 0;
+  // SpecKV's draft tokens while they are run: their keys [n_layer, n_head_kv, n, head_dim]
+  // (post-RoPE, as stored), the first one's sequence index, and the tokens copied per layer.
+  std::vector<float> lookahead_keys_;
+  int64_t lookahead_n_ = 0, lookahead_seq0_ = 0;
+  std::vector<int64_t> lookahead_done_;
+  std::string lookahead_error_;  // a copy that went wrong (reported after the forward)
   double t_press_ = 0;
   std::vector<int32_t> prompt_kept_;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/binary_io.h"
 
@@ -14,6 +15,19 @@ void QueryWindow::resize(int64_t n_layer, int64_t row, int64_t width) {
   n_ = 0;
   q_.assign(static_cast<size_t>(n_layer * width * row), 0.0f);
   pos_.assign(static_cast<size_t>(width), 0);
+}
+
+void QueryWindow::grow(int64_t width) {
+  if (width <= width_) return;
+  const int64_t add = width - width_;
+  std::vector<float> q(static_cast<size_t>(n_layer_ * width * row_), 0.0f);
+  std::vector<int32_t> pos(static_cast<size_t>(width), 0);
+  for (int64_t il = 0; il < n_layer_; ++il)
+    std::copy_n(q_.data() + il * width_ * row_, width_ * row_, q.data() + (il * width + add) * row_);
+  std::copy_n(pos_.data(), width_, pos.data() + add);
+  q_ = std::move(q);
+  pos_ = std::move(pos);
+  width_ = width;
 }
 
 // Right-aligned: the newest query is always last, so the press reads the latest tokens

@@ -18,6 +18,9 @@ class QueryWindow {
   // Forgets what it held.
   void resize(int64_t n_layer, int64_t row, int64_t width);
   int64_t width() const { return width_; }
+  // Widens the window to `width` (no-op if not wider), keeping the queries it holds (SpecKV's
+  // lookahead queries go on top of the prompt's).
+  void grow(int64_t width);
   int64_t size() const { return n_; }  // queries held (at most width)
   void clear() { n_ = 0; }
   // Layer il's queries of n new tokens at positions pos (the positions are taken with layer 0).

@@ -99,12 +99,14 @@ Status Session::validate(const Prompt& prompt) const {
 Expected<RequestStats> Session::run(const Prompt& prompt, Sampler& sampler, const GenerateOptions& g,
                                     const TokenCallback& on_token) {
   QueryWeightsGuard restore{*ctx_};
+  ctx_->set_answer_tokens(g.n_predict);  // SpecKV's lookahead=answer
   LC_TRY(begin_run(prompt, g.qttt_seed));
   return finish_request(sampler, g, on_token);
 }
 
 Expected<RequestStats> Session::continue_with(std::vector<int32_t> tokens, Sampler& sampler, const GenerateOptions& g,
                                               const TokenCallback& on_token) {
+  ctx_->set_answer_tokens(g.n_predict);
   LC_TRY(begin_continue(std::move(tokens)));
   return finish_request(sampler, g, on_token);
 }

@@ -121,7 +121,9 @@ class Session {
   // tokens, or qTTT's training) and returns true once the prompt is in and the logits of its
   // last token are ready; prefill_stats() are the figures so far. Then a Generation (below)
   // samples the answer a token at a time. run() and continue_with() are these steps in a loop,
-  // so the results are the same. end_request() puts the model's own W_q back after qTTT.
+  // so the results are the same (run() and continue_with() first give the context the answer
+  // budget, g.n_predict, with context().set_answer_tokens(): a caller of the steps does the
+  // same). end_request() puts the model's own W_q back after qTTT.
   Status begin_run(const Prompt& prompt, uint64_t qttt_seed = 0);
   Status begin_continue(std::vector<int32_t> tokens);
   Expected<bool> prefill_step(int64_t max_tokens = 0);  // max_tokens: Context::decode_step

@@ -409,6 +409,7 @@ void Engine::start(Slot& s) {
     }
   }
   s.sampler = std::make_unique<Sampler>(spec.sampling);
+  s.session->context().set_answer_tokens(spec.gen.n_predict);  // SpecKV's lookahead=answer
   Status st = s.session->check_multi_turn().is_ok()
                   ? s.session->begin_continue(spec.prompt)
                   : s.session->begin_run(Prompt{spec.prompt, spec.n_context}, spec.sampling.seed);

@@ -8,7 +8,9 @@
 //     total kept against kvpress's claim n_layer * n * (1 - ratio);
 //   - every other scorer press (snapkv, h2o, tova, knorm, keydiff, expected_attention,
 //     streaming_llm, random), at the same five ratios: the exact set of kept token indices per
-//     (layer, KV head) equals the oracle's selection.
+//     (layer, KV head) equals the oracle's selection;
+//   - speckv, at the five ratios and at budgets in the authors' terms, against its authors' code
+//     (furiosa-ai/draft-based-approx-llm) rather than kvpress, which has no SpecKV.
 // The selection rule (ScorerPress.compress: topk of the scores, n_kept = floor(n (1 - ratio))):
 // the protected tokens (first n_sink, last `window`: kvpress gives them the top score) plus the
 // best n_kept - n_protected of the others. Tie rule: higher score first, then LOWER token index.
@@ -405,6 +407,158 @@ TEST(KvPressOracle, KeptSetsEqualTheReferenceAtFiveRatios) {
         }
     }
   }
+}
+
+// ---- SpecKV ----
+
+// SpecKV (Galim et al., arXiv 2506.08373), from the authors' code (furiosa-ai/draft-based-
+// approx-llm: speckv/speckv.py builds prompt + the draft's answer and prefills it in one pass;
+// speckv/util.py compress_kv scores), in their terms: the sequence is the N prompt tokens then
+// la lookahead tokens; the window is the last w_eff = (window_size + 1) + la tokens, i.e. the
+// last obs = window_size + 1 prompt tokens and the lookahead; every window query's causal
+// softmax runs over ALL the keys before it (the lookahead's included); the rows of a KV head
+// are its group's query heads x the window queries, reduced jointly (max, or mean), then
+// pooled along the prefix (max_pool1d / avg_pool1d with padding kernel/2, zeros counted by
+// avg); the top (max_capacity_prompt - window_size) prefix tokens are kept with the window.
+// raw: the reduced attention before pooling (for the tie checks), s: the pooled scores, both
+// over the prefix [0, N - obs).
+struct SpecKvOracle {
+  std::vector<double> raw, s;
+};
+
+std::vector<std::vector<SpecKvOracle>> speckv_oracle(Prompt& f, int64_t N, int64_t obs, int64_t kernel, bool max_red,
+                                                      bool max_pool) {
+  const int64_t g = f.H / f.Hkv, n_pre = N - obs, Ltot = f.L;
+  std::vector<std::vector<SpecKvOracle>> out(static_cast<size_t>(f.n_layer));
+  for (int64_t il = 0; il < f.n_layer; ++il)
+    for (int64_t h = 0; h < f.Hkv; ++h) {
+      SpecKvOracle o;
+      o.raw.assign(static_cast<size_t>(n_pre), 0.0);
+      int64_t rows = 0;
+      for (int64_t hq = h * g; hq < (h + 1) * g; ++hq)
+        for (int64_t t = N - obs; t < Ltot; ++t, ++rows) {
+          const auto p = f.attn(il, hq, t);  // over keys 0..t of prompt + lookahead
+          for (int64_t j = 0; j < n_pre; ++j) {
+            double& x = o.raw[static_cast<size_t>(j)];
+            x = max_red ? std::max(x, p[static_cast<size_t>(j)]) : x + p[static_cast<size_t>(j)];
+          }
+        }
+      if (!max_red)
+        for (double& x : o.raw) x /= static_cast<double>(rows);
+      for (int64_t j = 0; j < n_pre; ++j) {
+        double acc = max_pool ? -1e300 : 0.0;
+        for (int64_t i = j - kernel / 2; i <= j + kernel / 2; ++i)
+          if (i >= 0 && i < n_pre)  // max_pool1d pads with -inf, avg_pool1d with counted zeros
+            acc = max_pool ? std::max(acc, o.raw[static_cast<size_t>(i)]) : acc + o.raw[static_cast<size_t>(i)];
+        o.s.push_back(max_pool ? acc : acc / static_cast<double>(kernel));
+      }
+      out[static_cast<size_t>(il)].push_back(std::move(o));
+    }
+  return out;
+}
+
+// The kept set: the last obs prompt tokens and the best `take` prefix tokens, higher score
+// first, then LOWER index (torch.topk leaves ties unspecified; max pooling makes real ties:
+// the neighbours of one peak share its value). The checks make sure float and double order
+// the cut alike: a cut between different values needs a clear gap, and no other value lies
+// near the cut's; a cut inside a tie needs every tied token's pooling window to have that
+// peak as a clear maximum (float then picks the same element, an exact tie again).
+std::vector<int32_t> speckv_select(const SpecKvOracle& o, int64_t N, int64_t obs, int64_t take, int64_t kernel,
+                                   bool max_pool, const std::string& what) {
+  const int64_t n_pre = N - obs;
+  auto near = [](double x, double y) {
+    return x != y && std::fabs(x - y) <= 1e-5 * std::max(std::fabs(x), std::fabs(y)) + 1e-12;
+  };
+  std::vector<int32_t> cand;
+  for (int32_t j = 0; j < n_pre; ++j) cand.push_back(j);
+  std::sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) {
+    const double x = o.s[static_cast<size_t>(a)], y = o.s[static_cast<size_t>(b)];
+    return x != y ? x > y : a < b;
+  });
+  take = std::clamp<int64_t>(take, 0, n_pre);
+  if (take > 0 && take < n_pre) {
+    const double a = o.s[static_cast<size_t>(cand[static_cast<size_t>(take - 1)])];
+    const double b = o.s[static_cast<size_t>(cand[static_cast<size_t>(take)])];
+    for (int64_t j = 0; j < n_pre; ++j) {
+      EXPECT_FALSE(near(o.s[static_cast<size_t>(j)], a)) << what << ": near-tie at the cut, pick another seed";
+      EXPECT_FALSE(near(o.s[static_cast<size_t>(j)], b)) << what << ": near-tie at the cut, pick another seed";
+    }
+    if (a == b) {
+      EXPECT_TRUE(max_pool) << what << ": an exact tie without max pooling, pick another seed";
+      for (int64_t j = 0; j < n_pre; ++j) {
+        if (o.s[static_cast<size_t>(j)] != a) continue;
+        for (int64_t i = std::max<int64_t>(0, j - kernel / 2); i <= std::min(n_pre - 1, j + kernel / 2); ++i)
+          EXPECT_FALSE(near(o.raw[static_cast<size_t>(i)], a)) << what << ": two near-equal peaks, pick another seed";
+      }
+    }
+  }
+  std::vector<int32_t> out(cand.begin(), cand.begin() + take);
+  for (int64_t j = n_pre; j < N; ++j) out.push_back(static_cast<int32_t>(j));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// SpecKV's kept sets at the five ratios (and at budgets in the authors' terms) equal the
+// authors' definition, for their defaults (max over group x queries, max-pool 7) and for their
+// other options (reduce=mean, pool=avg). The cache holds the prompt; the lookahead tokens were
+// run and removed, as the model does: their queries and their keys (read from the cache before
+// the truncation, as the press runner copies them) are handed to the press.
+TEST(KvPressOracle, SpecKvKeptSetsEqualTheAuthorsDefinition) {
+  const int64_t N = 157, la = 9, obs = 7, kernel = 7;  // obs 7: the authors' window_size 6
+  struct Variant {
+    std::string keys;
+    bool max_red, max_pool;
+  };
+  const Variant variants[] = {{"", true, true}, {",reduce=mean,pool=avg", false, false}, {",pool=avg", true, false}};
+  int ties_at_cut = 0;
+  for (const Variant& v : variants) {
+    Prompt f(2, 6, 2, 16, N + la, 211);
+    const auto oracle = speckv_oracle(f, N, obs, kernel, v.max_red, v.max_pool);
+    // Cases: the five ratios (kept = floor((1 - r) N)), then the authors' max_capacity_prompt C
+    // as budget C + 1 (their cache keeps C - window_size selected tokens + window_size + 1).
+    std::vector<std::pair<std::string, int64_t>> cases;
+    for (int pct : kPct) cases.emplace_back("ratio=" + std::to_string(pct / 100.0), kept_count(N, pct) - obs);
+    for (int64_t C : {16, 64, 120}) cases.emplace_back("budget=" + std::to_string(C + 1), C - (obs - 1));
+    for (const auto& [budget_key, take] : cases) {
+      f.reset();
+      std::vector<std::vector<float>> lk(static_cast<size_t>(f.n_layer));
+      for (int64_t il = 0; il < f.n_layer; ++il) {
+        lk[static_cast<size_t>(il)].resize(static_cast<size_t>(f.Hkv * la * f.d));
+        for (int64_t h = 0; h < f.Hkv; ++h) f.kv->read_keys(il, h, N, la, lk[static_cast<size_t>(il)].data() + h * la * f.d);
+      }
+      f.kv->truncate(N);
+      const std::string spec = "speckv:obs=" + std::to_string(obs) + ",lookahead=" + std::to_string(la) + "," +
+                               budget_key + v.keys;
+      auto p = make_kv_press(spec, f.shape);
+      ASSERT_TRUE(p.has_value()) << spec << ": " << p.error().message;
+      for (int64_t il = 0; il < f.n_layer; ++il) {
+        PressContext c;
+        c.kv = f.kv.get();
+        c.queries = f.qpre(il, N - obs, 0);
+        c.query_pos = f.pos.data() + (N - obs);
+        c.query_seq = f.seq.data() + (N - obs);
+        c.n_obs = obs + la;
+        c.n_lookahead = la;
+        c.lookahead_keys = lk[static_cast<size_t>(il)].data();
+        ASSERT_TRUE((*p)->compress(c, il).is_ok()) << spec;
+      }
+      for (int64_t il = 0; il < f.n_layer; ++il)
+        for (int64_t h = 0; h < f.Hkv; ++h) {
+          const std::string what = spec + " layer " + std::to_string(il) + " head " + std::to_string(h);
+          const SpecKvOracle& o = oracle[static_cast<size_t>(il)][static_cast<size_t>(h)];
+          const auto want = speckv_select(o, N, obs, take, kernel, v.max_pool, what);
+          ASSERT_EQ(static_cast<int64_t>(want.size()), std::clamp<int64_t>(take, 0, N - obs) + obs) << what;
+          EXPECT_EQ(f.kept(il, h), want) << what;
+          if (take > 0 && take < N - obs) {
+            std::vector<double> sorted = o.s;
+            std::sort(sorted.rbegin(), sorted.rend());
+            if (sorted[static_cast<size_t>(take - 1)] == sorted[static_cast<size_t>(take)]) ++ties_at_cut;
+          }
+        }
+    }
+  }
+  // Max pooling puts ties at some cuts: the tie rule is exercised, not only stated.
+  EXPECT_GT(ties_at_cut, 0);
 }
 
 // ---- PyramidKV ----

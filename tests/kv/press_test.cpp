@@ -881,53 +881,90 @@ double naive_lse(const Fixture& f, int64_t il, const float* q, int64_t hq, int32
   return mx + std::log(sum);
 }
 
-// SpecKV: SnapKV's formula over the last obs prompt queries AND lookahead queries that lie
-// after the cache's end (their sequence indices given), max-pooled, window +max.
-TEST(KvPressScores, SpecKvUsesLookaheadQueries) {
-  const int64_t L = 40, obs = 5, la = 3;  // kernel 3
-  Fixture f(1, 4, 2, 8, L + la);  // the last la tokens play the draft's tokens...
-  f.kv->truncate(L);              // ...run through the model and removed again
-  std::vector<int32_t> seq;
-  for (int64_t t = L - obs; t < L + la; ++t) seq.push_back(static_cast<int32_t>(t));
-  PressContext c;
-  c.kv = f.kv.get();
-  c.queries = f.qptr(0, L - obs);
-  c.query_pos = f.pos.data() + (L - obs);
-  c.query_seq = seq.data();
-  c.n_obs = obs + la;
-  auto args = press::Args::parse("speckv", "obs=5,lookahead=3,kernel=3");
-  ASSERT_TRUE(args.has_value());
-  auto sc = press::make_speckv(*args, f.shape);
-  ASSERT_TRUE(sc.has_value());
-  EXPECT_EQ((*sc)->n_obs(), obs + la);
-  EXPECT_EQ((*sc)->lookahead(), la);
-  PressScores s;
-  ASSERT_TRUE((*sc)->score(c, 0, f.shape, s).is_ok());
-  std::vector<int32_t> held;
-  for (int32_t j = 0; j < L; ++j) held.push_back(j);
-  for (int64_t hq = 0; hq < 4; ++hq) {
-    std::vector<double> a(static_cast<size_t>(L), 0.0);
-    for (int64_t t = 0; t < obs + la; ++t) {
-      const auto p = naive_probs(f, 0, f.qptr(0, L - obs + t), hq, f.pos[static_cast<size_t>(L - obs + t)], seq[static_cast<size_t>(t)], held, L);
-      for (int64_t j = 0; j < L; ++j) a[static_cast<size_t>(j)] += p[static_cast<size_t>(j)] / static_cast<double>(obs + la);
-    }
-    for (int64_t j = 0; j < L - obs; ++j) {
-      double m = 0;
-      for (int64_t i = std::max<int64_t>(0, j - 1); i <= std::min<int64_t>(L - obs - 1, j + 1); ++i) m = std::max(m, a[static_cast<size_t>(i)]);
-      EXPECT_NEAR(s.by_query_head[static_cast<size_t>(hq)][static_cast<size_t>(j)], m, 1e-5) << hq << " " << j;
-    }
-    for (int64_t j = L - obs; j < L; ++j) EXPECT_EQ(s.by_query_head[static_cast<size_t>(hq)][static_cast<size_t>(j)], FLT_MAX);
-  }
-  // Defaults as the authors': max over the group, kernel 7, max-pool, 32 + 8 queries.
-  auto p = make("speckv:ratio=0.5", f.shape);
+// SpecKV's kept sets are checked against the authors' definition in press_oracle_test.cpp.
+// Here: its defaults are the authors' paper configs, its spec round-trips, bad keys are refused.
+TEST(KvPressSpecKv, DefaultsAreTheAuthorsConfigs) {
+  const PressShape sh{2, 4, 2, 8, 8, 0.0f};
+  auto p = make("speckv:ratio=0.5", sh);
   ASSERT_TRUE(p);
-  EXPECT_NE(p->spec().find("reduce=max"), std::string::npos) << p->spec();
-  EXPECT_NE(p->spec().find("kernel=7"), std::string::npos);
-  EXPECT_EQ(p->n_obs(), 40);
-  EXPECT_EQ(p->lookahead(), 8);
+  // window_size 32 + the last prompt token, kernel 7, max pooling, max over group x queries,
+  // lookahead = the answer's max new tokens (lookahead_tokens: null).
+  for (const char* want : {"window=33", "reduce=max", "obs=33", "lookahead=answer", "kernel=7", "pool=max"})
+    EXPECT_NE(p->spec().find(want), std::string::npos) << want << " in " << p->spec();
+  EXPECT_EQ(p->n_obs(), 33);
+  EXPECT_EQ(p->lookahead(), kLookaheadAnswer);
   EXPECT_TRUE(p->needs_draft());
-  for (const char* bad : {"speckv:chunk=1,ratio=0.5", "speckv:interval=8,target=64", "speckv:lookahead=0"})
-    EXPECT_FALSE(make_kv_press(bad, f.shape).has_value()) << bad;
+  auto again = make(p->spec(), sh);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->spec(), p->spec());
+  auto q = make("speckv:budget=257,lookahead=12,reduce=mean,pool=avg", sh);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->lookahead(), 12);
+  EXPECT_NE(q->spec().find("lookahead=12"), std::string::npos) << q->spec();
+  EXPECT_NE(q->spec().find("reduce=mean"), std::string::npos) << q->spec();
+  for (const char* bad : {"speckv:chunk=1,ratio=0.5", "speckv:interval=8,target=64", "speckv:lookahead=0",
+                          "speckv:lookahead=-2", "speckv:lookahead=8x", "speckv:lookahead=answers", "speckv:kernel=4",
+                          "speckv:reduce=sum", "speckv:pool=min", "speckv:budget=20"}) {
+    auto e = make_kv_press(bad, sh);
+    ASSERT_FALSE(e.has_value()) << bad;
+    EXPECT_NE(e.error().message.find("speckv"), std::string::npos) << e.error().message;
+  }
+  auto e = make_kv_press("speckv:lookahead=0", sh);
+  EXPECT_NE(e.error().message.find("lookahead"), std::string::npos) << e.error().message;
+}
+
+// A chain hands the draft's lookahead queries and keys to its look-ahead part only: the other
+// parts score with the prompt's queries, as they do alone. The chain equals its parts applied
+// in turn, each with the context it gets alone; the old hand-over (every part got the last
+// n_obs() queries, the lookahead's among them) keeps other tokens here.
+TEST(KvPressSpecKv, AChainHandsTheLookaheadToItsLookaheadPartOnly) {
+  const int64_t L = 60, la = 5;
+  const std::string first = "snapkv:obs=6,ratio=0.25", second = "speckv:obs=4,lookahead=5,ratio=0.5";
+  // The prompt's L tokens in the cache; the la lookahead tokens' queries follow in f.q, and
+  // their keys are those the cache stored before they were truncated away.
+  auto fresh = [&] {
+    auto f = std::make_unique<Fixture>(2, 4, 2, 8, L + la, 16, 5);
+    std::vector<float> lk(static_cast<size_t>(2 * 2 * la * 8));
+    for (int64_t il = 0; il < 2; ++il)
+      for (int64_t h = 0; h < 2; ++h) f->kv->read_keys(il, h, L, la, lk.data() + ((il * 2 + h) * la) * 8);
+    f->kv->truncate(L);
+    return std::make_pair(std::move(f), lk);
+  };
+  std::vector<int32_t> seq;
+  for (int32_t t = 0; t < L + la; ++t) seq.push_back(t);
+  // Rows [row0, row0 + n) of the queries, the last n_la of them the lookahead's.
+  auto run = [&](Fixture& f, const std::vector<float>& lk, const std::string& spec, int64_t row0, int64_t n,
+                 int64_t n_la) {
+    auto p = make(spec, f.shape);
+    ASSERT_TRUE(p);
+    for (int64_t il = 0; il < 2; ++il) {
+      PressContext c;
+      c.kv = f.kv.get();
+      c.queries = f.qptr(il, row0);
+      c.query_pos = f.pos.data() + row0;
+      c.query_seq = seq.data() + row0;
+      c.n_obs = n;
+      c.n_lookahead = n_la;
+      c.lookahead_keys = n_la > 0 ? lk.data() + il * 2 * la * 8 : nullptr;
+      ASSERT_TRUE(p->compress(c, il).is_ok()) << spec;
+    }
+  };
+  auto [chain, lk1] = fresh();
+  auto [parts, lk2] = fresh();
+  auto [old, lk3] = fresh();
+  run(*chain, lk1, first + "+" + second, L - 6, 6 + la, la);
+  run(*parts, lk2, first, L - 6, 6, 0);
+  run(*parts, lk2, second, L - 4, 4 + la, la);
+  run(*old, lk3, first, L + la - 6, 6, 0);  // what the first part got before: 1 prompt + 5 draft queries
+  run(*old, lk3, second, L - 4, 4 + la, la);
+  bool old_differs = false;
+  for (int64_t il = 0; il < 2; ++il)
+    for (int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(seq_of(*chain->kv, il, h), seq_of(*parts->kv, il, h)) << il << " " << h;
+      EXPECT_EQ(static_cast<int64_t>(seq_of(*chain->kv, il, h).size()), L / 2);
+      old_differs |= seq_of(*old->kv, il, h) != seq_of(*parts->kv, il, h);
+    }
+  EXPECT_TRUE(old_differs);
 }
 
 // The tiled observer over many KV blocks, several query tiles and slices per call, on 1 to 3

@@ -15,6 +15,7 @@
 
 #include "kv/press_spec.h"
 #include "model/context.h"
+#include "model/press_runner.h"
 #include "model/query_window.h"
 #include "model/draft.h"
 #include "model/model.h"
@@ -90,13 +91,15 @@ std::vector<int32_t> top(const std::vector<double>& sc, int64_t n_cand, int64_t 
   return k;
 }
 
-std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& prompt, int64_t n) {
+// stop_at_eog: the answer ends after its first end-of-generation token (SpecKV's lookahead).
+std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& prompt, int64_t n, bool stop_at_eog = false) {
   auto c = make_ctx(m, "");
   EXPECT_TRUE(c->decode(prompt, Logits::kLast).is_ok());
   std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
     const float* lg = c->logits(0);
     out.push_back(static_cast<int32_t>(std::max_element(lg, lg + m.hparams().n_vocab) - lg));
+    if (stop_at_eog && m.tokenizer().is_eog(out.back())) break;
     if (i + 1 < n) {
       EXPECT_TRUE(c->decode(std::span<const int32_t>(&out.back(), 1), Logits::kLast).is_ok());
     }
@@ -104,9 +107,47 @@ std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& prompt, 
   return out;
 }
 
-// SpecKV: the draft's greedy continuation runs through the target, its queries join the last
-// prompt queries, the tokens leave the cache; the kept set is SnapKV's formula over those
-// queries (max-pool 7, max over the group) recomputed here from the unpressed model.
+// SpecKV's kept sets, recomputed in double from the unpressed model as the authors' code
+// (furiosa-ai/draft-based-approx-llm, speckv/) defines them: the target runs the prompt and
+// then the draft's greedy answer (at most la tokens, ending after an end-of-generation token);
+// the queries of the last obs prompt tokens and of the answer score the prompt's tokens before
+// the window with a causal softmax over EVERY key before them, the answer's included; max over
+// the group's query heads x queries jointly, then max-pooled (kernel 7); the window and the
+// best (kept - obs) stay. [layer][KV head] -> kept sequence indices. *n_la: the answer's length.
+std::vector<std::vector<std::vector<int32_t>>> speckv_kept(const Models& m, const std::vector<int32_t>& ids,
+                                                           int64_t obs, int64_t la, int64_t kept, int64_t* n_la) {
+  const int64_t P = static_cast<int64_t>(ids.size()), H = 8, row = H * 16;
+  const auto drafted = la > 0 ? greedy(*m.draft, ids, la, true) : std::vector<int32_t>();
+  const int64_t A = static_cast<int64_t>(drafted.size());
+  *n_la = A;
+  auto ref = make_ctx(*m.target, "");
+  QueryRecorder rec(4, row, obs + A);
+  ref->attach_hooks(&rec);
+  EXPECT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
+  if (A > 0) {
+    EXPECT_TRUE(ref->decode(drafted, Logits::kNone).is_ok());
+  }
+  EXPECT_EQ(rec.window().size(), obs + A);
+  std::vector<std::vector<std::vector<int32_t>>> out(4);
+  for (int64_t il = 0; il < 4; ++il)
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<double> a(static_cast<size_t>(P - obs), 0.0), pooled(static_cast<size_t>(P - obs), 0.0);
+      for (int64_t hq = h * 4; hq < h * 4 + 4; ++hq)
+        for (int64_t t = 0; t < obs + A; ++t) {
+          const int32_t qp = rec.window().positions(obs + A)[t];
+          const auto p = probs(ref->kv(), il, rec.window().queries(il, obs + A) + t * row, qp, qp, hq, H, P + A);
+          for (int64_t j = 0; j < P - obs; ++j) a[static_cast<size_t>(j)] = std::max(a[static_cast<size_t>(j)], p[static_cast<size_t>(j)]);
+        }
+      for (int64_t j = 0; j < P - obs; ++j)
+        for (int64_t i = std::max<int64_t>(0, j - 3); i <= std::min<int64_t>(P - obs - 1, j + 3); ++i)
+          pooled[static_cast<size_t>(j)] = std::max(pooled[static_cast<size_t>(j)], a[static_cast<size_t>(i)]);
+      out[static_cast<size_t>(il)].push_back(top(pooled, P - obs, kept - obs, P - obs, P));
+    }
+  return out;
+}
+
+// SpecKV in the Context: the draft's answer runs through the target and leaves the cache
+// again; the prompt's logits and sequence are untouched; the kept sets are the authors'.
 TEST(DraftPress, SpecKvKeepsWhatTheLookaheadQueriesAttend) {
   Models m;
   const auto ids = prompt_ids("p3");  // 256 tokens
@@ -123,33 +164,37 @@ TEST(DraftPress, SpecKvKeepsWhatTheLookaheadQueriesAttend) {
     for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(c->kv().n_tokens(il, h), 128);
   }
   for (int64_t v = 0; v < 512; ++v) ASSERT_EQ(c->logits(0)[v], base->logits(0)[v]);  // the prompt's logits survive
-  // Oracle: the unpressed model, its queries of the last 16 prompt tokens and the 4 drafted ones.
-  const auto drafted = greedy(*m.draft, ids, la);
-  auto ref = make_ctx(*m.target, "");
-  QueryRecorder rec(4, 8 * 16, obs + la);
-  ref->attach_hooks(&rec);
-  ASSERT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
-  ASSERT_TRUE(ref->decode(drafted, Logits::kNone).is_ok());
-  ASSERT_EQ(rec.window().size(), obs + la);
-  const int64_t H = 8, row = H * 16;
+  int64_t A = 0;
+  const auto want = speckv_kept(m, ids, obs, la, 128, &A);
+  EXPECT_EQ(c->press_runner()->lookahead_run(), A);
+  EXPECT_GT(A, 0);
   for (int64_t il = 0; il < 4; ++il)
-    for (int64_t h = 0; h < 2; ++h) {
-      std::vector<double> best(P, 0.0);
-      for (int64_t hq = h * 4; hq < h * 4 + 4; ++hq) {
-        std::vector<double> a(P, 0.0);
-        for (int64_t t = 0; t < obs + la; ++t) {
-          const int32_t qp = rec.window().positions(obs + la)[t];
-          const auto p = probs(ref->kv(), il, rec.window().queries(il, obs + la) + t * row, qp, qp, hq, H, P);
-          for (int64_t j = 0; j < P; ++j) a[static_cast<size_t>(j)] += p[static_cast<size_t>(j)] / (obs + la);
-        }
-        for (int64_t j = 0; j < P - obs; ++j) {
-          double mx = 0;
-          for (int64_t i = std::max<int64_t>(0, j - 3); i <= std::min<int64_t>(P - obs - 1, j + 3); ++i) mx = std::max(mx, a[static_cast<size_t>(i)]);
-          best[static_cast<size_t>(j)] = std::max(best[static_cast<size_t>(j)], mx);
-        }
-      }
-      EXPECT_EQ(seq_of(c->kv(), il, h), top(best, P - obs, 128 - obs, P - obs, P)) << il << " " << h;
+    for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(seq_of(c->kv(), il, h), want[static_cast<size_t>(il)][static_cast<size_t>(h)]) << il << " " << h;
+}
+
+// lookahead=answer (the default): the draft looks ahead by the request's answer budget
+// (Context::set_answer_tokens; the Session gives its n_predict), by 32 tokens where none is
+// given, and not at all for a budget of 0.
+TEST(DraftPress, SpecKvLooksAheadByTheAnswerBudget) {
+  Models m;
+  const auto ids = prompt_ids("p3");
+  const int64_t obs = 16;
+  for (int64_t budget : {6, -1, 0}) {
+    auto c = make_ctx(*m.target, "speckv:ratio=0.5,obs=16", m.draft.get());
+    ASSERT_TRUE(c);
+    if (budget >= 0) c->set_answer_tokens(budget);
+    ASSERT_TRUE(c->decode(ids, Logits::kLast).is_ok());
+    const int64_t la = budget >= 0 ? budget : PressRunner::kLookaheadNoAnswer;
+    int64_t A = 0;
+    const auto want = speckv_kept(m, ids, obs, la, 128, &A);
+    EXPECT_EQ(c->press_runner()->lookahead_run(), A) << budget;
+    if (budget != 0) {
+      EXPECT_GT(A, 0);
     }
+    for (int64_t il = 0; il < 4; ++il)
+      for (int64_t h = 0; h < 2; ++h)
+        EXPECT_EQ(seq_of(c->kv(), il, h), want[static_cast<size_t>(il)][static_cast<size_t>(h)]) << budget << " " << il << " " << h;
+  }
 }
 
 // Ratio 0: the lookahead leaves the cache exactly as it was: generation matches no press.
