@@ -108,6 +108,11 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   if (c->rope_plan_->dynamic()) {
     const RopePlan* plan = c->rope_plan_.get();
     kc.rope_provider = [plan](int64_t n_ctx) { return plan->table(n_ctx); };
+    kc.rope_rerotate = plan->rerotates_cache();
+    if (kc.rope_rerotate && kc.type_k != DType::F32)
+      return make_error(fmt::format("--rope {}: re-rotating the cached keys at every length needs f32 keys "
+                                    "(--kv-type-k f32); {} keys would be rounded again at every step",
+                                    c->rope_plan_->describe(), dtype_name(kc.type_k)));
   }
   LC_ASSIGN_OR_RETURN(c->kv_, KvCache::create(kc));
   const AttnShape as = attn_shape_of(hp);
@@ -118,6 +123,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     if (!attn) return make_error("--attn: " + attn.error().message);
     c->backend_ = std::move(*attn);
   }
+  LC_TRY(c->check_rope_backend(*c->backend_));
   LC_TRY(c->backend_->attach(*c->kv_));
   if (p.draft) LC_TRY(check_draft_vocab(model, p.model_name, *p.draft, p.draft_name));
   LC_ASSIGN_OR_RETURN(c->press_, PressRunner::create(model, p, *c->backend_));
@@ -298,6 +304,7 @@ Status Context::begin_decode(std::span<const int32_t> in, Logits which, bool con
     }
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
+  kv_->set_rope_length_hint(n_past_ + n);  // a dynamic rope rotates a prompt with its whole length's table
   if (n_past_ + n > params_.n_ctx) {
     return make_error(ErrorCode::kContextFull, fmt::format("{} tokens do not fit: {} already in the context of {} "
                                 "(raise --ctx-size)",
@@ -786,6 +793,18 @@ void Context::clear_query_weights() {
   wq_override_.resize(0);
 }
 
+Status Context::check_rope_backend(const AttentionBackend& b) const {
+  if (!rope_plan_->dynamic() || rope_plan_->rerotates_cache()) return ok_status();
+  const AttentionCaps caps = b.caps();
+  if (caps.unrotates_keys || caps.relabels_positions)
+    return make_error(ErrorCode::kUnsupported,
+                      fmt::format("--attn {} with --rope {}: the attention rotates cached keys with one table, but "
+                                  "with cache=append each key keeps the table of the length it was appended at; "
+                                  "use dynamic-ntk:cache=rerotate (with --kv-type-k f32)",
+                                  caps.spec, rope_plan_->describe()));
+  return ok_status();
+}
+
 Status Context::set_attention(std::string_view spec) {
   const AttnShape as = attn_shape_of(hp_);
   auto attn = make_attention_backend(spec, as);
@@ -798,6 +817,7 @@ Status Context::set_attention(std::string_view spec) {
                                     "is spread over processes: use dense or fixed)", (*attn)->spec()));
     (*attn)->keep_partial_lse(true);
   }
+  LC_TRY(check_rope_backend(**attn));
   LC_TRY((*attn)->attach(*kv_));
   backend_ = std::move(*attn);
   params_.attn = std::string(spec);

@@ -224,6 +224,9 @@ class Context {
   bool sequence_parallel() const { return sp_ != nullptr; }
 
  private:
+  // Refuses an attention that rotates cached keys with one table when a dynamic rope leaves
+  // each key with its own (dynamic-ntk:cache=append).
+  Status check_rope_backend(const AttentionBackend& b) const;
   Context(const Model& model, const ContextParams& p);
   // logits: [n_tokens or 1, n_vocab] destination of this chunk's output rows.
   // pos0: the position of tokens[0]. shard: the step of a sequence-parallel call (else null).
