@@ -131,6 +131,13 @@ class AttentionBackend {
 // accepted.
 Expected<std::unique_ptr<AttentionBackend>> make_attention_backend(std::string_view spec,
                                                                    const AttnShape& shape);
+// `spec` with the keys that size its read set chosen so that a decoded token reads n key
+// positions per query head (`bench speed --budget N`, to compare methods at equal budgets);
+// its other keys are kept. Exact methods (dense, naive) are returned unchanged: they are the
+// baseline and read every key. Errors for a method with no read budget (fixed: a distance
+// ceiling), for n below 512 or not a multiple of 256, and for a key the budget sets that the
+// spec also gives. docs/attention.md lists what each method is set to.
+Expected<std::string> equal_budget_spec(std::string_view spec, int64_t n);
 // Names the registry accepts, with one line of help each (for --help).
 std::vector<std::pair<std::string, std::string>> attention_methods();
 // Each method with its keys, types, defaults and ranges, read off its factory (the `fixed`

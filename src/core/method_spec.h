@@ -19,6 +19,8 @@ class MethodSpec {
   // kind names the registry in errors ("attention method 'x': ...", "reader 'x': ...").
   static Expected<MethodSpec> parse(std::string_view text, std::string_view kind = "attention method");
   const std::string& name() const { return name_; }
+  // The keys and values as given.
+  const std::map<std::string, std::string>& given() const { return kv_; }
 
   // Each reads key if present (else keeps *out, the default) and records it as accepted, with
   // help: one line on what the key does, with its unit (tokens, layers, ...), for `longctx

@@ -186,6 +186,18 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
     EXPECT_EQ(row["kv_bytes_per_token"], 1280);  // 5 layers x 4 heads x (8 + 8) floats
     EXPECT_GT(row["avg_ts"].get<double>(), 0.0);
   }
+  // --budget: every backend set to read the same number of keys (dense is the baseline).
+  r = run("bench speed -m " + kStories + " -p 16 -n 2 -d 600 -r 1 --no-warmup -a dense -a quest -a dssa --budget 512 "
+          "--fill-attn infllm:sinks=4,local=64,topk=0 -o json --no-limits");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto jb = json_array_in(r.out);
+  ASSERT_EQ(jb.size(), 6u) << r.out;
+  EXPECT_EQ(jb[0]["attn"], "dense");
+  EXPECT_EQ(jb[2]["attn"], "quest:budget=512,page=16,dense_layers=0");
+  EXPECT_EQ(jb[4]["attn"], "dssa:switch=512,block=64,kernel=32,stride=16,topk=6,sinks=64,local=128");
+  r = run("bench speed -m " + kStories + " -p 16 -n 2 -a quest:budget=64 --budget 512");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("sets budget= itself"), std::string::npos) << r.out;
   r = run("bench speed -m " + kStories + " -p 16 -n 2 -a nosuch");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("nosuch"), std::string::npos) << r.out;

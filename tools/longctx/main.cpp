@@ -429,7 +429,7 @@ struct SpeedRow {
 int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const std::vector<int64_t>& ns,
                     const std::vector<int64_t>& ds, int reps, const std::string& output,
                     std::vector<std::string> attns, const std::string& fill_attn, bool warmup, bool interleave,
-                    bool limits, int64_t limits_mib) {
+                    bool limits, int64_t limits_mib, int64_t budget) {
   if (reps < 1) return fail("-r must be >= 1");
   if (output != "md" && output != "json") return fail("--format must be md or json");
   if (attns.empty()) attns.push_back(co.attn);
@@ -451,6 +451,13 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   // The model's default attention, named as it runs.
   for (auto& a : attns)
     if (a.empty()) a = c.attention().spec();
+  // Equal budgets: every sparse backend set to read `budget` keys per query head.
+  if (budget > 0)
+    for (auto& a : attns) {
+      auto eq = lc::equal_budget_spec(a, budget);
+      if (!eq) return fail(eq.error().message);
+      a = *eq;
+    }
   // Every spec is checked before the first (possibly long) fill.
   for (const auto& a : attns)
     if (auto st = c.set_attention(a); !st.is_ok()) return fail(st.message());
@@ -817,6 +824,11 @@ int main(int argc, char** argv) {
                      "e.g. infllm:sinks=4,local=64,topk=0 to fill 256K tokens in minutes");
   bspeed->add_flag("--no-warmup", bs_no_warmup, "skip the untimed warm-up run of each test");
   bool bs_interleave = false, bs_no_limits = false;
+  int64_t bs_budget = 0;
+  bspeed->add_option("--budget", bs_budget,
+                     "equal budgets: set every -a backend to read this many keys per query head when decoding "
+                     "(docs/attention.md lists how each is set; dense stays the baseline), tokens")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   int64_t bs_limits_mib = 0;
   bspeed->add_option("--limits-mib", bs_limits_mib,
                      "size of each of the bandwidth measurement's three buffers, MiB (0: 4 x the last-level cache, "
@@ -902,7 +914,7 @@ int main(int argc, char** argv) {
     if (*tokc) return cmd_tokenize(tok_co, tok_prompt, tok_file, tok_no_bos, !tok_no_special, tok_ids);
     if (*ppl) return cmd_perplexity(ppl_co, ppl_file, ppl_chunk);
     if (*bspeed) return cmd_bench_speed(bs_co, bs_p, bs_n, bs_d, bs_r, bs_o, bs_attns, bs_fill, !bs_no_warmup, bs_interleave,
-                                          !bs_no_limits, bs_limits_mib);
+                                          !bs_no_limits, bs_limits_mib, bs_budget);
     if (*bpress) return cmd_bench_press(bp_co, bp_len, bp_n, bp_header, bp_seed, bp_fill);
     if (*mm) return cmd_make_model(mm_shape, mm_type, mm_vocab, mm_out, mm_seed, mm_layers);
     for (const auto& c : extra)
