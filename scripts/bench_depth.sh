@@ -18,4 +18,4 @@ m=out/bench/smollm2-135m-random-q8_0.gguf
 ./build/longctx bench speed -m "$m" -p 512 -n "${NGEN:-64}" -d "${DEPTHS:-4096,16384,65536,262144}" \
   -r "${REPS:-2}" -t "${THREADS:-2}" --kv-type-k f16 --kv-type-v f16 -c 263168 \
   --fill-attn infllm:sinks=4,local=64,topk=0 \
-  -a dense -a quest -a infllm -a dssa -a lychee -a streaming "$@"
+  -a dense -a quest -a infllm -a dssa -a lychee:retrieval=1 -a streaming "$@"

@@ -53,7 +53,7 @@ for part in $PARTS; do
        --method "rope=mrrope-uni:factor=4;attn=dense;name=mrrope-uni4"
        --method "rope=mrrope-pro:factor=4;attn=dense;name=mrrope-pro4"
        --method "rope=logn;attn=dssa:switch=1024,block=32,kernel=16,stride=8,topk=16,sinks=4,local=64;name=dssa"
-       --method "rope=logn;attn=lychee:budget=512,block=32,sinks=4,local=64;name=lychee")
+       --method "rope=logn;attn=lychee:budget=512,block=32,sinks=4,local=64,retrieval=1;name=lychee")
     "$LC" bench run -m "$M" --task niah_single_2 --task niah_multikey_1 --task passkey --samples "$SAMPLES" \
       --max-new-tokens 48 -t "$THREADS" --no-plots -L "${SHORT:-1K,4K,16K}" -o "$OUT/variants" "${v[@]}"
     ;;

@@ -13,7 +13,7 @@ prompt=$(mktemp); head -c 5000 data/haystack/opticks.txt > "$prompt"
 methods=(
   "dense|"
   "streaming|--attn streaming"  "quest|--attn quest"  "infllm|--attn infllm"  "dssa|--attn dssa"
-  "lychee|--attn lychee"  "fixed|--attn fixed:distance=64"
+  "lychee|--attn lychee:retrieval=1"  "fixed|--attn fixed:distance=64"
   "streaming_llm|--kv-press streaming_llm"  "snapkv|--kv-press snapkv"  "h2o|--kv-press h2o"
   "tova|--kv-press tova"  "knorm|--kv-press knorm"  "pyramidkv|--kv-press pyramidkv"
   "adakv|--kv-press adakv"  "expected_attention|--kv-press expected_attention"  "random|--kv-press random"

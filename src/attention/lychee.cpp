@@ -5,8 +5,10 @@
 //     w(b) = sum_{r in retrieval heads} sum_{j in b} softmax_j(q_r . k_j / sqrt(d)),
 // picks the top budget/block blocks; a sparse head attends those blocks, the initial blocks
 // (`sinks`) and its local window (`local`). The paper learns head roles (HardKuma gates);
-// here they come from a calibration file (heads=FILE, see lychee.h) or default to the first
-// `retrieval` heads of each layer.
+// here they come from a calibration file (heads=FILE, see lychee.h: the paper's roles, found
+// from the model's attention), or, only when asked for with retrieval=N, are the first N query
+// heads of each layer (a stand-in that is neither the paper's roles nor its sharing). One of
+// the two must be given; the spec says which ran.
 //
 // Sharing, `share=` (default: `head` with a heads file that leaves some layer without
 // retrieval heads, as `calibrate --total N` writes; `layer` otherwise):
@@ -58,10 +60,8 @@ class LycheeBackend final : public ExecBackend {
   }
 
   std::string spec() const override {
-    std::string s = fmt::format("lychee:budget={},block={},sinks={},local={},retrieval={}",
-                                budget_, block_, sinks_, local_,
-                                n_ret_);
-    if (!file_.empty()) s += ",heads=" + file_;
+    std::string s = fmt::format("lychee:budget={},block={},sinks={},local={}", budget_, block_, sinks_, local_);
+    s += file_.empty() ? fmt::format(",retrieval={}", n_ret_) : ",heads=" + file_;
     if (head_share_) s += ",share=head";
     if (split_ != kDefaultSplit) s += fmt::format(",split={}", split_);
     return s;
@@ -442,11 +442,12 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   LC_TRY(spec.get_int("local", &local, 1, int64_t{1} << 30,
                       "most recent tokens a sparse head always attends (extended down to a block boundary), tokens"));
   LC_TRY(spec.get_int("retrieval", &n_ret, 0, s.n_head,
-                      "without heads=: the first N query heads of every layer are its retrieval heads; N <= "
+                      "without heads= (and then required): the first N query heads of every layer are its retrieval "
+                      "heads, not the paper's roles; N <= "
                       "n_head (the range listed is a 4-head model's)"));
   LC_TRY(spec.get_string("heads", &file,
-                         "retrieval-heads file written by `longctx calibrate` (default: the first `retrieval` "
-                         "heads of each layer)"));
+                         "retrieval-heads file written by `longctx calibrate` (the paper's roles; without it, "
+                         "retrieval= must be given)"));
   int64_t split = ExecBackend::kDefaultSplit;
   LC_TRY(spec.get_int("split", &split, 1, int64_t{1} << 30, ExecBackend::kSplitHelp));
   std::string share;  // default: from the heads file (below)
@@ -457,6 +458,10 @@ Expected<BackendPtr> make_lychee(MethodSpec& spec, const AttnShape& s) {
   if (!share.empty() && share != "layer" && share != "head")
     return make_error(fmt::format("attention method 'lychee': share={}, expected 'layer' or 'head'", share));
   LC_TRY(spec.finish());
+  if (file.empty() && !spec.given().count("retrieval"))
+    return make_error("attention method 'lychee': needs heads=FILE, the retrieval heads `longctx calibrate` finds "
+                      "from the model's attention (the paper's head roles), or retrieval=N to make the first N "
+                      "query heads of every layer retrieve (not the paper's roles)");
   RetrievalHeads heads;
   if (!file.empty()) {
     LC_ASSIGN_OR_RETURN(heads, load_retrieval_heads(file));

@@ -36,7 +36,7 @@ TEST(AttentionCaps, EachBackendDeclaresWhatItReads) {
   EXPECT_TRUE(st.evicts);
   EXPECT_TRUE(st.relabels_positions);
   EXPECT_FALSE(st.exact);
-  for (const char* sparse : {"quest", "quest_fast", "infllm", "dssa", "lychee"}) {
+  for (const char* sparse : {"quest", "quest_fast", "infllm", "dssa", "lychee:retrieval=1"}) {
     const AttentionCaps c = caps_of(sparse);
     EXPECT_FALSE(c.exact) << sparse;
     EXPECT_FALSE(c.reads_all_keys) << sparse;

@@ -153,7 +153,7 @@ TEST(AttentionLychee, DecodeSplitMatchesUnsplit) {
 TEST(AttentionLychee, FullBudgetEqualsDense) {
   Seq s(300, 8, 2, 64, 64, 51);
   const RopeTable rt = test_rope(64, false);
-  const auto r = run_seq(s, "lychee:budget=4096,block=32", kv_config(s, 16, rt), {40});
+  const auto r = run_seq(s, "lychee:budget=4096,block=32,retrieval=1", kv_config(s, 16, rt), {40});
   EXPECT_LT(max_abs_diff(r.out, full_oracle(s, rt)), 2e-4);
 }
 
@@ -188,6 +188,7 @@ TEST(AttentionLychee, CalibrationPicksFarLookingHeadsAndRoundTrips) {
   auto be = make_attention_backend("lychee:heads=" + path, shape_of(s));
   ASSERT_TRUE(be.has_value()) << be.error().message;
   EXPECT_NE((*be)->spec().find("heads=" + path), std::string::npos);
+  EXPECT_EQ((*be)->spec().find("retrieval="), std::string::npos);  // the spec says which roles ran
   EXPECT_EQ((*be)->spec().find("share=head"), std::string::npos);  // every layer has a head: share=layer
   // A file that leaves a layer without retrieval heads (calibrate --total) defaults to
   // head-level sharing; share=layer still overrides it.
@@ -211,6 +212,19 @@ TEST(AttentionLychee, CalibrationPicksFarLookingHeadsAndRoundTrips) {
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.error().message.find("out of range"), std::string::npos);
   unlink(path.c_str());
+}
+
+TEST(AttentionLychee, NeedsItsHeadRolesNamed) {
+  // Without a calibration file the heads' roles must be asked for (retrieval=N), and the spec
+  // says which ran.
+  AttnShape sh{1, 4, 2, 64, 64, 0.0f};
+  auto bare = make_attention_backend("lychee", sh);
+  ASSERT_FALSE(bare.has_value());
+  EXPECT_NE(bare.error().message.find("needs heads=FILE"), std::string::npos) << bare.error().message;
+  EXPECT_NE(bare.error().message.find("retrieval=N"), std::string::npos) << bare.error().message;
+  auto named = make_attention_backend("lychee:retrieval=2", sh);
+  ASSERT_TRUE(named.has_value()) << named.error().message;
+  EXPECT_EQ((*named)->spec(), "lychee:budget=2048,block=64,sinks=64,local=256,retrieval=2");
 }
 
 }  // namespace

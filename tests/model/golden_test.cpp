@@ -289,7 +289,7 @@ const BackendCase kBackendCases[] = {
     {"qwen2_yarn_f32", "quest:budget=4096,page=16,dense_layers=0", 16, DType::F32, 1e-3},
     {"llama_gqa_f32", "infllm:sinks=4,local=4096,block=16,reps=4,topk=64,chunk=32", 16, DType::F32, 1e-3},
     {"qwen3_qknorm_f32", "dssa:switch=100000", 64, DType::F32, 1e-3},
-    {"llama_gqa_f32", "lychee:budget=4096,block=16,sinks=4,local=512", 16, DType::F32, 1e-3},
+    {"llama_gqa_f32", "lychee:budget=4096,block=16,sinks=4,local=512,retrieval=1", 16, DType::F32, 1e-3},
     {"llama_gqa_f32", "streaming:sinks=4,window=1024", 16, DType::F32, 1e-3},
     {"stories260K", "dense", 64, DType::F16, 5e-2},
     {"llama_gqa_f32", "dense", 64, DType::BF16, 0.2},
