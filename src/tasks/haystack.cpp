@@ -23,6 +23,11 @@ const std::vector<std::string>& noise_sentences() {
   return v;
 }
 
+const std::string& noise_block() {
+  static const std::string b = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+  return b;
+}
+
 namespace {
 std::mutex g_mu;
 std::string g_dir;  // guarded by g_mu

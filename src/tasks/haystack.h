@@ -9,8 +9,13 @@
 
 namespace lc::tasks {
 
-// RULER's noise haystack, one sentence per entry; haystacks cycle through them.
+// The noise text of RULER's haystack, one sentence per entry (the passkey task and the
+// curriculum cycle through them).
 const std::vector<std::string>& noise_sentences();
+// RULER's noise haystack unit (scripts/data/synthetic/niah.py and variable_tracking.py): the
+// five sentences as one block, "The grass is green. ... There and back again."; RULER's
+// haystack is this block repeated, one block a line.
+const std::string& noise_block();
 
 // Where the shipped texts are looked for, in order: the folder set here (the CLI's
 // --data-dir), $LONGCTX_DATA_DIR, data/haystack next to the executable or one or two

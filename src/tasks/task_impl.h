@@ -32,17 +32,18 @@ struct Layout {
   std::string unit;
 };
 
-// Task generators: the layouts of one sample.
-using MakeLayouts = Expected<std::vector<Layout>> (*)(const SampleSpec& spec, uint64_t seed);
+// Task generators: the layouts of one sample. The renderer's tokenizer sizes what RULER sizes in
+// tokens apart from the prompt (vt's one-shot example).
+using MakeLayouts = Expected<std::vector<Layout>> (*)(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
 
-Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_vt(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_cwe(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_fwe(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_qa(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_passkey(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_babilong(const SampleSpec& spec, uint64_t seed);
-Expected<std::vector<Layout>> make_dense(const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_niah(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_cwe(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_fwe(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_qa(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_passkey(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_babilong(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
+Expected<std::vector<Layout>> make_dense(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed);
 
 // `n` haystack sentences cycling through the noise sentences.
 std::vector<std::string> noise_haystack(int64_t n);

@@ -310,7 +310,7 @@ Expected<Sample> make_sample(const PromptRenderer& r, const SampleSpec& spec) {
   s.budget_new_tokens = e->info.new_tokens;
   if (spec.opts.max_new_tokens > 0) s.budget_new_tokens = std::min(s.budget_new_tokens, spec.opts.max_new_tokens);
   const int64_t budget = spec.length - s.budget_new_tokens;
-  LC_ASSIGN_OR_RETURN(std::vector<detail::Layout> layouts, e->make(s.spec, s.seed));
+  LC_ASSIGN_OR_RETURN(std::vector<detail::Layout> layouts, e->make(r, s.spec, s.seed));
   int64_t need = INT64_MAX;
   for (const auto& lay : layouts) {
     int64_t min_tokens = 0;

@@ -12,7 +12,7 @@
 
 namespace lc::tasks::detail {
 
-Expected<std::vector<Layout>> make_passkey(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_passkey(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   Layout lay;
   lay.unit = "sentences";
   const int depth = spec.depth;
@@ -165,7 +165,7 @@ bool simulate(Rng& rng, int kind, int n_events, Story* out) {
 
 }  // namespace
 
-Expected<std::vector<Layout>> make_babilong(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_babilong(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   const int kind = spec.task.back() - '0';
   LC_ASSIGN_OR_RETURN(const std::vector<std::string>* words, essay_words());
   Layout lay;
@@ -273,7 +273,7 @@ Dense dense_story(Rng& rng, const std::string& task, int64_t n) {
 
 }  // namespace
 
-Expected<std::vector<Layout>> make_dense(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_dense(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   const std::string task = spec.task;
   const int64_t fixed = spec.opts.observations;
   Layout lay;

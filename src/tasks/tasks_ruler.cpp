@@ -1,6 +1,10 @@
-// The RULER tasks. Templates, needle sentence, noise haystack, task settings and answer
-// budgets follow RULER's scripts/data/synthetic/constants.py and synthetic.yaml; the
-// haystack fitting, depths and QA documents are ours (see docs/benchmarks.md).
+// The RULER tasks (Hsieh et al., 2024, "RULER: What's the Real Context Size of Your
+// Long-Context Language Models?"). Templates, answer prefixes, the needle sentence, the noise
+// haystack, the one-shot examples of vt and cwe, task settings and answer budgets are written
+// byte for byte after RULER's scripts/data/synthetic/ (constants.py, niah.py,
+// variable_tracking.py, common_words_extraction.py, freq_words_extraction.py, qa.py) and
+// synthetic.yaml; the haystack fitting, depths, essay text and QA documents are ours
+// (docs/benchmarks.md lists every difference).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -60,14 +64,14 @@ NiahWording niah_single_wording(const std::string& type, const std::string& quer
 
 namespace lc::tasks::detail {
 
-Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_niah(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   const NiahCfg c = niah_cfg(spec.task);
   const std::vector<std::string>* words = nullptr;
   if (c.haystack == "essay") {
     LC_ASSIGN_OR_RETURN(words, essay_words());
   }
   Layout lay;
-  lay.unit = c.haystack == "essay" ? "words" : c.haystack == "noise" ? "sentences" : "needles";
+  lay.unit = c.haystack == "essay" ? "words" : c.haystack == "noise" ? "blocks" : "needles";
   lay.min_units = 0;
   const int depth = spec.depth;
   lay.build = [c, seed, depth, words](int64_t units) -> Expected<Built> {
@@ -109,7 +113,10 @@ Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
     std::string sep = " ";
     bool own_line = false;
     if (c.haystack == "noise") {
-      hay = noise_haystack(units);
+      // RULER: [block] * n joined by new lines, each needle on a line of its own.
+      hay.assign(static_cast<size_t>(units), noise_block());
+      sep = "\n";
+      own_line = true;
     } else if (c.haystack == "essay") {
       const size_t start = essay_sentence_start(*words, static_cast<size_t>(uniform(rng, 0, static_cast<int64_t>(words->size()) - 1)));
       hay = essay_sentences(*words, start, static_cast<size_t>(units));
@@ -151,38 +158,150 @@ Expected<std::vector<Layout>> make_niah(const SampleSpec& spec, uint64_t seed) {
   return std::vector<Layout>{lay};
 }
 
-Expected<std::vector<Layout>> make_vt(const SampleSpec& spec, uint64_t seed) {
-  Layout lay;
-  lay.unit = "sentences";
-  lay.build = [seed](int64_t units) -> Expected<Built> {
-    Rng rng(seed);
-    const int hops = 4;  // RULER: 1 chain of 4 hops
-    std::set<std::string> names;
-    std::vector<std::string> vars;
-    while (static_cast<int>(vars.size()) < hops + 1) {
-      std::string v;
-      for (int i = 0; i < 5; ++i) v += static_cast<char>('A' + uniform(rng, 0, 25));
-      if (names.insert(v).second) vars.push_back(v);
-    }
-    const std::string value = std::to_string(uniform(rng, 10000, 99999));
-    std::vector<Insert> inserts;
-    inserts.push_back({0, "VAR " + vars[0] + " = " + value});
-    for (int j = 1; j <= hops; ++j) inserts.push_back({0, "VAR " + vars[static_cast<size_t>(j)] + " = VAR " + vars[static_cast<size_t>(j - 1)]});
-    // Chain statements in order, at sorted depths drawn from RULER's grid.
-    std::vector<double> d = needle_depths(rng, -1, inserts.size());
-    std::sort(d.begin(), d.end());
-    for (size_t i = 0; i < inserts.size(); ++i) inserts[i].depth = d[i];
-    Built b;
-    b.context = assemble(noise_haystack(units), inserts, " ", true, &b.needles);
-    b.user = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n" +
-             b.context + "\nQuestion: Find all variables that are assigned the value " + value + " in the text above.";
-    b.answer_prefix = " Answer: According to the chain(s) of variable assignment in the text above, " +
-                      std::to_string(hops + 1) + " variables are assigned the value " + value + ", they are: ";
-    b.answers = vars;
-    b.info = {{"value", value}, {"hops", std::to_string(hops)}};
-    return b;
+namespace {
+
+// RULER's variable-tracking template and answer prefix (constants.py, 'variable_tracking').
+std::string vt_head() {
+  return "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n";
+}
+std::string vt_question(const std::string& value) {
+  return "\nQuestion: Find all variables that are assigned the value " + value + " in the text above.";
+}
+std::string vt_answer_prefix(size_t num_v, const std::string& value) {
+  return " Answer: According to the chain(s) of variable assignment in the text above, " + std::to_string(num_v) +
+         " variables are assigned the value " + value + ", they are: ";
+}
+
+// n distinct variable names of `letters` upper-case letters.
+std::vector<std::string> vt_names(Rng& rng, size_t n, int letters, std::set<std::string>& used) {
+  std::vector<std::string> vars;
+  while (vars.size() < n) {
+    std::string v;
+    for (int i = 0; i < letters; ++i) v += static_cast<char>('A' + uniform(rng, 0, 25));
+    if (used.insert(v).second) vars.push_back(v);
+  }
+  return vars;
+}
+
+// RULER's chain (generate_chains): the value, then each variable named after the one before,
+// with the trailing space RULER's f-string leaves on every hop.
+std::vector<std::string> vt_chain(const std::vector<std::string>& vars, const std::string& value) {
+  std::vector<std::string> c = {"VAR " + vars[0] + " = " + value};
+  for (size_t j = 1; j < vars.size(); ++j) c.push_back("VAR " + vars[j] + " = VAR " + vars[j - 1] + " ");
+  return c;
+}
+
+// Block positions of the chain's statements: RULER's sorted(random.sample(range(n), k)), and
+// statement j goes right before block p_j. Fewer than k blocks (lengths RULER does not run):
+// positions may repeat.
+std::vector<int64_t> vt_positions(Rng& rng, int64_t n_blocks, size_t k) {
+  std::vector<int64_t> pos;
+  if (n_blocks >= static_cast<int64_t>(k)) {
+    pos = sample_without_replacement(rng, n_blocks, static_cast<int64_t>(k));
+  } else {
+    for (size_t j = 0; j < k; ++j) pos.push_back(n_blocks > 0 ? uniform(rng, 0, n_blocks - 1) : 0);
+  }
+  std::sort(pos.begin(), pos.end());
+  return pos;
+}
+
+// RULER's noise context of variable tracking: the noise block n times, the statements at their
+// positions, one a line ("\n".join). Records where each statement landed.
+std::string vt_context(int64_t n_blocks, const std::vector<std::string>& chain, const std::vector<int64_t>& pos,
+                       std::vector<Needle>* needles) {
+  std::string out;
+  if (needles) needles->clear();
+  size_t j = 0;
+  auto put = [&](const std::string& line, bool statement) {
+    if (!out.empty()) out += '\n';
+    if (statement && needles) needles->push_back({line, out.size(), 0.0});
+    out += line;
   };
-  return std::vector<Layout>{lay};
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    for (; j < chain.size() && pos[j] == b; ++j) put(chain[j], true);
+    put(noise_block(), false);
+  }
+  for (; j < chain.size(); ++j) put(chain[j], true);
+  if (needles)
+    for (Needle& nd : *needles) nd.depth = static_cast<double>(nd.pos) / static_cast<double>(out.size());
+  return out;
+}
+
+constexpr size_t kVtHops = 4;                 // synthetic.yaml: 1 chain of 4 hops
+constexpr int64_t kVtExampleTokens = 500;     // variable_tracking.py: the example's max_seq_length
+constexpr const char* kVtExampleValue = "12345";      // the example's value before randomize_icl
+
+}  // namespace
+
+// RULER's one-shot example (variable_tracking.py, main and randomize_icl): once per run, a chain
+// of 3-letter variables with the value 12345 in as many noise blocks as keep the example's
+// prompt (template and answer prefix, no answer) within 500 tokens of the model's tokenizer;
+// then, per sample, new variable names of the same length and a new value. It is prepended as
+// prompt + " " + the answer + "\n", then a new line, then the task's own prompt.
+Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed) {
+  const uint64_t ex_seed = mix64(spec.seed ^ 0x7674206578616d70ull);  // the run's example
+  auto ex_prompt = [ex_seed](int64_t n, const std::vector<std::string>& vars, const std::string& value) {
+    Rng pr(mix64(ex_seed + static_cast<uint64_t>(n)));
+    const std::vector<std::string> chain = vt_chain(vars, value);
+    return vt_head() + vt_context(n, chain, vt_positions(pr, n, chain.size()), nullptr) + vt_question(value) +
+           vt_answer_prefix(vars.size(), value);
+  };
+  std::vector<std::string> ex_vars;
+  {
+    Rng er(ex_seed);
+    std::set<std::string> used;
+    ex_vars = vt_names(er, kVtHops + 1, 3, used);
+  }
+  auto ex_tokens = [&](int64_t n) {
+    return static_cast<int64_t>(r.tokenizer().encode(ex_prompt(n, ex_vars, kVtExampleValue), false, false).size());
+  };
+  // RULER's search starts at 5 blocks and keeps 5 when nothing fits.
+  int64_t lo = 5, hi = 10;
+  if (ex_tokens(lo) <= kVtExampleTokens) {
+    while (ex_tokens(hi) <= kVtExampleTokens) {
+      lo = hi;
+      hi *= 2;
+    }
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (ex_tokens(mid) <= kVtExampleTokens) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+  }
+  const int64_t ex_blocks = lo;
+
+  std::vector<Layout> out;
+  for (const bool with_example : {true, false}) {
+    Layout lay;
+    lay.unit = "blocks";
+    lay.build = [=](int64_t units) -> Expected<Built> {
+      Rng rng(seed);
+      std::set<std::string> used;
+      const std::vector<std::string> vars = vt_names(rng, kVtHops + 1, 5, used);
+      const std::string value = std::to_string(uniform(rng, 10000, 99998));  // np.random.randint(10000, 99999)
+      const std::vector<std::string> chain = vt_chain(vars, value);
+      const std::vector<int64_t> pos = vt_positions(rng, units, chain.size());
+      Built b;
+      b.context = vt_context(units, chain, pos, &b.needles);
+      std::string example;
+      if (with_example) {
+        Rng xr(mix64(seed ^ 0x72616e645f69636cull));
+        const std::vector<std::string> xv = vt_names(xr, kVtHops + 1, 3, used);
+        const std::string xval = std::to_string(uniform(xr, 10000, 99998));
+        example = ex_prompt(ex_blocks, xv, xval) + " " + join(xv, " ") + "\n" + "\n";
+      }
+      b.user = example + vt_head() + b.context + vt_question(value);
+      b.answer_prefix = vt_answer_prefix(vars.size(), value);
+      b.answers = vars;
+      b.info = {{"value", value}, {"hops", std::to_string(kVtHops)}, {"example", with_example ? "yes" : "no"}};
+      return b;
+    };
+    out.push_back(std::move(lay));
+  }
+  return out;
 }
 
 namespace {
@@ -214,7 +333,7 @@ const char* kCwePrefix = " Answer: The top 10 words that appear most often in th
 
 }  // namespace
 
-Expected<std::vector<Layout>> make_cwe(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_cwe(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   // RULER: at >= 4K a worked example of 40 words (common x10, others x3) and the list with
   // common words x30, others x3; below 4K an example of 20 words (x3 / x1) and x6 / x1.
   // Shorter still, we drop the example and then lower the repetition, keeping the common
@@ -259,11 +378,12 @@ Expected<std::vector<Layout>> make_cwe(const SampleSpec& spec, uint64_t seed) {
   return out;
 }
 
-Expected<std::vector<Layout>> make_fwe(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_fwe(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   const double alpha = 2.0;
   double zeta = 0;  // zeta(2) by direct summation, as RULER uses scipy's zeta
   for (int k = 1; k < 100000; ++k) zeta += std::pow(static_cast<double>(k), -alpha);
-  const int64_t vocab_size = std::max<int64_t>(16, spec.length / 50);  // RULER: length // 50
+  // RULER: (max_seq_length - tokens_to_generate) // 50, the answer budget being 50.
+  const int64_t vocab_size = std::max<int64_t>(16, (spec.length - 50) / 50);
   auto counts = [=](int64_t n) {
     std::vector<int64_t> c;
     for (int64_t k = 1; k <= vocab_size; ++k)
@@ -402,7 +522,7 @@ std::string institution_doc(const Institution& i) {
 
 }  // namespace
 
-Expected<std::vector<Layout>> make_qa(const SampleSpec& spec, uint64_t seed) {
+Expected<std::vector<Layout>> make_qa(const PromptRenderer& /*r*/, const SampleSpec& spec, uint64_t seed) {
   const bool two_hop = spec.task == "qa_2";
   const int depth = spec.depth;
   Layout lay;
