@@ -1,17 +1,23 @@
 // InfLLM (Xiao et al. 2024, "InfLLM: Training-Free Long-Context Extrapolation for LLMs with an
-// Efficient Context Memory"): a query attends
-//   * the first n_init tokens (sinks) and the local window (the last n_local tokens, plus the
-//     not yet complete memory block) at their real positions, and
-//   * the top-k memory blocks (blocks of `block` tokens between sinks and the local window),
-//     retrieved once per chunk of `chunk` queries, "as if at a fixed distance": every distant
-//     key is scored at relative distance n_local, rope(q, n_local) . rope(k, 0).
-// Block relevance: sum over the chunk's queries q and the block's representative tokens r of
-// q . r (the paper's sim(X, B)); by linearity, (sum q) . (sum r), both at the fixed distance.
-// Representative tokens: the `reps` tokens of a block with the largest score k_m . sum q_j
-// over the queries of the block's own tokens (a training-free stand-in for the paper's
-// "attention received from the following local tokens", computed without rotation and kept
-// as running sums, so it does not depend on how prefill is chunked). Memory blocks live in the
-// paged cache (they may be spilled to disk with --kv-spill).
+// Efficient Context Memory"), laid out as its reference code (thunlp/InfLLM,
+// inf_llm/attention/context_manager.py) reads the cache. A call's queries go in sub-chunks of
+// `chunk` (exc_block_size). Each query reads
+//   * its local window: its last n_local tokens, at their real positions (a sliding window);
+//   * the global part, every key scored "as if at a fixed distance", rope(q, n_local) .
+//     rope(k, 0): the first n_init tokens (sinks), the top-k memory blocks chosen for its
+//     sub-chunk, and the remainder (tokens after the last memory block), each only where it
+//     is older than the query's window (complement_sliding_window).
+// Memory blocks are `block` tokens from n_init on; block m exists before a sub-chunk whose
+// queries follow P tokens when n_init + (m + 1) * block <= P - n_local (append_global moves a
+// block out of the remainder once the tokens after it still fill the local window).
+// Block relevance, once per layer and sub-chunk as calc_block_topk does over every head: the
+// sum over KV heads of (sum of the sub-chunk's queries of the group, rotated at n_local) .
+// (sum of the block's representative keys, un-rotated); the top-k, ties to the lower block.
+// Representative tokens differ from the paper's: InfLLM keeps the `reps` tokens that received
+// the most attention from the local window's queries; here they are the `reps` tokens with the
+// largest k_m . (sum of the queries of the block's own tokens), computed without rotation and
+// kept as running sums, so they do not depend on how prefill is chunked and need no attention
+// scores. Memory blocks live in the paged cache (they may be spilled to disk with --kv-spill).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -54,18 +60,28 @@ class InfLlmBackend final : public ExecBackend {
     LC_TRY(begin_forward(il, n, q, pos, kv, out, ctx));
     fixed_.assign(static_cast<size_t>(n), static_cast<int32_t>(n_local_));
     add_variant(1, q, fixed_.data(), kv, ctx);
-    const int64_t H = shape_.n_head, d = shape_.head_dim, g = H / shape_.n_head_kv;
+    const int64_t H = shape_.n_head, d = shape_.head_dim, Hkv = shape_.n_head_kv, g = H / Hkv;
+    const int64_t N = kv.n_tokens(il, 0);
+    for (int64_t h = 1; h < Hkv; ++h)
+      if (kv.n_tokens(il, h) != N)
+        return make_error("infllm: the KV heads of a layer must hold the same tokens (blocks are chosen per layer)");
     const int64_t n_sub = (n + chunk_ - 1) / chunk_;
-    sel_.assign(static_cast<size_t>(n_sub * shape_.n_head_kv), {});
-    mem_end_.assign(static_cast<size_t>(n_sub * shape_.n_head_kv), 0);
+    // Memory blocks formed before sub-chunk s: InfLLM moves a block out of its remainder once
+    // the tokens after it still fill the local window, i.e. block m exists when
+    // n_init + (m + 1) * block <= (tokens before the sub-chunk) - n_local.
+    auto n_mem_of = [&](int64_t s) {
+      const int64_t past = N - n + s * chunk_ - n_local_ - n_init_;
+      return past > 0 ? past / block_ : int64_t{0};
+    };
+    const int64_t m_max = n_mem_of(n_sub - 1);
+    sel_.assign(static_cast<size_t>(n_sub), {});
+    rel_.assign(static_cast<size_t>(n_sub * Hkv * std::max<int64_t>(m_max, 1)), 0.0f);
     const RopeTable& rt = kv.rope(il);
 
-    pool.parallel_for(shape_.n_head_kv, [&](int64_t b, int64_t e, int) {
+    pool.parallel_for(Hkv, [&](int64_t b, int64_t e, int) {
       std::vector<float> qs(static_cast<size_t>(d)), kbuf;
-      std::vector<float> rel;
-      std::vector<int32_t> order;
       for (int64_t hk = b; hk < e; ++hk) {
-        HeadState& hs = heads_[static_cast<size_t>(il * shape_.n_head_kv + hk)];
+        HeadState& hs = heads_[static_cast<size_t>(il * Hkv + hk)];
         if (hs.epoch != kv.epoch(il, hk)) hs = HeadState{kv.epoch(il, hk)};
         const int64_t low = kv.take_low_water(il, hk);
         if (low != INT64_MAX) {
@@ -76,8 +92,7 @@ class InfLlmBackend final : public ExecBackend {
           hs.rep.resize(static_cast<size_t>(hs.n_rep * d));
           if (static_cast<int64_t>(hs.qsum.size()) > keep * d) hs.qsum.resize(static_cast<size_t>(keep * d));
         }
-        const int64_t N = kv.n_tokens(il, hk);
-        // Running query sums of each block (for representatives), from this chunk's queries.
+        // Running query sums of each block (for representatives), from this call's queries.
         for (int64_t t = 0; t < n; ++t) {
           const int64_t j = N - n + t;  // the query's own head index
           if (j < n_init_) continue;
@@ -87,53 +102,89 @@ class InfLlmBackend final : public ExecBackend {
             kernels::add_inplace(hs.qsum.data() + m * d, q + (t * H + h) * d, d);
         }
         for (int64_t s = 0; s < n_sub; ++s) {
-          const int64_t t0 = s * chunk_, t1 = std::min(n, t0 + chunk_);
-          const int64_t first_vis = N - n + t0 + 1;
-          const int64_t local_start = std::max(n_init_, first_vis - n_local_);
-          const int64_t n_mem = std::max<int64_t>(0, (local_start - n_init_) / block_);
-          mem_end_[static_cast<size_t>(s * shape_.n_head_kv + hk)] = n_init_ + n_mem * block_;
-          if (n_mem == 0) continue;
+          const int64_t n_mem = n_mem_of(s);
           while (hs.n_rep < n_mem) make_representative(kv, il, hk, hs, rt, kbuf);
-          std::vector<int32_t>& chosen = sel_[static_cast<size_t>(s * shape_.n_head_kv + hk)];
-          if (n_mem <= topk_) {
-            chosen.resize(static_cast<size_t>(n_mem));
-            std::iota(chosen.begin(), chosen.end(), 0);
-            continue;
-          }
-          // Query summary at the fixed distance: rope is linear, so rotate the sum once.
+          if (n_mem <= topk_) continue;
+          // The group's query sum at the fixed distance (rope is linear: rotate the sum once)
+          // against each block's representative sum.
+          const int64_t t0 = s * chunk_, t1 = std::min(n, t0 + chunk_);
           std::fill(qs.begin(), qs.end(), 0.0f);
           for (int64_t t = t0; t < t1; ++t)
             for (int64_t h = hk * g; h < (hk + 1) * g; ++h) kernels::add_inplace(qs.data(), q + (t * H + h) * d, d);
           const int32_t p = static_cast<int32_t>(n_local_);
           if (rt.n_rot > 0) rt.apply(qs.data(), 1, 1, d, &p);
-          rel.resize(static_cast<size_t>(n_mem));
-          for (int64_t m = 0; m < n_mem; ++m)
-            rel[static_cast<size_t>(m)] = attn::dot(qs.data(), hs.rep.data() + m * d, d);
-          order.resize(static_cast<size_t>(n_mem));
-          std::iota(order.begin(), order.end(), 0);
-          std::partial_sort(order.begin(), order.begin() + topk_, order.end(), [&](int32_t a, int32_t c) {
-            return rel[static_cast<size_t>(a)] > rel[static_cast<size_t>(c)] ||
-                   (rel[static_cast<size_t>(a)] == rel[static_cast<size_t>(c)] && a < c);
-          });
-          chosen.assign(order.begin(), order.begin() + topk_);
-          std::sort(chosen.begin(), chosen.end());
+          float* rel = rel_.data() + (s * Hkv + hk) * m_max;
+          for (int64_t m = 0; m < n_mem; ++m) rel[m] = attn::dot(qs.data(), hs.rep.data() + m * d, d);
         }
       }
     });
+    // One choice per layer and sub-chunk, as InfLLM's (its blocks' representative vectors span
+    // every head): the blocks' relevance summed over the KV heads.
+    std::vector<float> tot;
+    std::vector<int32_t> order;
+    for (int64_t s = 0; s < n_sub; ++s) {
+      const int64_t n_mem = n_mem_of(s);
+      std::vector<int32_t>& chosen = sel_[static_cast<size_t>(s)];
+      order.resize(static_cast<size_t>(n_mem));
+      std::iota(order.begin(), order.end(), 0);
+      if (n_mem <= topk_) {
+        chosen = order;
+        continue;
+      }
+      tot.assign(static_cast<size_t>(n_mem), 0.0f);
+      for (int64_t hk = 0; hk < Hkv; ++hk) {
+        const float* rel = rel_.data() + (s * Hkv + hk) * m_max;
+        for (int64_t m = 0; m < n_mem; ++m) tot[static_cast<size_t>(m)] += rel[m];
+      }
+      std::partial_sort(order.begin(), order.begin() + topk_, order.end(), [&](int32_t a, int32_t c) {
+        return tot[static_cast<size_t>(a)] > tot[static_cast<size_t>(c)] ||
+               (tot[static_cast<size_t>(a)] == tot[static_cast<size_t>(c)] && a < c);
+      });
+      chosen.assign(order.begin(), order.begin() + topk_);
+      std::sort(chosen.begin(), chosen.end());
+    }
 
+    // What each query reads: its local window, the last n_local tokens at their real positions
+    // (a sliding window); and, at the fixed distance, the initial tokens, the chosen blocks and
+    // the remainder (tokens past the last memory block), all only where they are older than
+    // its window.
     const std::vector<attn::Item> items = attn::make_items(ctx, chunk_);
     const int64_t B = kv.block_tokens();
     spans_.resize(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       const attn::Item& it = items[i];
-      const size_t si = static_cast<size_t>((it.t0 / chunk_) * shape_.n_head_kv + it.hk);
-      const int64_t max_vis = kv.n_tokens(il, it.hk) - n + it.t0 + it.nt;
-      const int64_t mem_end = mem_end_[si];
+      const int64_t s = it.t0 / chunk_;
+      const int64_t vis0 = N - n + it.t0 + 1, vis1 = vis0 + it.nt - 1;  // first and last token's
+      const uint64_t token_mask = (uint64_t{1} << it.g) - 1;
+      auto rows_from = [&](int64_t tt) {  // rows of tokens tt.. of the item
+        uint64_t m = 0;
+        for (int64_t u = std::max<int64_t>(tt, 0); u < it.nt; ++u) m |= token_mask << (u * it.g);
+        return m;
+      };
+      auto rows_to = [&](int64_t tt) {  // rows of tokens ..tt
+        uint64_t m = 0;
+        for (int64_t u = 0; u <= std::min(tt, it.nt - 1); ++u) m |= token_mask << (u * it.g);
+        return m;
+      };
       auto& sp = spans_[i];
       sp.clear();
-      attn::add_spans(sp, 0, std::min(n_init_, max_vis), B);
-      for (int32_t m : sel_[si]) attn::add_spans(sp, n_init_ + m * block_, block_, B, 1, true);
-      if (max_vis > mem_end) attn::add_spans(sp, mem_end, max_vis - mem_end, B);
+      // Global part: keys j of S = [0, n_init) + chosen blocks + [mem_end, inf), for the rows
+      // whose window starts after j (U_t = vis_t - n_local > j).
+      const int64_t u0 = vis0 - n_local_, u1 = vis1 - n_local_;
+      const int64_t mem_end = n_init_ + n_mem_of(s) * block_;
+      auto global = [&](int64_t a, int64_t b) {  // S's interval [a, b)
+        const int64_t all_end = std::min(b, u0);
+        if (all_end > a) attn::add_spans(sp, a, all_end - a, B, 1, true);
+        for (int64_t j = std::max(a, u0); j < std::min(b, u1); ++j)
+          sp.push_back(attn::Span{j, 1, 1, true, rows_from(j - u0 + 1)});
+      };
+      global(0, std::min(n_init_, mem_end));
+      for (int32_t m : sel_[static_cast<size_t>(s)]) global(n_init_ + m * block_, n_init_ + (m + 1) * block_);
+      global(mem_end, u1);
+      // Local part: key j is in token tt's window when vis_tt - n_local <= j.
+      const int64_t l0 = std::max<int64_t>(0, u0), l1 = std::max<int64_t>(0, u1);
+      for (int64_t j = l0; j < l1; ++j) sp.push_back(attn::Span{j, 1, 0, false, rows_to(j - u0)});
+      attn::add_spans(sp, l1, vis1 - l1, B);
     }
     run_spans(ctx, items, spans_, pool);
     return ok_status();
@@ -171,8 +222,8 @@ class InfLlmBackend final : public ExecBackend {
   int64_t n_init_, n_local_, block_, reps_, topk_, chunk_;
   std::vector<HeadState> heads_;              // [n_layer * n_head_kv]
   std::vector<int32_t> fixed_;                // [n] the fixed distance
-  std::vector<std::vector<int32_t>> sel_;     // [n_sub * n_head_kv] chosen memory blocks
-  std::vector<int64_t> mem_end_;              // [n_sub * n_head_kv]
+  std::vector<std::vector<int32_t>> sel_;     // [n_sub] chosen memory blocks (per layer)
+  std::vector<float> rel_;                    // [n_sub, n_head_kv, blocks] relevance per KV head
   std::vector<std::vector<attn::Span>> spans_;  // [items] what each tile attends
 };
 
