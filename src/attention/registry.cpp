@@ -38,9 +38,9 @@ Expected<std::string> equal_budget_spec(std::string_view text, int64_t n) {
   } else if (name == "streaming") {
     set = {{"sinks", 4}, {"window", n - 4}};
   } else if (name == "infllm") {
-    // InfLLM's 128 initial tokens and blocks of 128; a block's worth left for the tokens past
-    // the last whole memory block (attended besides the local window, up to 127); of the rest
-    // half local, half retrieved.
+    // InfLLM's 128 initial tokens and blocks of 128; a block's worth left for the remainder
+    // past the last memory block (1 to 128 tokens older than the window); of the rest half
+    // local, half retrieved.
     const int64_t local = n / 2 - 128;
     set = {{"sinks", 128}, {"local", local}, {"block", 128}, {"topk", n / 2 / 128 - 1}};
   } else if (name == "dssa") {
