@@ -5,7 +5,10 @@
 #   variants the other RoPE scalings and sparse backends, on three tasks
 #   press    accuracy against KV-press ratio at the training length, query-aware and -agnostic
 #   qttt     query-only test-time training on and off, at and beyond the training length
+#   rope     on the plain-RoPE model (MODEL=models/longctx-2l-rope.gguf): every RoPE scaling,
+#            with and without logn, at factor = L / 1K for each length in ROPE_LENGTHS
 #   PARTS="lengths variants press qttt" SAMPLES=8 THREADS=2 scripts/eval_model.sh
+#   PARTS=rope MODEL=models/longctx-2l-rope.gguf ROPE_LENGTHS="2K 4K 8K 16K" scripts/eval_model.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-rel}
@@ -41,6 +44,21 @@ for part in $PARTS; do
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
     "$LC" bench run "${long[@]}" -L "${LONGEST:-256K,1M}" -o "$OUT/longest" \
       --method "rope=logn;attn=infllm:sinks=0,local=64,block=32,reps=32,topk=16,chunk=32;name=infllm"
+    ;;
+  rope)
+    # The RoPE scalings at the factor that maps each length onto the 1K window, with dense
+    # attention, each with and without logn (logn:orig=1024), plus plain RoPE.
+    for L in ${ROPE_LENGTHS:-2K 4K}; do
+      f=$(( ${L%K} ))  # K tokens / 1K
+      m=(--method "rope=none;attn=dense;name=plain" --method "rope=logn:orig=1024;attn=dense;name=plain+logn")
+      for r in linear ntk dynamic-ntk yarn llama3 mrrope-uni mrrope-pro; do
+        spec="$r:factor=$f"
+        case $r in linear|ntk) ;; *) spec="$spec,orig=1024" ;; esac
+        m+=(--method "rope=$spec;attn=dense;name=$r" --method "rope=$spec+logn:orig=1024;attn=dense;name=$r+logn")
+      done
+      "$LC" bench run -m "$M" --task niah_single_2 --task niah_multikey_1 --task passkey --task vt --samples "$SAMPLES" \
+        --max-new-tokens 48 -t "$THREADS" --no-plots -L "$L" -o "$OUT/rope-$L" "${m[@]}"
+    done
     ;;
   variants)
     # The other RoPE scalings, with dense attention (a reader without the model's ceiling
