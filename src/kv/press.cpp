@@ -597,6 +597,7 @@ const std::vector<RegistryEntry>& registry() {
   static const std::vector<RegistryEntry> kEntries = {
 #define LC_PRESS_SCORER(name, help, paper) {#name, help, paper, true},
 #define LC_PRESS_FRAME(name, help, paper) {#name, help, paper, false},
+#define LC_PRESS_CUSTOM(name, help, paper) {#name, help, paper, false},
 #include "kv/press_list.h"
   };
   return kEntries;
@@ -615,6 +616,22 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
   const std::string_view name = spec.substr(0, colon);
   const std::string_view params = colon == std::string_view::npos ? std::string_view() : spec.substr(colon + 1);
   std::string sname(name);
+  {
+    using CustomFactory = Expected<std::unique_ptr<KvPress>> (*)(Args&, const PressShape&);
+    static const std::vector<std::pair<std::string, CustomFactory>> kCustom = {
+#define LC_PRESS_CUSTOM(name, help, paper) {#name, make_press_##name},
+#include "kv/press_list.h"
+    };
+    for (const auto& [n, f] : kCustom) {
+      if (n != sname) continue;
+      LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
+      LC_ASSIGN_OR_RETURN(std::unique_ptr<KvPress> p, f(a, shape));
+      if (keys) *keys = a.accepted();
+      if (key_info) *key_info = a.key_info();
+      LC_TRY(a.finish());
+      return p;
+    }
+  }
   if (sname == "specpc") {
     LC_ASSIGN_OR_RETURN(Args a, Args::parse(name, params));
     LC_ASSIGN_OR_RETURN(PromptCompression pc, parse_specpc(a));
@@ -723,6 +740,39 @@ Expected<std::unique_ptr<KvPress>> make_one(std::string_view spec, const PressSh
 }
 
 }  // namespace
+
+int64_t BudgetKeys::kept(int64_t n_seen) const {
+  if (budget >= 0) return std::min(budget, n_seen);
+  return static_cast<int64_t>(std::floor((1.0 - ratio) * static_cast<double>(n_seen) + 1e-9));
+}
+
+std::string BudgetKeys::spec() const {
+  std::string s = budget >= 0 ? fmt::format("budget={}", budget) : "ratio=" + fmt_num(ratio);
+  return s + (query_aware ? ",query=aware" : ",query=agnostic");
+}
+
+Expected<BudgetKeys> parse_budget_keys(Args& a, double default_ratio) {
+  BudgetKeys b;
+  if (a.has("ratio") && a.has("budget"))
+    return make_error(fmt::format("kv press {}: give ratio= or budget=, not both", a.name()));
+  LC_ASSIGN_OR_RETURN(b.budget, a.integer("budget", -1, 1, INT32_MAX, "tokens kept per KV head of each layer; not with ratio="));
+  LC_ASSIGN_OR_RETURN(b.ratio, a.number("ratio", -1, 0, 1,
+                                        fmt::format("fraction of a layer's tokens removed, keeping floor((1 - ratio) x n); "
+                                                    "{} when budget= is not given", fmt_num(default_ratio)).c_str()));
+  if (b.ratio < 0 && b.budget < 0) b.ratio = default_ratio;
+  LC_ASSIGN_OR_RETURN(std::string q, a.choice("query", "aware", {"aware", "agnostic"}, kQueryHelp));
+  b.query_aware = q == "aware";
+  return b;
+}
+
+std::vector<int32_t> top_k(const float* score, std::vector<int32_t> cand, int64_t k) {
+  const auto t = static_cast<std::ptrdiff_t>(std::clamp<int64_t>(k, 0, static_cast<int64_t>(cand.size())));
+  if (t < static_cast<std::ptrdiff_t>(cand.size()))
+    std::nth_element(cand.begin(), cand.begin() + t, cand.end(), Better{score});
+  cand.resize(static_cast<size_t>(t));
+  std::sort(cand.begin(), cand.end());
+  return cand;
+}
 
 const ScorerFactory* find_scorer(std::string_view name) {
   static const std::vector<std::pair<std::string, ScorerFactory>> kScorers = {

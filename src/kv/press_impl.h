@@ -54,9 +54,30 @@ const ScorerFactory* find_scorer(std::string_view name);
 #define LC_PRESS_SCORER(name, help, paper) \
   Expected<std::unique_ptr<PressScorer>> make_##name(Args& a, const PressShape& s);
 #include "kv/press_list.h"
+// make_press_<name> of every LC_PRESS_CUSTOM (press_<name>.cpp): the whole press.
+#define LC_PRESS_CUSTOM(name, help, paper) \
+  Expected<std::unique_ptr<KvPress>> make_press_##name(Args& a, const PressShape& s);
+#include "kv/press_list.h"
 // SpecPC's parameters from its spec (press_spec.cpp).
 Expected<PromptCompression> parse_specpc(Args& a);
 std::string specpc_spec(const PromptCompression& p, bool query_aware);
+
+// ---- helpers shared by custom presses (LC_PRESS_CUSTOM) ----
+
+// ratio= / budget= / query= read with the same names, ranges and help as the scored presses.
+struct BudgetKeys {
+  double ratio = -1;      // fraction removed (< 0: budget given)
+  int64_t budget = -1;    // tokens kept per KV head (< 0: ratio given)
+  bool query_aware = true;
+  // Tokens kept of n seen: floor((1 - ratio) n) (kvpress), or min(budget, n).
+  int64_t kept(int64_t n_seen) const;
+  std::string spec() const;  // "ratio=0.5,query=aware" or "budget=B,query=..."
+};
+// default_ratio applies when neither key is given.
+Expected<BudgetKeys> parse_budget_keys(Args& a, double default_ratio = 0.5);
+// The k best of cand by score (higher first, ties to the lower index, as the scored presses),
+// returned ascending. k >= cand.size() returns every candidate.
+std::vector<int32_t> top_k(const float* score, std::vector<int32_t> cand, int64_t k);
 
 // ---- helpers shared by scorers ----
 

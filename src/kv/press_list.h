@@ -9,6 +9,9 @@
 //     budget, window, ...) on its own and as adakv's inner=.
 //   LC_PRESS_FRAME(name, help, paper): a press press.cpp builds itself: a budget allocation over
 //     a scorer (pyramidkv, adakv) or prompt compression (specpc). No factory of its own.
+//   LC_PRESS_CUSTOM(name, help, paper): a press with its own KvPress class and selection, in
+//     press_<name>.cpp, which defines press::make_press_<name>(Args&, const PressShape&). It reads
+//     every key it accepts from Args (the registry records them and rejects unknown ones).
 //
 // Adding a training-free scorer = its file + one LC_PRESS_SCORER line (CMake globs src/kv).
 //
@@ -21,6 +24,9 @@
 #endif
 #ifndef LC_PRESS_FRAME
 #define LC_PRESS_FRAME(name, help, paper)
+#endif
+#ifndef LC_PRESS_CUSTOM
+#define LC_PRESS_CUSTOM(name, help, paper)
 #endif
 
 LC_PRESS_SCORER(streaming_llm,
@@ -68,3 +74,4 @@ LC_PRESS_FRAME(specpc,
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME
+#undef LC_PRESS_CUSTOM
