@@ -7,9 +7,11 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include "cli/run_cli.h"
@@ -198,6 +200,20 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   r = run("bench speed -m " + kStories + " -p 16 -n 2 -a quest:budget=64 --budget 512");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("sets budget= itself"), std::string::npos) << r.out;
+  // bench run --budget: each method's attention spec rewritten, as results.jsonl records it.
+  const std::string out = testing::TempDir() + "bench_run_budget";
+  std::filesystem::remove_all(out);
+  r = run("bench run -m " + kStories + " --task passkey -L 700 --samples 1 -t 1 --no-plots --budget 512 -o " + out +
+          " --method 'attn=dense;name=d' --method 'attn=infllm;name=i' --method 'attn=lychee:retrieval=1;name=l'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> attn;
+  std::ifstream rows(out + "/results.jsonl");
+  for (std::string line; std::getline(rows, line);) attn.insert(nlohmann::json::parse(line)["attn"].get<std::string>());
+  EXPECT_EQ(attn, (std::set<std::string>{"dense", "infllm:sinks=128,local=128,block=128,topk=1",
+                                         "lychee:block=64,sinks=64,local=256,budget=128,retrieval=1"}));
+  r = run("bench run -m " + kStories + " --task passkey -L 700 --budget 512 -o " + out + "x");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("runs the model's default attention"), std::string::npos) << r.out;
   r = run("bench speed -m " + kStories + " -p 16 -n 2 -a nosuch");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("nosuch"), std::string::npos) << r.out;

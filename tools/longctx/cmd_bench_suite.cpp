@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "dist/comm.h"
+#include "attention/backend.h"
 #include "bench/method.h"
 #include "bench/ppl.h"
 #include "bench/run.h"
@@ -50,11 +51,15 @@ struct MethodOpts {
   std::vector<std::string> rope, attn, press, method;
   std::vector<std::string> qttt;  // bench run only (add_qttt)
   std::vector<std::string> reader;  // bench run only (add_reader)
+  int64_t budget = 0;  // --budget: every attention spec set to read this many keys per query head
   void add(CLI::App* app) {
     app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
     app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
     app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5 (" + press_flag_help() + ")");
     app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;qttt=..;reader=..;name=..' (repeatable)");
+    app->add_option("--budget", budget,
+                    "equal budgets: set every method's attention backend to read this many keys per query head "
+                    "when decoding (a multiple of 256, >= 512; docs/attention.md, \"Equal budgets\"); dense stays dense");
   }
   void add_qttt(CLI::App* app) {
     app->add_option("--qttt", qttt, "query-only test-time training after the prefill: steps=N,lr=X,span=S, or none "
@@ -66,10 +71,23 @@ struct MethodOpts {
                     "see docs/readers.md)");
   }
   bool given() const {
-    return !rope.empty() || !attn.empty() || !press.empty() || !method.empty() || !qttt.empty() || !reader.empty();
+    return !rope.empty() || !attn.empty() || !press.empty() || !method.empty() || !qttt.empty() || !reader.empty() ||
+           budget != 0;
   }
-  // --method settings, else the cross product of --rope x --attn x --kv-press x --qttt.
+  // --method settings, else the cross product of --rope x --attn x --kv-press x --qttt; with
+  // --budget, each one's attention spec rewritten by lc::equal_budget_spec.
   lc::Expected<std::vector<bench::MethodSetting>> settings() const {
+    LC_ASSIGN_OR_RETURN(std::vector<bench::MethodSetting> out, unbudgeted());
+    if (budget == 0) return out;
+    for (auto& m : out) {
+      if (m.attn.empty())
+        return lc::make_error(fmt::format("--budget {}: method {} runs the model's default attention; give it "
+                                          "explicitly (attn=... or --attn)", budget, m.label()));
+      LC_ASSIGN_OR_RETURN(m.attn, lc::equal_budget_spec(m.attn, budget));
+    }
+    return out;
+  }
+  lc::Expected<std::vector<bench::MethodSetting>> unbudgeted() const {
     std::vector<bench::MethodSetting> out;
     if (!method.empty()) {
       if (!rope.empty() || !attn.empty() || !press.empty() || !qttt.empty() || !reader.empty())
