@@ -75,6 +75,11 @@ LC_PRESS_CUSTOM(simlayerkv,
                 "lazy layers (last queries' attention on the first + recent tokens > lazy_threshold) keep only those",
                 "Zhang et al., \"SimLayerKV: A Simple Framework for Layer-Level KV Cache Reduction\", arXiv "
                 "2410.13846, 2024")
+LC_PRESS_CUSTOM(duo_attention,
+                "streaming heads (lowest head scores over the model, head_ratio of them) keep sink + recent tokens; "
+                "scores on the fly from the prompt's mean query and key, or patterns=FILE",
+                "Xiao et al., \"DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
+                "Heads\", ICLR 2025")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME
