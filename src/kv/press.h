@@ -170,6 +170,8 @@ class PressScorer {
   virtual Status score(const PressContext& c, int64_t il, const PressShape& shape, PressScores& s) = 0;
 };
 
+class KvzipReconstruction;  // kv/press_kvzip.h
+
 class KvPress {
  public:
   virtual ~KvPress() = default;
@@ -186,6 +188,9 @@ class KvPress {
   virtual int64_t lookahead() const { return 0; }
   // SpecPC: non-null when the press compresses the prompt before prefill (with a draft model).
   virtual const PromptCompression* prompt_compression() const { return nullptr; }
+  // KVzip: non-null when the press scores by context reconstruction (kv/press_kvzip.h): the
+  // runtime runs the reconstruction prompts through the model after the context, then compress().
+  virtual KvzipReconstruction* reconstruction() { return nullptr; }
   // Whether the press needs a draft model (speckv, specpc).
   bool needs_draft() const { return lookahead() != 0 || prompt_compression() != nullptr; }
   // An attention backend the press cannot work with (error naming both), e.g. h2o's observer

@@ -71,6 +71,11 @@ LC_PRESS_SCORER(speckv,
 LC_PRESS_FRAME(specpc,
                "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)",
                "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
+LC_PRESS_CUSTOM(kvzip,
+                "context reconstruction: max attention of \"Repeat the previous context\" + the context, run after it "
+                "chunk by chunk; global ranking (query-agnostic)",
+                "Kim et al., \"KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction\", arXiv "
+                "2505.23416, 2025")
 LC_PRESS_CUSTOM(simlayerkv,
                 "lazy layers (last queries' attention on the first + recent tokens > lazy_threshold) keep only those",
                 "Zhang et al., \"SimLayerKV: A Simple Framework for Layer-Level KV Cache Reduction\", arXiv "

@@ -6,6 +6,7 @@
 
 #include "core/binary_io.h"
 #include "core/sys.h"
+#include "kv/press_kvzip.h"
 #include "kv/press_spec.h"
 
 namespace lc {
@@ -23,6 +24,13 @@ PressRunner::PressRunner(std::unique_ptr<KvPress> press, const Model& model, con
     : press_(std::move(press)), n_layer_(model.hparams().n_layer) {
   const HParams& hp = model.hparams();
   observer_ = press_->observer();
+  kvzip_ = press_->reconstruction();
+  if (kvzip_) {  // KVzip's reconstruction prompts, encoded as kvpress does (no BOS, no special tokens)
+    const Tokenizer& tok = model.tokenizer();
+    kvzip_first_ = tok.encode(kKvzipFirstPrompt, false, false);
+    kvzip_next_ = tok.encode(kKvzipNextPrompt, false, false);
+    kvzip_suffix_ = tok.encode(kKvzipSuffix, false, false);
+  }
   // The draft's context is made on its first call, with this context's size and batch.
   if (press_->needs_draft() && p.draft) draft_ = std::make_unique<DraftRunner>(*p.draft, p.draft_name, p);
   window_.resize(hp.n_layer, hp.n_head * hp.head_dim, press_->n_obs());
@@ -74,6 +82,12 @@ void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int
 // H2O: the attention these queries just paid, accumulated on the press side (positions are the
 // sequence indices here).
 void PressRunner::on_attention(Context& ctx, int64_t il, const float* q, const int32_t* pos, int64_t n) {
+  if (in_kvzip_) {  // KVzip's reconstruction tokens: their attention scores the context
+    if (!kvzip_error_.empty()) return;  // the first error is reported after the pass
+    const Status st = kvzip_->observe(ctx.kv(), il, q, pos, pos, n, &ctx.pool());
+    if (!st) kvzip_error_ = st.message();
+    return;
+  }
   if (in_lookahead_) {
     capture_lookahead_keys(ctx.kv(), il, n);
     return;
@@ -89,7 +103,9 @@ Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
   n_generated_ = 0;
   if (!active_) return ok_status();
   LC_TRY(compress(ctx, PressPhase::kChunk));
-  if (press_->lookahead() != 0 && press_->schedule().covers(PressPhase::kPrefill)) {
+  if (kvzip_ && press_->schedule().covers(PressPhase::kPrefill)) {
+    LC_TRY(kvzip_compress(ctx));
+  } else if (press_->lookahead() != 0 && press_->schedule().covers(PressPhase::kPrefill)) {
     LC_TRY(lookahead_compress(ctx));
   } else {
     LC_TRY(compress(ctx, PressPhase::kPrefill));
@@ -177,6 +193,82 @@ Status PressRunner::lookahead_compress(Context& ctx) {
   if (st) lookahead_run_ = lookahead_n_;
   window_ = saved;
   std::vector<float>().swap(lookahead_keys_);  // up to n_layer x n_head_kv x lookahead keys
+  return st;
+}
+
+// KVzip (Kim et al., arXiv 2505.23416; kvpress KVzipPress): after the context, the model reads a
+// reconstruction prompt and the context again, chunk_size context tokens at a time: "Repeat the
+// previous context exactly." (later chunks: "Repeat the part of the previous context exactly,
+// starting with" + the previous chunk's last `postfix` tokens), "\n", then the chunk's tokens.
+// Each pass attends the whole context and its own tokens, and leaves the cache again before the
+// next (evaluate_scratch), as kvpress cuts its cache back to the context after every layer; the
+// press scores the context with the passes' attention (kv/press_kvzip.cpp), then compresses.
+Status PressRunner::kvzip_compress(Context& ctx) {
+  kvzip_passes_ = kvzip_tokens_ = 0;
+  if (!kvzip_->needed(ctx.kv())) return ok_status();  // kvpress runs nothing at ratio 0
+  const std::vector<int32_t>& toks = ctx.tokens();
+  const int64_t n = static_cast<int64_t>(toks.size());
+  if (n == 0) return ok_status();
+  // The context tokens' sequence indices: every one below n_past() but the hidden ones.
+  std::vector<int32_t> seq;
+  seq.reserve(static_cast<size_t>(n));
+  size_t hi = 0;
+  const auto& hidden = ctx.hidden();
+  for (int64_t s = 0; s < ctx.n_past(); ++s) {
+    while (hi < hidden.size() && s >= hidden[hi].first + hidden[hi].count) ++hi;
+    if (hi < hidden.size() && s >= hidden[hi].first) continue;
+    seq.push_back(static_cast<int32_t>(s));
+  }
+  if (static_cast<int64_t>(seq.size()) != n)
+    return make_error(fmt::format("--kv-press {}: {} tokens held but {} sequence indices", press_->spec(), n,
+                                  seq.size()));
+  const QueryWindow saved = window_;  // the reconstruction tokens are not the sequence's
+  Status st = ok_status();
+  {
+    ScopedTimer timer{t_press_};  // the reconstruction passes (compress() times itself)
+    st = kvzip_->begin(ctx.kv(), std::move(seq));
+    const std::vector<KvzipChunk> chunks = kvzip_->chunks(n);
+    for (size_t i = 0; i < chunks.size() && st; ++i) {
+      const KvzipChunk& c = chunks[i];
+      std::vector<int32_t> ids = i == 0 ? kvzip_first_ : kvzip_next_;
+      if (i > 0) {
+        const KvzipChunk& prev = chunks[i - 1];
+        const int64_t take = std::min(kvzip_->postfix(), prev.end - prev.first);
+        ids.insert(ids.end(), toks.begin() + (prev.end - take), toks.begin() + prev.end);
+      }
+      ids.insert(ids.end(), kvzip_suffix_.begin(), kvzip_suffix_.end());
+      ids.insert(ids.end(), toks.begin() + c.first, toks.begin() + c.end);
+      if (ctx.n_past() + static_cast<int64_t>(ids.size()) > ctx.n_ctx()) {
+        st = make_error(ErrorCode::kContextFull,
+                        fmt::format("--kv-press {}: reconstruction pass {} of {} needs {} tokens after the {} of the "
+                                    "sequence, but the context holds {} (raise --ctx-size to {}, or lower "
+                                    "chunk_size=)",
+                                    press_->spec(), i + 1, chunks.size(), ids.size(), ctx.n_past(), ctx.n_ctx(),
+                                    ctx.n_past() + static_cast<int64_t>(ids.size())));
+        break;
+      }
+      st = kvzip_->begin_chunk(ctx.kv(), c, ctx.n_past());
+      if (st) {
+        kvzip_error_.clear();
+        in_kvzip_ = true;
+        st = ctx.evaluate_scratch(ids);
+        in_kvzip_ = false;
+        if (st && !kvzip_error_.empty()) st = make_error(kvzip_error_);
+      }
+      if (!st) {
+        st = make_error(st.code(), fmt::format("--kv-press {}: reconstruction pass {} of {} ({} tokens after the {} "
+                                               "of the context): {}",
+                                               press_->spec(), i + 1, chunks.size(), ids.size(), n, st.message()));
+      } else {
+        ++kvzip_passes_;
+        kvzip_tokens_ += static_cast<int64_t>(ids.size());
+      }
+    }
+    if (st) st = kvzip_->finish(ctx.kv());
+  }
+  window_ = saved;
+  if (st) st = compress(ctx, PressPhase::kPrefill);
+  if (!st) kvzip_->reset();
   return st;
 }
 

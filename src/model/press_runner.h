@@ -38,6 +38,9 @@ class PressRunner final : public ForwardHooks {
   void set_answer_tokens(int64_t n) { answer_tokens_ = n; }
   // SpecKV: the draft tokens the last after-prompt compression looked ahead with (0: none).
   int64_t lookahead_run() const { return lookahead_run_; }
+  // KVzip: the reconstruction passes the last compression ran and their tokens (0: none ran).
+  int64_t reconstruction_passes() const { return kvzip_passes_; }
+  int64_t reconstruction_tokens() const { return kvzip_tokens_; }
   // lookahead=answer where the runtime generates no answer (perplexity, bench speed/press).
   static constexpr int64_t kLookaheadNoAnswer = 32;
 
@@ -63,6 +66,8 @@ class PressRunner final : public ForwardHooks {
   // keys lookahead_keys_ holds.
   Status compress(Context& ctx, PressPhase phase, int64_t n_lookahead = 0);
   Status lookahead_compress(Context& ctx);
+  // KVzip: runs the reconstruction prompts through the model, then compresses.
+  Status kvzip_compress(Context& ctx);
   // During the lookahead's forward: copies the keys layer il just stored for its n tokens.
   void capture_lookahead_keys(const KvCache& kv, int64_t il, int64_t n);
   Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
@@ -86,6 +91,13 @@ class PressRunner final : public ForwardHooks {
   std::string lookahead_error_;  // a copy that went wrong (reported after the forward)
   double t_press_ = 0;
   std::vector<int32_t> prompt_kept_;
+  // KVzip (kv/press_kvzip.h): the press's reconstruction side, its prompts' token ids, and the
+  // first error of its scoring while the reconstruction tokens run.
+  KvzipReconstruction* kvzip_ = nullptr;
+  std::vector<int32_t> kvzip_first_, kvzip_next_, kvzip_suffix_;
+  bool in_kvzip_ = false;
+  std::string kvzip_error_;
+  int64_t kvzip_passes_ = 0, kvzip_tokens_ = 0;
 };
 
 }  // namespace lc
