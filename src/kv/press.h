@@ -65,6 +65,18 @@ struct PressShape {
 
 enum class PressPhase { kPrefill, kChunk, kDecode };
 
+// The model's attention output projection W_o, for presses that weigh a value by what it adds to
+// the layer's output (CriticalKV's ||W_o v||_1). The model runtime implements it (press_runner.cpp)
+// and dequantises a layer's matrix on first use; tests give their own.
+class OutputProjection {
+ public:
+  virtual ~OutputProjection() = default;
+  virtual int64_t n_embd() const = 0;
+  // W_o of layer il as f32, row-major [n_embd][n_head * head_dim_v] (row r: output feature r;
+  // columns h * head_dim_v ... of query head h). Valid while the projection lives.
+  virtual const float* layer(int64_t il) = 0;
+};
+
 struct PressContext {
   KvCache* kv = nullptr;
   ThreadPool* pool = nullptr;       // scratch parallelism over heads; may be null (serial)
@@ -84,6 +96,7 @@ struct PressContext {
   // see them (a chain hands the lookahead queries and keys to its look-ahead parts only).
   int64_t n_lookahead = 0;
   const float* lookahead_keys = nullptr;
+  OutputProjection* out_proj = nullptr;  // W_o per layer (criticalkv); null: no model attached
 };
 
 // PressScorer::lookahead() / KvPress::lookahead(): look ahead by the request's answer budget

@@ -85,6 +85,15 @@ LC_PRESS_CUSTOM(duo_attention,
                 "scores on the fly from the prompt's mean query and key, or patterns=FILE",
                 "Xiao et al., \"DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming "
                 "Heads\", ICLR 2025")
+LC_PRESS_CUSTOM(criticalkv,
+                "two stages over a scorer (inner=NAME): first_stage_ratio of the budget by its scores, the rest by "
+                "(score + eps) x ||W_o v||_1",
+                "Feng et al., \"Identify Critical KV Cache in LLM Inference from an Output Perturbation "
+                "Perspective\", arXiv 2502.03805, 2025")
+LC_PRESS_CUSTOM(critical_adakv,
+                "criticalkv's two stages within AdaKV's head-wise budgets (inner=NAME, alpha)",
+                "Feng et al., \"Identify Critical KV Cache in LLM Inference from an Output Perturbation "
+                "Perspective\", arXiv 2502.03805, 2025")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME

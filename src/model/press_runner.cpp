@@ -6,6 +6,7 @@
 
 #include "core/binary_io.h"
 #include "core/sys.h"
+#include "kernels/kernels.h"
 #include "kv/press_kvzip.h"
 #include "kv/press_spec.h"
 
@@ -18,10 +19,33 @@ struct ScopedTimer {
   double t0 = now_seconds();
   ~ScopedTimer() { acc += now_seconds() - t0; }
 };
+
+// The model's W_o for the presses (PressContext::out_proj): a layer's matrix is dequantised to
+// f32 when a press first asks for it and kept (n_embd x n_head * head_dim_v floats per layer).
+class ModelOutputProjection final : public OutputProjection {
+ public:
+  explicit ModelOutputProjection(const Model& m) : model_(m), f32_(m.layers().size()) {}
+  int64_t n_embd() const override { return model_.hparams().n_embd; }
+  const float* layer(int64_t il) override {
+    std::vector<float>& w = f32_[static_cast<size_t>(il)];
+    if (w.empty()) {
+      const TensorView& wo = model_.layers()[static_cast<size_t>(il)].wo;  // rows: outputs
+      w.resize(static_cast<size_t>(wo.n_rows() * wo.ne[0]));
+      for (int64_t r = 0; r < wo.n_rows(); ++r)
+        kernels::dequantize_row(wo.type, wo.row(r), w.data() + r * wo.ne[0], wo.ne[0]);
+    }
+    return w.data();
+  }
+
+ private:
+  const Model& model_;
+  std::vector<std::vector<float>> f32_;
+};
 }  // namespace
 
 PressRunner::PressRunner(std::unique_ptr<KvPress> press, const Model& model, const ContextParams& p)
-    : press_(std::move(press)), n_layer_(model.hparams().n_layer) {
+    : press_(std::move(press)), out_proj_(std::make_unique<ModelOutputProjection>(model)),
+      n_layer_(model.hparams().n_layer) {
   const HParams& hp = model.hparams();
   observer_ = press_->observer();
   kvzip_ = press_->reconstruction();
@@ -145,6 +169,7 @@ Status PressRunner::compress(Context& ctx, PressPhase phase, int64_t n_lookahead
     pc.n_obs = m;
     pc.n_lookahead = n_lookahead;
     pc.lookahead_keys = n_lookahead > 0 ? lookahead_keys_.data() + il * per_layer : nullptr;
+    pc.out_proj = out_proj_.get();
     LC_TRY(press_->compress(pc, il));
   }
   return ok_status();

@@ -73,6 +73,7 @@ class PressRunner final : public ForwardHooks {
   Status select_prompt(std::span<const int32_t> prompt, std::vector<int32_t>& selected);
 
   std::unique_ptr<KvPress> press_;
+  std::unique_ptr<OutputProjection> out_proj_;  // W_o per layer, dequantised on first use (criticalkv)
   AttentionObserver* observer_ = nullptr;  // the press's feed of the real attention (H2O)
   std::unique_ptr<DraftRunner> draft_;  // speckv, specpc: the draft model
   int64_t n_layer_ = 0;
