@@ -68,6 +68,12 @@ LC_PRESS_SCORER(speckv,
                 "attention of the last prompt queries and of a draft's answer run through the model (its keys in the "
                 "softmax), max over group x queries, max-pooled (needs --draft)",
                 "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")
+LC_PRESS_SCORER(lagkv,
+                "attention-free: each lag_size partition's keys and values, min/max-normalised by the next "
+                "partition's, score by their channel std (softmax, ranked per partition); sinks and the last "
+                "partition kept",
+                "Liang et al., \"LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are Important\", "
+                "arXiv 2504.04704, 2025")
 LC_PRESS_FRAME(specpc,
                "the draft's attention picks prompt tokens (+ neighbours) before the model prefills them (needs --draft)",
                "Galim et al., \"Draft-based Approximate Inference for LLMs\", arXiv 2506.08373, 2025")

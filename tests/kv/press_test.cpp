@@ -28,7 +28,7 @@ namespace lc {
 namespace {
 
 const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "h2o", "tova", "knorm", "keydiff",
-                                       "expected_attention", "random", "adakv", "speckv"};
+                                       "expected_attention", "random", "adakv", "speckv", "lagkv"};
 // Presses with a KvPress class of their own (LC_PRESS_CUSTOM, listed after specpc) and keys of
 // their own: tested in their own files (tests/kv/press_<name>_test.cpp), not by the generic tests.
 const std::vector<std::string> kCustom = {"kvzip", "simlayerkv", "duo_attention", "criticalkv", "critical_adakv"};
@@ -205,8 +205,8 @@ TEST(KvPress, RegistryListsEveryPressOnce) {
   ASSERT_FALSE(e.has_value());
   EXPECT_EQ(e.error().message,
             "kv press adakv: inner=nosuch: expected a scorer (streaming_llm, snapkv, h2o, tova, knorm, keydiff, "
-            "expected_attention, random, speckv)");
-  EXPECT_EQ(scorers.size(), 9u);
+            "expected_attention, random, speckv, lagkv)");
+  EXPECT_EQ(scorers.size(), 10u);
   for (const char* frame : {"adakv:inner=pyramidkv", "adakv:inner=adakv", "adakv:inner=specpc"})
     EXPECT_FALSE(make_kv_press(frame, PressShape{2, 4, 2, 8, 8, 0}).has_value()) << frame;
   EXPECT_TRUE(make_kv_press("adakv:inner=keydiff,ratio=0.5", PressShape{2, 4, 2, 8, 8, 0}).has_value());
