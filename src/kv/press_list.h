@@ -100,6 +100,11 @@ LC_PRESS_CUSTOM(critical_adakv,
                 "criticalkv's two stages within AdaKV's head-wise budgets (inner=NAME, alpha)",
                 "Feng et al., \"Identify Critical KV Cache in LLM Inference from an Output Perturbation "
                 "Perspective\", arXiv 2502.03805, 2025")
+LC_PRESS_CUSTOM(chunkkv,
+                "whole chunks of chunk_length tokens, ranked by an inner scorer's scores (inner=NAME) summed over "
+                "the layer's heads: the same chunks in every head",
+                "Liu et al., \"ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM "
+                "Inference\", arXiv 2502.00299, 2025")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME
