@@ -105,6 +105,12 @@ LC_PRESS_CUSTOM(chunkkv,
                 "the layer's heads: the same chunks in every head",
                 "Liu et al., \"ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM "
                 "Inference\", arXiv 2502.00299, 2025")
+LC_PRESS_CUSTOM(block,
+                "as if the prompt came in blocks of block_size: each block competes with the survivors before it "
+                "by an inner scorer (inner=NAME, default keydiff)",
+                "kvpress's BlockPress, after the block-wise prefill of Park et al., \"KeyDiff: Key Similarity-Based "
+                "KV Cache Eviction for Long-Context LLM Inference in Resource-Constrained Environments\", arXiv "
+                "2504.15364, 2025")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME
