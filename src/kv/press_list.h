@@ -111,6 +111,13 @@ LC_PRESS_CUSTOM(block,
                 "kvpress's BlockPress, after the block-wise prefill of Park et al., \"KeyDiff: Key Similarity-Based "
                 "KV Cache Eviction for Long-Context LLM Inference in Resource-Constrained Environments\", arXiv "
                 "2504.15364, 2025")
+LC_PRESS_CUSTOM(decoding,
+                "while generating: every interval tokens, each head back to its target best by an inner scorer "
+                "(inner=NAME, default knorm; queries from the last buffer + 1 generated tokens); the prompt is left "
+                "whole",
+                "kvpress's DecodingPress (no paper of its own; kvpress's citation: Jegou, Jeblick, Devoto, "
+                "\"Expected Attention: KV Cache Compression by Estimating Attention from Future Queries "
+                "Distribution\", arXiv 2510.00636, 2025)")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME
