@@ -41,15 +41,6 @@
 
 namespace lc::press {
 
-// Defined in press_chunkkv.cpp (the wrapper presses' shared helpers).
-Expected<std::unique_ptr<PressScorer>> parse_inner_scorer(Args& a, const PressShape& s, const char* def,
-                                                          const char* help, bool allow_lookahead, int64_t& n_sink,
-                                                          int64_t& window, bool& reduce_max);
-Status inner_kv_scores(PressScorer& inner, const PressContext& c, int64_t il, const PressShape& s, bool reduce_max,
-                       std::vector<std::vector<float>>& out);
-std::vector<uint8_t> protected_mask(const int32_t* seq, int64_t n, int64_t n_sink, int64_t window);
-void raise_protected(std::vector<std::vector<float>>& sc, const std::vector<std::vector<uint8_t>>& prot);
-
 namespace {
 
 constexpr const char* kInnerHelp =

@@ -79,6 +79,17 @@ Expected<BudgetKeys> parse_budget_keys(Args& a, double default_ratio = 0.5);
 // returned ascending. k >= cand.size() returns every candidate.
 std::vector<int32_t> top_k(const float* score, std::vector<int32_t> cand, int64_t k);
 
+// The wrapper presses' helpers (chunkkv, block, decoding; defined in press_chunkkv.cpp): inner=
+// parsing with the inner scorer's n_sink/window/reduce, its group-reduced scores per KV head,
+// the protected tokens of a head, and their scores raised to the layer's max + 1 (kvpress).
+Expected<std::unique_ptr<PressScorer>> parse_inner_scorer(Args& a, const PressShape& s, const char* def,
+                                                          const char* help, bool allow_lookahead, int64_t& n_sink,
+                                                          int64_t& window, bool& reduce_max);
+Status inner_kv_scores(PressScorer& inner, const PressContext& c, int64_t il, const PressShape& s, bool reduce_max,
+                       std::vector<std::vector<float>>& out);
+std::vector<uint8_t> protected_mask(const int32_t* seq, int64_t n, int64_t n_sink, int64_t window);
+void raise_protected(std::vector<std::vector<float>>& sc, const std::vector<std::vector<uint8_t>>& prot);
+
 // ---- helpers shared by scorers ----
 
 inline float attn_scale(const PressShape& s) {
