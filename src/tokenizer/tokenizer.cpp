@@ -1,4 +1,4 @@
-// Loading a tokenizer from GGUF metadata, the parts shared by both tokenizers (special-token
+// Loading a tokenizer from GGUF metadata, the parts shared by the tokenizers (special-token
 // partition, pieces, decode) and the streaming decoder. The behaviour follows llama.cpp's
 // llama-vocab.cpp, whose outputs are the test oracle.
 #include "tokenizer/tokenizer.h"
@@ -151,10 +151,14 @@ class TokenizerLoader {
       LC_TRY(finish_bpe(*t));
       return std::unique_ptr<Tokenizer>(std::move(t));
     }
-    if (model == "bert")
-      return fail("tokenizer model 'bert' (WordPiece) is not supported");
+    if (model == "bert") {
+      auto t = std::make_unique<WpmTokenizer>();
+      LC_TRY(load_common(*t, model));
+      LC_TRY(finish_wpm(*t));
+      return std::unique_ptr<Tokenizer>(std::move(t));
+    }
     return fail(fmt::format("unknown tokenizer model '{}' ({}); supported: 'llama' "
-                            "(SentencePiece), 'gpt2' (byte-level BPE)",
+                            "(SentencePiece), 'gpt2' (byte-level BPE), 'bert' (WordPiece)",
                             model, kKeyModel));
   }
 
@@ -186,6 +190,7 @@ class TokenizerLoader {
     tok_ = &t;
     t.model_ = model;
     const bool spm = model == "llama";
+    const bool wpm = model == "bert";
     if (!f_.has(kKeyTokens)) return fail(fmt::format("missing {}", kKeyTokens));
     LC_ASSIGN_OR_RETURN(t.vocab_, f_.get_string_array(kKeyTokens));
     const size_t n = t.vocab_.size();
@@ -234,6 +239,19 @@ class TokenizerLoader {
       t.add_space_prefix_ = true;
       t.clean_spaces_ = false;
       LC_ASSIGN_OR_RETURN(t.pre_, f_.get_string_or(kKeyPre, "default"));
+    } else if (wpm) {
+      // BERT's ids, each dropped when the vocabulary is too small for it (llama.cpp's defaults).
+      const auto in_vocab = [&](int32_t id) { return static_cast<size_t>(id) < n ? id : -1; };
+      t.bos_ = in_vocab(101);  // [CLS]
+      t.eos_ = -1;
+      t.unk_ = in_vocab(100);
+      t.sep_ = in_vocab(102);
+      t.pad_ = in_vocab(0);
+      t.add_bos_ = true;
+      t.add_sep_ = true;
+      t.add_space_prefix_ = false;
+      t.clean_spaces_ = true;
+      LC_ASSIGN_OR_RETURN(t.pre_, f_.get_string_or(kKeyPre, ""));  // not used by WordPiece
     } else {
       t.bos_ = t.eos_ = t.unk_ = -1;
       LC_ASSIGN_OR_RETURN(t.pre_, f_.get_string_or(kKeyPre, ""));
@@ -256,6 +274,7 @@ class TokenizerLoader {
     LC_TRY(read_id("tokenizer.ggml.eos_token_id", t.eos_, true));
     LC_TRY(read_id("tokenizer.ggml.unknown_token_id", t.unk_, false));
     LC_TRY(read_id("tokenizer.ggml.padding_token_id", t.pad_, false));
+    LC_TRY(read_id("tokenizer.ggml.seperator_token_id", t.sep_, false));  // GGUF's spelling
     LC_TRY(read_id("tokenizer.ggml.eot_token_id", eot, false));
     LC_TRY(read_id("tokenizer.ggml.eom_token_id", eom, false));
 
@@ -265,6 +284,9 @@ class TokenizerLoader {
       return fail("tokenizer.ggml.add_bos_token is true but there is no BOS token");
     if (t.add_eos_ && t.eos_ < 0)
       return fail("tokenizer.ggml.add_eos_token is true but there is no EOS token");
+    LC_ASSIGN_OR_RETURN(t.add_sep_, f_.get_bool_or("tokenizer.ggml.add_sep_token", t.add_sep_));
+    if (t.add_sep_ && t.sep_ < 0)
+      return fail("tokenizer.ggml.add_sep_token is true but there is no SEP token");
 
     // End of generation: the eos/eot/eom ids and the tokens known by their text. llama.cpp
     // also makes those control tokens (so they are only parsed with parse_special).
@@ -322,6 +344,31 @@ class TokenizerLoader {
     return ok_status();
   }
 
+  // Pieces as SentencePiece and WordPiece print them: U+2581 becomes a space.
+  static void unescaped_pieces(Tokenizer& t) {
+    t.pieces_.resize(t.vocab_.size());
+    for (size_t i = 0; i < t.vocab_.size(); ++i) {
+      const uint32_t a = t.attr_bits_[i];
+      const std::string& text = t.vocab_[i];
+      std::string& p = t.pieces_[i];
+      if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
+        p = text;
+      } else if (a & kAttrNormal) {
+        for (size_t k = 0; k < text.size();) {
+          if (text.compare(k, 3, "\xE2\x96\x81") == 0) {
+            p.push_back(' ');
+            k += 3;
+          } else {
+            p.push_back(text[k++]);
+          }
+        }
+      } else if (a & kAttrByte) {
+        const int b = parse_byte_token(text);
+        if (b >= 0) p.assign(1, static_cast<char>(b));
+      }
+    }
+  }
+
   Status finish_spm(SpmTokenizer& t) {
     t.split_at_spaces_ = true;
     for (const std::string& w : t.vocab_) {
@@ -342,28 +389,18 @@ class TokenizerLoader {
       if (id < 0) id = t.lookup(std::string(1, static_cast<char>(b)));
       t.byte_token_[static_cast<size_t>(b)] = id;
     }
-    t.pieces_.resize(t.vocab_.size());
-    for (size_t i = 0; i < t.vocab_.size(); ++i) {
-      const uint32_t a = t.attr_bits_[i];
-      const std::string& text = t.vocab_[i];
-      std::string& p = t.pieces_[i];
-      if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
-        p = text;
-      } else if (a & kAttrNormal) {
-        // U+2581 stands for a space in SentencePiece vocabularies.
-        for (size_t k = 0; k < text.size();) {
-          if (text.compare(k, 3, "\xE2\x96\x81") == 0) {
-            p.push_back(' ');
-            k += 3;
-          } else {
-            p.push_back(text[k++]);
-          }
-        }
-      } else if (a & kAttrByte) {
-        const int b = parse_byte_token(text);
-        if (b >= 0) p.assign(1, static_cast<char>(b));
-      }
-    }
+    unescaped_pieces(t);
+    return ok_status();
+  }
+
+  Status finish_wpm(WpmTokenizer& t) {
+    for (const std::string& w : t.vocab_) t.max_token_len_ = std::max(t.max_token_len_, w.size());
+    // BertNormalizer's options; strip_accents follows lowercase unless given (as in HF).
+    LC_ASSIGN_OR_RETURN(t.lowercase_, f_.get_bool_or("tokenizer.ggml.normalizer.lowercase", true));
+    LC_ASSIGN_OR_RETURN(t.strip_accents_,
+                        f_.get_bool_or("tokenizer.ggml.normalizer.strip_accents", t.lowercase_));
+    // llama.cpp cannot print WordPiece byte tokens (it aborts); they print their byte here.
+    unescaped_pieces(t);
     return ok_status();
   }
 

@@ -1,5 +1,5 @@
-// Tokenizers read from GGUF metadata: SentencePiece-style ("llama") and byte-level BPE
-// ("gpt2") with the pre-tokenisers of the supported model families.
+// Tokenizers read from GGUF metadata: SentencePiece-style ("llama"), byte-level BPE ("gpt2")
+// with the pre-tokenisers of the supported model families, and WordPiece ("bert").
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
   static Expected<std::unique_ptr<Tokenizer>> from_gguf(const gguf::File& f);
 
-  // add_special: BOS/EOS as the model's add_bos/add_eos flags say.
+  // add_special: BOS/EOS as the model's add_bos/add_eos flags say; on WordPiece vocabularies,
+  // as llama.cpp does, always BOS ([CLS]) first and SEP ([SEP]) last (those present).
   // parse_special: text matching special/control tokens becomes those tokens.
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
   // A text given in parts, each with its own parse_special; the parts are encoded as their
@@ -46,8 +47,9 @@ class Tokenizer {
   virtual std::string token_to_piece(int32_t id, bool special = false) const = 0;
   // Text of `ids` as llama_detokenize(remove_special = false, unparse_special = special) gives
   // it: the pieces joined, one leading space dropped from the first on SentencePiece vocabs,
-  // and for the BPE families llama.cpp cleans up (gpt-2, llama3, falcon, starcoder, ...)
-  // " ," " ." " ?" " !" " 's" " 'm" " 're" " 've" lose their space.
+  // and for the BPE families llama.cpp cleans up (gpt-2, llama3, falcon, starcoder, ...) and
+  // WordPiece " ," " ." " ?" " !" " 's" " 'm" " 're" " 've" lose their space. WordPiece words
+  // each print with a space in front, the first one included ("hello world" -> " hello world").
   std::string decode(const std::vector<int32_t>& ids, bool special = false) const;
 
   int32_t n_vocab() const { return static_cast<int32_t>(vocab_.size()); }
@@ -56,10 +58,12 @@ class Tokenizer {
   int32_t eos() const { return eos_; }
   bool add_bos() const { return add_bos_; }
   bool add_eos() const { return add_eos_; }
+  int32_t sep() const { return sep_; }  // WordPiece's [SEP], or -1
+  bool add_sep() const { return add_sep_; }  // llama_vocab_get_add_sep
   bool is_eog(int32_t id) const;  // end of generation (eos, eot, im_end, ...)
   bool is_control(int32_t id) const;
   int32_t find_token(std::string_view text) const;  // -1 if absent
-  const std::string& model_name() const { return model_; }  // "llama" / "gpt2"
+  const std::string& model_name() const { return model_; }  // "llama" / "gpt2" / "bert"
   const std::string& pre_name() const { return pre_; }
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }
@@ -93,8 +97,8 @@ class Tokenizer {
   std::vector<float> scores_;
   std::vector<int32_t> attrs_;  // TokenAttr per id
   std::vector<int32_t> eog_ids_;
-  int32_t bos_ = -1, eos_ = -1, unk_ = -1, pad_ = -1;
-  bool add_bos_ = false, add_eos_ = false;
+  int32_t bos_ = -1, eos_ = -1, unk_ = -1, pad_ = -1, sep_ = -1;
+  bool add_bos_ = false, add_eos_ = false, add_sep_ = false;
   std::string model_, pre_;
   // Loader state beyond the public accessors.
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id_;

@@ -136,4 +136,24 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ranks_;
 };
 
+// WordPiece ("bert"), matching llama.cpp's llm_tokenizer_wpm: BERT's normaliser splits the
+// text into words (whitespace, each punctuation mark, ASCII symbol and CJK ideograph a word of
+// its own; lowercase and accents stripped as the GGUF asks), then every word, with a U+2581 in
+// front, is cut greedily into the longest vocabulary entries; a word that cannot be cut all
+// the way becomes the unknown token.
+class WpmTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode_segments(std::string_view text, const std::vector<Segment>& segs,
+                                       bool add_special) const override;
+  std::string token_to_piece(int32_t id, bool special = false) const override;
+
+ private:
+  friend class TokenizerLoader;
+  void encode_fragment(std::string_view text, std::vector<int32_t>& out, std::string& word) const;
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  size_t max_token_len_ = 0;  // bytes of the longest token
+  bool lowercase_ = true;  // tokenizer.ggml.normalizer.lowercase
+  bool strip_accents_ = true;  // tokenizer.ggml.normalizer.strip_accents (NFD, marks dropped)
+};
+
 }  // namespace lc

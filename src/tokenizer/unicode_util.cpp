@@ -1,6 +1,8 @@
 #include "tokenizer/unicode_util.h"
 
 #include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/utf16.h>
 
 #include <memory>
 
@@ -101,6 +103,12 @@ uint8_t classify(uint32_t cpt) {
     case U_COMBINING_SPACING_MARK:
       r |= kMark;
       break;
+    case U_CONTROL_CHAR:
+    case U_FORMAT_CHAR:
+    case U_PRIVATE_USE_CHAR:
+    case U_SURROGATE:
+      r |= kControl;
+      break;
     default:
       break;
   }
@@ -127,6 +135,37 @@ uint8_t cpt_class(uint32_t cpt) {
 
 uint32_t cpt_tolower(uint32_t cpt) {
   return static_cast<uint32_t>(u_tolower(static_cast<UChar32>(cpt)));
+}
+
+namespace {
+
+uint32_t nfd_first_icu(uint32_t cpt) {
+  if (cpt > 0x10FFFF) return cpt;
+  static const UNormalizer2* const nfd = [] {
+    UErrorCode err = U_ZERO_ERROR;
+    const UNormalizer2* n = unorm2_getNFDInstance(&err);
+    return U_SUCCESS(err) ? n : nullptr;
+  }();
+  if (nfd == nullptr) return cpt;
+  UChar buf[32];
+  UErrorCode err = U_ZERO_ERROR;
+  const int32_t n = unorm2_getDecomposition(nfd, static_cast<UChar32>(cpt), buf, 32, &err);
+  if (U_FAILURE(err) || n <= 0) return cpt;  // no decomposition (n < 0) or none that fits
+  UChar32 first = 0;
+  U16_GET(buf, 0, 0, n, first);
+  return static_cast<uint32_t>(first);
+}
+
+}  // namespace
+
+uint32_t cpt_nfd_first(uint32_t cpt) {
+  // BMP table built once, as for the classes: WordPiece looks up every codepoint of its input.
+  static const std::unique_ptr<uint32_t[]> table = [] {
+    auto t = std::make_unique<uint32_t[]>(0x10000);
+    for (uint32_t c = 0; c < 0x10000; ++c) t[c] = nfd_first_icu(c);
+    return t;
+  }();
+  return cpt < 0x10000 ? table[cpt] : nfd_first_icu(cpt);
 }
 
 const ByteUnicode& byte_unicode() {

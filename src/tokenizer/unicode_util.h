@@ -23,7 +23,8 @@ uint32_t decode_utf8(std::string_view s, size_t& pos);
 std::vector<uint32_t> decode_utf8_all(std::string_view s);
 void append_utf8(std::string& out, uint32_t cpt);
 
-// Codepoint classes used by the pre-tokeniser regexes (\p{L}, \p{N}, \p{P}, \s).
+// Codepoint classes used by the pre-tokeniser regexes (\p{L}, \p{N}, \p{P}, \s) and by
+// WordPiece's normaliser (\p{S}, \p{M}, and \p{C} less the unassigned codepoints).
 enum CptClass : uint8_t {
   kLetter = 1 << 0,
   kNumber = 1 << 1,
@@ -31,9 +32,14 @@ enum CptClass : uint8_t {
   kSpace = 1 << 3,  // Unicode White_Space
   kSymbol = 1 << 4,
   kMark = 1 << 5,
+  kControl = 1 << 6,  // Cc, Cf, Co, Cs: llama.cpp's CONTROL flag (Cn is not one)
 };
 uint8_t cpt_class(uint32_t cpt);
-uint32_t cpt_tolower(uint32_t cpt);
+uint32_t cpt_tolower(uint32_t cpt);  // simple (one codepoint) lowercase mapping
+// The first codepoint of the codepoint's canonical decomposition (NFD), or the codepoint itself
+// when it has none: llama.cpp's unicode_cpts_normalize_nfd maps each codepoint to exactly this
+// one, so U+00E9 gives 'e' and its accent is gone without a combining mark left behind.
+uint32_t cpt_nfd_first(uint32_t cpt);
 
 // GPT-2 bytes_to_unicode: every byte maps to a printable codepoint so byte-level BPE tokens are
 // valid text. byte_to_utf8[b] is the UTF-8 of the codepoint standing for byte b.

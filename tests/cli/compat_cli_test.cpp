@@ -66,6 +66,12 @@ std::vector<Case> read_cases(const std::string& base) {
   return cases;
 }
 
+// An id as `tokenize` prints it before its piece (right-aligned in six columns).
+std::string fmt_id(int32_t id) {
+  std::string s = std::to_string(id);
+  return std::string(s.size() < 6 ? 6 - s.size() : 0, ' ') + s;
+}
+
 // The last line of the output that is an id list.
 std::string ids_line(const std::string& out) {
   const size_t b = out.rfind("\n[", out.size() > 1 ? out.size() - 2 : 0);
@@ -77,7 +83,7 @@ TEST(CompatCli, TokenizeVocabOnlyGgufMatchesLlamaCppVectors) {
   // Tokenizer-only GGUFs (no tensors) of several architectures; the .out files are what the
   // Hugging Face tokenizers give and llama.cpp's test-tokenizer-0 passes on.
   for (const char* name : {"llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "starcoder", "deepseek-llm",
-                           "deepseek-coder", "falcon", "mpt", "refact"}) {
+                           "deepseek-coder", "falcon", "mpt", "refact", "bert-bge"}) {
     const std::string base = kVocab + "ggml-vocab-" + name + ".gguf";
     const auto cases = read_cases(base);
     ASSERT_GE(cases.size(), 40u) << name;
@@ -108,12 +114,42 @@ TEST(CompatCli, TokenizeAddsBosAsTheVocabularyAsks) {
   EXPECT_NE(r.out.find("     1 -> '<s>'"), std::string::npos) << r.out;
 }
 
-TEST(CompatCli, TokenizeUnsupportedVocabularyIsAClearError) {
-  // WordPiece (BERT) is not one of longctx's tokenizers: an error naming the file, no crash.
-  Result r = run("tokenize -m " + kVocab + "ggml-vocab-bert-bge.gguf -p 'Hello'");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
-  r = run("tokenize -m " + kVocab + "no-such.gguf -p 'Hello'");
+TEST(CompatCli, TokenizeWordPieceVocabulary) {
+  // WordPiece (BERT): llama-tokenize adds [CLS] and [SEP] (the GGUF's cls_token_id 101 and
+  // seperator_token_id 102) around the ids of llama.cpp's vector for "Hello world".
+  const std::string base = kVocab + "ggml-vocab-bert-bge.gguf";
+  const auto cases = read_cases(base);
+  std::vector<int32_t> hello_world;
+  for (const Case& c : cases)
+    if (c.text == "Hello world") hello_world = c.ids;
+  ASSERT_EQ(hello_world.size(), 2u);
+  std::vector<int32_t> want{101};
+  want.insert(want.end(), hello_world.begin(), hello_world.end());
+  want.push_back(102);
+  Result r = run("tokenize -m " + base + " --ids -p 'Hello world'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ids_line(r.out), id_list(want));
+  // Without --ids: one line per token with its piece ("\u2581hello" prints as " hello").
+  r = run("tokenize -m " + base + " -p 'Hello world'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("   101 -> '[CLS]'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt_id(hello_world[0]) + " -> ' hello'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("   102 -> '[SEP]'"), std::string::npos) << r.out;
+  // --no-bos: the vector alone.
+  r = run("tokenize -m " + base + " --ids --no-bos -p 'Hello world'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ids_line(r.out), id_list(hello_world));
+  // Ill-formed UTF-8 is dropped byte by byte, as llama.cpp's WordPiece drops U+FFFD: no crash,
+  // and the bytes do not split "hello".
+  const std::string f =
+      write_file("bert_garbage.txt", "\xff\xfe\xc3 Hel\x80lo world \xf4\x90\x80\x80");
+  r = run("tokenize -m " + base + " --ids -f " + f);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ids_line(r.out), id_list(want));
+}
+
+TEST(CompatCli, TokenizeMissingFileIsAClearError) {
+  Result r = run("tokenize -m " + kVocab + "no-such.gguf -p 'Hello'");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("no-such.gguf"), std::string::npos) << r.out;
 }

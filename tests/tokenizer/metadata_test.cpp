@@ -74,6 +74,29 @@ gguf::Writer bpe_writer() {
   return w;
 }
 
+// A small WordPiece vocabulary: [PAD] [UNK] [CLS] [SEP], word starts ("\u2581ab") and
+// continuations ("b").
+std::vector<std::string> wpm_tokens() {
+  const std::string w = "\xE2\x96\x81";
+  return {"[PAD]", "[UNK]", "[CLS]", "[SEP]", w + "a", w + "ab", "b", "c", w + "A",
+          w + "\xC3\xA9", w + "e", w + ","};
+}
+
+gguf::Writer wpm_writer() {
+  gguf::Writer w;
+  const auto toks = wpm_tokens();
+  w.set_string("tokenizer.ggml.model", "bert");
+  w.set_string_array("tokenizer.ggml.tokens", toks);
+  std::vector<int32_t> types(toks.size(), 1);
+  types[0] = types[1] = types[2] = types[3] = 3;
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 1);
+  w.set_u32("tokenizer.ggml.bos_token_id", 2);
+  w.set_u32("tokenizer.ggml.seperator_token_id", 3);
+  w.set_u32("tokenizer.ggml.padding_token_id", 0);
+  return w;
+}
+
 void expect_error(const Expected<std::unique_ptr<Tokenizer>>& t, const char* needle) {
   ASSERT_FALSE(t.has_value());
   EXPECT_NE(t.error().message.find(needle), std::string::npos) << t.error().message;
@@ -96,6 +119,76 @@ TEST(TokenizerMetadata, ValidSpmAndBpeLoad) {
             std::vector<int32_t>{(*bpe)->find_token("hello")});
   EXPECT_FALSE((*bpe)->add_bos());
   EXPECT_TRUE((*bpe)->is_eog((*bpe)->find_token("<|endoftext|>")));
+}
+
+TEST(TokenizerMetadata, WordPieceLoadsAndMatchesLongestFirst) {
+  Mem m;
+  auto t = build(wpm_writer(), m);
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  const Tokenizer& tok = **t;
+  EXPECT_EQ(tok.bos(), 2);
+  EXPECT_EQ(tok.sep(), 3);
+  EXPECT_EQ(tok.unk(), 1);
+  // "\u2581ab" before "\u2581a"; then the continuation "b"; upper case folds to lower case.
+  EXPECT_EQ(tok.encode("abb", false, false), (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(tok.encode("ABB a", true, false), (std::vector<int32_t>{2, 5, 6, 4, 3}));
+  // A word that cannot be cut all the way is one [UNK], its matched pieces dropped.
+  EXPECT_EQ(tok.encode("abd a", false, false), (std::vector<int32_t>{1, 4}));
+  // Punctuation is a word of its own; accents are stripped (lowercase implies strip_accents).
+  EXPECT_EQ(tok.encode("a,\xC3\xA9", false, false), (std::vector<int32_t>{4, 11, 10}));
+}
+
+TEST(TokenizerMetadata, WordPieceNormaliserKeys) {
+  // lowercase = false: case is kept, and strip_accents follows it unless given.
+  gguf::Writer w = wpm_writer();
+  w.set_bool("tokenizer.ggml.normalizer.lowercase", false);
+  Mem m;
+  auto t = build(w, m);
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  EXPECT_EQ((*t)->encode("A a", false, false), (std::vector<int32_t>{8, 4}));
+  EXPECT_EQ((*t)->encode("\xC3\xA9", false, false), std::vector<int32_t>{9});
+  w.set_bool("tokenizer.ggml.normalizer.strip_accents", true);
+  Mem m2;
+  auto t2 = build(w, m2);
+  ASSERT_TRUE(t2.has_value()) << t2.error().message;
+  EXPECT_EQ((*t2)->encode("\xC3\xA9 A", false, false), (std::vector<int32_t>{10, 8}));
+  // lowercase without strip_accents: "\u00C9" lowercases to "\u00E9" and keeps its accent.
+  gguf::Writer w3 = wpm_writer();
+  w3.set_bool("tokenizer.ggml.normalizer.strip_accents", false);
+  Mem m3;
+  auto t3 = build(w3, m3);
+  ASSERT_TRUE(t3.has_value()) << t3.error().message;
+  EXPECT_EQ((*t3)->encode("\xC3\x89", false, false), std::vector<int32_t>{9});
+}
+
+TEST(TokenizerMetadata, WordPieceSpecialIds) {
+  // Without id keys, BERT's defaults (101 [CLS], 102 [SEP], 100 [UNK]) are outside a small
+  // vocabulary: as in llama.cpp, add_bos (true for WordPiece) then needs a BOS it does not have.
+  gguf::Writer w;
+  w.set_string("tokenizer.ggml.model", "bert");
+  w.set_string_array("tokenizer.ggml.tokens", wpm_tokens());
+  Mem m;
+  expect_error(build(w, m), "BOS");
+  w.set_bool("tokenizer.ggml.add_bos_token", false);
+  Mem m2;
+  expect_error(build(w, m2), "SEP");
+  // Neither asked for: it loads, add_special adds nothing and an unmatched word gives no id
+  // (llama.cpp would emit -1 for the missing [UNK]).
+  w.set_bool("tokenizer.ggml.add_sep_token", false);
+  Mem m3;
+  auto t = build(w, m3);
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  EXPECT_EQ((*t)->bos(), -1);
+  EXPECT_EQ((*t)->unk(), -1);
+  EXPECT_EQ((*t)->encode("ab zz", true, false), std::vector<int32_t>{5});
+  // A bad separator id is ignored like a bad padding id.
+  gguf::Writer w4 = wpm_writer();
+  w4.set_u32("tokenizer.ggml.seperator_token_id", 5000);
+  w4.set_bool("tokenizer.ggml.add_sep_token", false);
+  Mem m4;
+  auto t4 = build(w4, m4);
+  ASSERT_TRUE(t4.has_value()) << t4.error().message;
+  EXPECT_EQ((*t4)->sep(), -1);
 }
 
 TEST(TokenizerMetadata, UnknownOrMissingModel) {
@@ -205,17 +298,19 @@ TEST(TokenizerMetadata, RandomInputIsSafe) {
   for (size_t i = 3; i < 259; ++i) types[i] = 6;
   types[20] = 77;  // not a token type
   w.set_i32_array("tokenizer.ggml.token_type", types);
-  Mem m1, m2;
+  Mem m1, m2, m3;
   auto spm = build(w, m1);
   ASSERT_TRUE(spm.has_value()) << spm.error().message;
   auto bpe = build(bpe_writer(), m2);
   ASSERT_TRUE(bpe.has_value()) << bpe.error().message;
+  auto wpm = build(wpm_writer(), m3);
+  ASSERT_TRUE(wpm.has_value()) << wpm.error().message;
   std::mt19937 rng(42);
   for (int iter = 0; iter < 300; ++iter) {
     std::string s(rng() % 64, '\0');
     for (char& c : s) c = static_cast<char>(rng() % 256);
-    if (iter % 3 == 0) s += "<s></s><|endoftext|>";
-    for (const auto* t : {spm->get(), bpe->get()}) {
+    if (iter % 3 == 0) s += "<s></s><|endoftext|>[CLS][SEP]";
+    for (const auto* t : {spm->get(), bpe->get(), wpm->get()}) {
       for (bool special : {false, true}) {
         const auto ids = t->encode(s, special, special);
         for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < t->n_vocab());

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -112,7 +113,7 @@ TEST_P(VocabTest, MatchesLlamaCpp) {
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, VocabTest,
                          ::testing::Values("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2",
                                            "starcoder", "deepseek-llm", "deepseek-coder",
-                                           "refact", "mpt", "falcon"),
+                                           "refact", "mpt", "falcon", "bert-bge"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
@@ -134,13 +135,88 @@ TEST(VocabTest, DetokenizeRoundTripWithoutCleanup) {
   }
 }
 
-TEST(VocabTest, WordPieceIsRejectedClearly) {
-  auto f = gguf::File::open(kVocabDir + "ggml-vocab-bert-bge.gguf");
-  ASSERT_TRUE(f.has_value());
-  auto t = Tokenizer::from_gguf(**f);
-  ASSERT_FALSE(t.has_value());
-  EXPECT_NE(t.error().message.find("bert"), std::string::npos) << t.error().message;
-  EXPECT_NE(t.error().message.find("ggml-vocab-bert-bge.gguf"), std::string::npos);
+// WordPiece (BERT, llama.cpp's WPM). The expected ids come from the .out vectors and from the
+// GGUF's metadata, never from this tokenizer's own output.
+TEST(VocabTest, WordPieceAddSpecialAndSpecialText) {
+  const std::string base = kVocabDir + "ggml-vocab-bert-bge.gguf";
+  std::unique_ptr<gguf::File> file;
+  auto tok = load(base, file);
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->model_name(), "bert");
+  // The GGUF's cls_token_id, seperator_token_id and unknown_token_id (also llama.cpp's BERT
+  // defaults): add_special wraps every input in [CLS] ... [SEP], the empty one included, as
+  // llama_tokenize(add_special = true) does for WPM vocabularies.
+  EXPECT_EQ(tok->bos(), 101);
+  EXPECT_EQ(tok->sep(), 102);
+  EXPECT_EQ(tok->unk(), 100);
+  EXPECT_EQ(tok->eos(), -1);
+  EXPECT_EQ(tok->token_text(101), "[CLS]");
+  EXPECT_EQ(tok->token_text(102), "[SEP]");
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_TRUE(tok->add_sep());
+  EXPECT_FALSE(tok->add_eos());
+  for (const Case& c : read_cases(base)) {
+    std::vector<int32_t> want{101};
+    want.insert(want.end(), c.ids.begin(), c.ids.end());
+    want.push_back(102);
+    EXPECT_EQ(tok->encode(c.text, true, false), want) << c.text;
+  }
+  // [CLS] / [SEP] typed in the text are control tokens: only parse_special makes them tokens.
+  // Without it they are text: "[", "cls", "]" (as the text "[cls]" encodes).
+  const auto hello = tok->encode("hello", false, false);
+  ASSERT_EQ(hello.size(), 1u);
+  EXPECT_EQ(tok->encode("[CLS] hello[SEP]", false, true),
+            (std::vector<int32_t>{101, hello[0], 102}));
+  const auto plain = tok->encode("[CLS]", false, false);
+  EXPECT_EQ(plain, tok->encode("[cls]", false, false));
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 101), 0);
+  EXPECT_EQ(plain.front(), tok->find_token("\xE2\x96\x81["));
+  EXPECT_EQ(plain.back(), tok->find_token("\xE2\x96\x81]"));
+}
+
+TEST(VocabTest, WordPieceDecode) {
+  std::unique_ptr<gguf::File> file;
+  auto tok = load(kVocabDir + "ggml-vocab-bert-bge.gguf", file);
+  ASSERT_TRUE(tok);
+  // token_to_piece: U+2581 is a space, continuation pieces have none, control tokens print
+  // only with special.
+  EXPECT_EQ(tok->token_to_piece(7592), " hello");  // "\u2581hello" (vectors: "Hello" -> 7592)
+  EXPECT_EQ(tok->token_to_piece(2140), "l");  // "Äpfel" -> "\u2581ap" "fe" "l"
+  EXPECT_EQ(tok->token_to_piece(101), "");
+  EXPECT_EQ(tok->token_to_piece(101, true), "[CLS]");
+  // llama_detokenize on WPM: no leading space is removed (add_space_prefix is false), and the
+  // BPE clean-up applies (clean_spaces is true): " ," and " !" lose their space.
+  EXPECT_EQ(tok->decode({7592, 1010, 2088, 999}), " hello, world!");
+  EXPECT_EQ(tok->decode({9706, 7959, 2140}), " apfel");
+  EXPECT_EQ(tok->decode({101, 7592, 102}), " hello");
+  EXPECT_EQ(tok->decode({101, 7592, 102}, true), "[CLS] hello[SEP]");
+}
+
+TEST(VocabTest, WordPieceNormaliserCorners) {
+  std::unique_ptr<gguf::File> file;
+  auto tok = load(kVocabDir + "ggml-vocab-bert-bge.gguf", file);
+  ASSERT_TRUE(tok);
+  const auto enc = [&](const std::string& s) { return tok->encode(s, false, false); };
+  // Accents go whether precomposed (NFD's first codepoint) or already decomposed (the combining
+  // mark is dropped, as BertNormalizer's strip_accents and llama.cpp do).
+  EXPECT_EQ(enc("caf\xC3\xA9"), enc("cafe"));
+  EXPECT_EQ(enc("cafe\xCC\x81"), enc("cafe"));
+  EXPECT_EQ(enc("CAF\xC3\x89"), enc("cafe"));
+  // Format characters (U+200B, U+200D) and NUL are dropped without splitting the word.
+  EXPECT_EQ(enc("hel\xE2\x80\x8Blo"), enc("hello"));
+  EXPECT_EQ(enc(std::string("hel\0lo", 6)), enc("hello"));
+  // Ill-formed UTF-8 decodes to U+FFFD byte by byte, and U+FFFD is dropped like a control
+  // character (llama.cpp's unicode_cpts_from_utf8 and WPM preprocess).
+  EXPECT_EQ(enc("hel\xFFlo"), enc("hello"));
+  EXPECT_EQ(enc("hello\xC3"), enc("hello"));
+  EXPECT_TRUE(enc("\xC3").empty());
+  EXPECT_TRUE(enc("\xF4\x90\x80\x80").empty());  // past U+10FFFF (llama.cpp throws on it)
+  EXPECT_TRUE(enc("\xED\xA0\x80").empty());  // a surrogate: category Cs, a control
+  // Each punctuation mark, ASCII symbol and CJK ideograph is a word of its own; other symbols
+  // stay inside their word, which then cannot be matched and becomes [UNK] whole.
+  EXPECT_EQ(enc("a+b"), enc("a + b"));
+  EXPECT_EQ(enc("\xE6\x88\x91\xE6\x83\xB3"), enc("\xE6\x88\x91 \xE6\x83\xB3"));
+  EXPECT_EQ(enc("hello\xE2\x9C\x85"), std::vector<int32_t>{100});
 }
 
 TEST(VocabTest, GptNeoxWithoutPreUsesDefault) {
@@ -217,6 +293,16 @@ TEST(VocabTest, EncodeThroughput) {
   fmt::print("[ perf ] gpt-2:     {} bytes -> {} tokens in {:.3f} s ({:.0f} tokens/s)\n",
              text.size(), ids3.size(), sec3, static_cast<double>(ids3.size()) / sec3);
   EXPECT_LT(sec3, 60.0);
+  // WordPiece normalises every codepoint (NFD, classes, lowercase) before matching.
+  std::unique_ptr<gguf::File> file4;
+  auto bert = load(kVocabDir + "ggml-vocab-bert-bge.gguf", file4);
+  ASSERT_TRUE(bert);
+  const auto t3 = std::chrono::steady_clock::now();
+  const auto ids4 = bert->encode(text, false, false);
+  const double sec4 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t3).count();
+  fmt::print("[ perf ] bert-bge:  {} bytes -> {} tokens in {:.3f} s ({:.0f} tokens/s)\n",
+             text.size(), ids4.size(), sec4, static_cast<double>(ids4.size()) / sec4);
+  EXPECT_LT(sec4, 60.0);
 }
 
 }  // namespace
