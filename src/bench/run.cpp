@@ -59,7 +59,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
   if (!j.is_object()) return make_error("config: expected a JSON object");
   static const std::set<std::string> known = {"models", "methods", "tasks", "lengths", "depths", "samples",
                                               "seed", "threshold", "max_new_tokens", "observations",
-                                              "chat_template", "batch", "threads", "out", "draft", "kv_block",
+                                              "chat_template", "batch", "ctx_size", "threads", "out", "draft", "kv_block",
                                               "kv_type_k", "kv_type_v", "kv_budget", "kv_spill"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) return make_error(fmt::format("config: unknown field \"{}\"", it.key()));
@@ -119,6 +119,7 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
     if (j.contains("observations")) cfg.gen.observations = j["observations"].get<int64_t>();
     if (j.contains("chat_template")) cfg.chat_template = j["chat_template"].get<std::string>();
     if (j.contains("batch")) cfg.n_batch = j["batch"].get<int64_t>();
+    if (j.contains("ctx_size")) cfg.n_ctx = j["ctx_size"].get<int64_t>();
     if (j.contains("threads")) cfg.n_threads = j["threads"].get<int>();
     if (j.contains("out")) cfg.out_dir = j["out"].get<std::string>();
     if (j.contains("draft")) cfg.draft = j["draft"].get<std::string>();
@@ -528,6 +529,9 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
   LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, tasks::expand_task_names(cfg.tasks));
   std::sort(cfg.lengths.begin(), cfg.lengths.end());
   cfg.lengths.erase(std::unique(cfg.lengths.begin(), cfg.lengths.end()), cfg.lengths.end());
+  if (cfg.n_ctx < -1 || (cfg.n_ctx > 0 && cfg.n_ctx < cfg.lengths.back()))
+    return make_error(fmt::format("bench run: --ctx-size {} is below the longest length {} (0: grows as needed)",
+                                  cfg.n_ctx, cfg.lengths.back()));
 
   std::error_code ec;
   fs::create_directories(cfg.out_dir, ec);
@@ -624,7 +628,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
     for (const MethodSetting& method : cfg.methods) {
       const std::string mlabel = method.label();
       ContextParams cp;  // rope and attention come from the method setting
-      cp.n_ctx = cfg.lengths.back();
+      cp.n_ctx = cfg.n_ctx < 0 ? cfg.lengths.back() : cfg.n_ctx;
       cp.n_batch = cfg.n_batch;
       cp.n_threads = cfg.n_threads;
       cp.kv_block = cfg.kv_block;

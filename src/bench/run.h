@@ -49,6 +49,10 @@ struct RunConfig {
   double threshold = tasks::kDefaultThreshold;
   std::string out_dir = "bench-out";
   int64_t n_batch = 512;
+  // Context size of every session (-c): -1 = the longest length (a sample that overruns it is an
+  // error); 0 = grows as needed (a press that appends tokens, e.g. kvzip's reconstruction
+  // passes); N = at least the longest length.
+  int64_t n_ctx = -1;
   int n_threads = 0;
   // The paged KV cache of every context (--kv-block, --kv-type-k/-v, --kv-budget, --kv-spill).
   int64_t kv_block = 64;
@@ -66,7 +70,7 @@ struct RunConfig {
 // Reads a JSON config ({"models": [...], "methods": [{"rope":..,"attn":..,"press":..,"qttt":..,"name":..}],
 // "tasks": [...], "lengths": [4096, "8K"], "depths": [...], "samples": N, "seed": N,
 // "threshold": X, "max_new_tokens": N, "observations": N, "chat_template": "auto",
-// "batch": N, "threads": N, "out": "dir", "draft": "draft.gguf", "kv_block": N, "kv_type_k":
+// "batch": N, "ctx_size": N, "threads": N, "out": "dir", "draft": "draft.gguf", "kv_block": N, "kv_type_k":
 // "f16", "kv_type_v": "f16", "kv_budget": "2G", "kv_spill": "dir"}) over `cfg`: fields present
 // replace the defaults.
 Status apply_config_json(const nlohmann::json& j, RunConfig& cfg);

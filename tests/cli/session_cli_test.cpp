@@ -87,6 +87,28 @@ TEST(CliSession, BenchRunTakesTheCacheFlags) {
   std::filesystem::remove_all(out);
 }
 
+// kvzip's reconstruction passes append the context again after it: at the default context size
+// (the longest length) they cannot fit and the error says so; -c 0 lets the cache grow.
+TEST(CliSession, BenchRunContextSizeLetsKvzipReconstruct) {
+  const std::string out = testing::TempDir() + "bench_ctx_size";
+  std::filesystem::remove_all(out);
+  const std::string base = "bench run -m " + kStories + " --task passkey -L 512 --max-new-tokens 4 -t 1 --no-plots " +
+                           "--kv-press kvzip:ratio=0.5 --out-dir " + out;
+  Result r = run(base);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("reconstruction pass"), std::string::npos) << r.out;
+  r = run(base + " -c 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(out + "/results.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(nlohmann::json::parse(line)["press"], "kvzip:ratio=0.5") << line;
+  r = run(base + " -c 256");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--ctx-size 256 is below the longest length 512"), std::string::npos) << r.out;
+  std::filesystem::remove_all(out);
+}
+
 TEST(CliSession, TruncatedHaystackIsAnErrorNotASkip) {
   const std::string dir = testing::TempDir() + "short_haystack";
   std::filesystem::create_directories(dir);

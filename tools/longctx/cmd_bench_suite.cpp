@@ -263,7 +263,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
       std::vector<int64_t> lengths;
       std::vector<int> depths;
       std::string config, suite, out, tmpl, data_dir, draft;
-      int64_t samples = 0, max_new = -1, obs = -1, batch = 0;
+      int64_t samples = 0, max_new = -1, obs = -1, batch = 0, ctx = -2;
       int threads = -1;
       int64_t seed = -1;
       double threshold = -1;
@@ -291,6 +291,10 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
     app->add_option("--out-dir", o->out, "output folder (default bench-out); a re-run resumes from it");
     app->add_option("-o,--out", o->out, "same as --out-dir")->group("");  // the older name
     app->add_option("-b,--batch-size", o->batch, "tokens per prefill chunk (default 512)");
+    app->add_option("-c,--ctx-size", o->ctx,
+                    "context size of every session (default: the longest length; 0: grows as needed, "
+                    "e.g. for kvzip's reconstruction passes)")
+        ->check(CLI::Range(int64_t{0}, int64_t{INT64_MAX}).description(""));
     app->add_option("-t,--threads", o->threads, "threads (0 = all cores)");
     app->add_option("--data-dir", o->data_dir, "folder holding opticks.txt");
     app->add_flag("--no-plots", o->no_plots, "skip the SVG/PNG plots");
@@ -329,6 +333,7 @@ std::vector<RegisteredCommand> add_bench_suite_commands(CLI::App* bench_app) {
                         if (!o->tmpl.empty()) cfg.chat_template = o->tmpl;
                         if (!o->out.empty()) cfg.out_dir = o->out;
                         if (o->batch > 0) cfg.n_batch = o->batch;
+                        if (o->ctx >= 0) cfg.n_ctx = o->ctx;
                         if (o->threads >= 0) cfg.n_threads = o->threads;
                         if (o->no_plots) cfg.plots = false;
                         if (!o->draft.empty()) cfg.draft = o->draft;
