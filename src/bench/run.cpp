@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -412,6 +413,84 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
   return ok_status();
 }
 
+namespace {
+
+// "snapkv:ratio=0.5,query=aware" -> ("snapkv", 0.5); duo_attention's head_ratio counts as its
+// ratio. Chains ("a+b"), "none" and presses without the key give nullopt.
+std::optional<std::pair<std::string, double>> press_ratio(const std::string& press) {
+  if (press.empty() || press == "none" || press.find('+') != std::string::npos) return std::nullopt;
+  const size_t colon = press.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  const std::string name = press.substr(0, colon);
+  const std::string want = name == "duo_attention" ? "head_ratio" : "ratio";
+  std::stringstream keys(press.substr(colon + 1));
+  for (std::string kv; std::getline(keys, kv, ',');) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || kv.substr(0, eq) != want) continue;
+    try {
+      size_t used = 0;
+      const double r = std::stod(kv.substr(eq + 1), &used);
+      if (used != kv.size() - eq - 1) return std::nullopt;
+      return std::make_pair(name, r);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<RatioChart> ratio_charts(const Summary& s) {
+  std::set<std::string> models;
+  std::set<int64_t> lengths;
+  for (const auto& c : s.cells) models.insert(c.model), lengths.insert(c.length);
+  // (length, query) -> curve label -> (ratio -> score); the reference: (model, length) -> score.
+  std::map<std::pair<int64_t, std::string>, std::map<std::string, std::map<double, double>>> curves;
+  std::map<std::pair<std::string, int64_t>, double> reference;
+  for (const auto& c : s.cells) {
+    if (c.task != "average") continue;
+    if (c.press == "none") {
+      reference.emplace(std::make_pair(c.model, c.length), c.score);
+      continue;
+    }
+    const auto pr = press_ratio(c.press);
+    if (!pr) continue;
+    const std::string label = (models.size() > 1 ? c.model + " · " : std::string()) + pr->first;
+    curves[{c.length, c.query.empty() ? "aware" : c.query}][label][pr->second] = c.score;
+  }
+  std::vector<RatioChart> out;
+  for (const auto& [key, by_label] : curves) {
+    const auto& [length, query] = key;
+    RatioChart rc;
+    rc.stem = "accuracy_vs_ratio-" + query + (lengths.size() > 1 ? "-" + report::length_label(length) : "");
+    report::Chart& ch = rc.chart;
+    ch.title = fmt::format("Accuracy against press ratio, query-{} ({} tokens)", query, report::length_label(length));
+    ch.x_label = "ratio (fraction of the KV cache removed)";
+    ch.y_label = "score (average of the tasks)";
+    ch.y_min = 0, ch.y_max = 100;
+    if (models.size() == 1) {
+      const auto it = reference.find({*models.begin(), length});
+      if (it != reference.end()) ch.hline = it->second, ch.hline_label = fmt::format("no press {:.1f}", it->second);
+    }
+    bool any_curve = false;
+    int k = 0;
+    for (const auto& [label, points] : by_label) {
+      report::Series se;
+      se.label = label;
+      for (const auto& [r, score] : points) se.x.push_back(r), se.y.push_back(score);
+      any_curve = any_curve || se.x.size() >= 2;
+      se.colour = k % 10;        // the palette's 10 colours, then dashes, then no markers
+      se.dashed = (k / 10) % 2 == 1;
+      se.markers = k < 20;
+      ch.series.push_back(std::move(se));
+      ++k;
+    }
+    if (any_curve) out.push_back(std::move(rc));
+  }
+  return out;
+}
+
 Status write_plots(const Summary& s, const std::string& out_dir) {
   // One curve per (model, method); the model's name is left out when there is only one.
   std::set<std::string> models;
@@ -493,6 +572,7 @@ Status write_plots(const Summary& s, const std::string& out_dir) {
     }
     LC_TRY(report::write_chart(t, out_dir + "/accuracy_by_task-" + slug(l)));
   }
+  for (const auto& rc : ratio_charts(s)) LC_TRY(report::write_chart(rc.chart, out_dir + "/" + rc.stem));
   return ok_status();
 }
 

@@ -17,6 +17,7 @@
 #include "tasks/tasks.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "report/plot.h"
 
 namespace lc::bench {
 
@@ -135,6 +136,18 @@ struct Summary {
 Summary summarize(const std::vector<SampleRecord>& records, double threshold);
 Status write_summary(const Summary& s, const std::string& out_dir);  // CSV + JSON
 Status write_plots(const Summary& s, const std::string& out_dir);
+
+// Accuracy against KV-press ratio, the kvpress evaluation's picture: one chart per (length,
+// query mode), one curve per press over the cells whose press is a single press with `ratio=`
+// (duo_attention: `head_ratio=`), x the ratio, y the average score; the press-free cell (`none`)
+// of the same model and length is the reference line. Chains and presses without a ratio are left
+// out. Only charts with a curve of two ratios or more are returned; `stem` is the file name
+// (accuracy_vs_ratio-aware, with -<length> added when the summary has several lengths).
+struct RatioChart {
+  std::string stem;
+  report::Chart chart;
+};
+std::vector<RatioChart> ratio_charts(const Summary& s);
 
 struct RunReport {
   int64_t run = 0;            // samples evaluated now

@@ -120,6 +120,45 @@ TEST(BenchRun, WritesLinesSummaryAndPlots) {
   fs::remove_all(out);
 }
 
+TEST(BenchRun, AccuracyAgainstPressRatioChart) {
+  auto cell = [](const std::string& press, const std::string& query, double score, const char* task = "average") {
+    CellSummary c;
+    c.model = "m.gguf", c.method = press, c.press = press, c.query = query, c.task = task;
+    c.length = 1024, c.n = 4, c.score = score;
+    return c;
+  };
+  Summary s;
+  s.cells = {cell("none", "", 80),
+             cell("snapkv:ratio=0.5,query=aware", "aware", 60),
+             cell("snapkv:ratio=0.25,query=aware", "aware", 70),
+             cell("snapkv:ratio=0.25,query=aware", "aware", 10, "passkey"),  // not an average
+             cell("snapkv:ratio=0.5,query=agnostic", "agnostic", 40),      // one ratio only
+             cell("knorm:ratio=0.5+snapkv:budget=8", "aware", 30),          // a chain
+             cell("simlayerkv:query=aware", "aware", 20),                   // no ratio
+             cell("duo_attention:head_ratio=0.75,query=aware", "aware", 50),
+             cell("duo_attention:head_ratio=0.5,query=aware", "aware", 55)};
+  const auto charts = ratio_charts(s);
+  ASSERT_EQ(charts.size(), 1u);  // the agnostic chart has no curve of two ratios
+  EXPECT_EQ(charts[0].stem, "accuracy_vs_ratio-aware");
+  const report::Chart& ch = charts[0].chart;
+  ASSERT_TRUE(ch.hline.has_value());
+  EXPECT_EQ(*ch.hline, 80);
+  ASSERT_EQ(ch.series.size(), 2u);
+  EXPECT_EQ(ch.series[0].label, "duo_attention");
+  EXPECT_EQ(ch.series[0].x, (std::vector<double>{0.5, 0.75}));
+  EXPECT_EQ(ch.series[0].y, (std::vector<double>{55, 50}));
+  EXPECT_EQ(ch.series[1].label, "snapkv");
+  EXPECT_EQ(ch.series[1].x, (std::vector<double>{0.25, 0.5}));
+  EXPECT_EQ(ch.series[1].y, (std::vector<double>{70, 60}));
+  const std::string out = fresh_dir("ratio");
+  fs::create_directories(out);
+  const Status st = write_plots(s, out);
+  ASSERT_TRUE(st.is_ok()) << st.error().message;
+  expect_plot(out + "/accuracy_vs_ratio-aware");
+  EXPECT_FALSE(fs::exists(out + "/accuracy_vs_ratio-agnostic.svg"));
+  fs::remove_all(out);
+}
+
 TEST(BenchRun, ResumeSkipsDoneSamples) {
   const std::string out = fresh_dir("resume");
   RunConfig c = small(out);
