@@ -3,8 +3,10 @@
 # docs/model.md reports it. Parts, each its own bench run folder under $OUT:
 #   lengths  accuracy by task, length and long-context method (RoPE scaling x backend)
 #   variants the other RoPE scalings and sparse backends, on three tasks
-#   press    accuracy against KV-press ratio at the training length, query-aware and -agnostic
+#   press    accuracy against KV-press ratio (RATIOS) at PRESS_LENGTHS, query-aware and -agnostic
 #   qttt     query-only test-time training on and off, at and beyond the training length
+#   backends on the plain-RoPE model: every sparse backend at equal read budgets (BUDGETS), at
+#            BACKEND_LENGTHS, with the best RoPE scaling of the `rope` part
 #   rope     on the plain-RoPE model (MODEL=models/longctx-2l-rope.gguf): every RoPE scaling,
 #            with and without logn, at factor = L / 1K for each length in ROPE_LENGTHS
 #   PARTS="lengths variants press qttt" SAMPLES=8 THREADS=2 scripts/eval_model.sh
@@ -60,6 +62,31 @@ for part in $PARTS; do
         --max-new-tokens 48 -t "$THREADS" --no-plots -L "$L" -o "$OUT/rope-$L" "${m[@]}"
     done
     ;;
+  backends)
+    # Every sparse backend at equal read budgets (`--budget N`: each reads N key positions per
+    # query), with dense attention as the reference, on the plain-RoPE model
+    # (MODEL=models/longctx-2l-rope.gguf) at 1x/4x/16x/64x its 1K window. Each length uses the
+    # best scaling of the `rope` part (MrRoPE-Pro with logn at factor L/1K; plain RoPE at 1K).
+    # lychee reads the model's retrieval heads (models/README.md: longctx-2l-rope.heads.txt).
+    heads=${HEADS:-models/longctx-2l-rope.heads.txt}
+    for L in ${BACKEND_LENGTHS:-1K 4K 16K}; do
+      f=$(( ${L%K} ))
+      rope="none"
+      [ "$f" -gt 1 ] && rope="mrrope-pro:factor=$f,orig=1024+logn:orig=1024"
+      n_s=${BACKEND_SAMPLES:-$SAMPLES}
+      run=(-m "$M" "${TASKS[@]}" --samples "$n_s" --max-new-tokens 48 -t "$THREADS" --no-plots -L "$L")
+      "$LC" bench run "${run[@]}" -o "$OUT/backends-$L-dense" --method "rope=$rope;attn=dense;name=dense"
+      for N in ${BUDGETS:-512 1024 2048}; do
+        m=()
+        for a in ${BACKENDS:-quest infllm dssa lychee streaming}; do
+          spec=$a
+          [ "$a" = lychee ] && spec="lychee:heads=$heads"
+          m+=(--method "rope=$rope;attn=$spec;name=$a")
+        done
+        "$LC" bench run "${run[@]}" --budget "$N" -o "$OUT/backends-$L-b$N" "${m[@]}"
+      done
+    done
+    ;;
   variants)
     # The other RoPE scalings, with dense attention (a reader without the model's ceiling
     # choosing a scaling instead), and the two sparse backends not in `lengths`, on three tasks.
@@ -76,17 +103,47 @@ for part in $PARTS; do
       --max-new-tokens 48 -t "$THREADS" --no-plots -L "${SHORT:-1K,4K,16K}" -o "$OUT/variants" "${v[@]}"
     ;;
   press)
-    # Dense attention: the presses that observe attention need it (the model's default `fixed`
-    # is not that).
-    args=(--method "attn=dense;press=none;name=full")
-    for p in ${PRESSES:-snapkv h2o tova knorm expected_attention streaming_llm pyramidkv adakv speckv specpc random}; do
-      for r in ${RATIOS:-0.5 0.75 0.9}; do
-        for q in aware agnostic; do args+=(--method "attn=dense;press=$p:ratio=$r,query=$q;name=$p-$r-$q"); done
+    # Every press at each ratio, query-aware and -agnostic, with dense attention (the presses
+    # that observe attention need it). PRESS_LENGTHS other than 1K use the best RoPE scaling of
+    # the `rope` part (MrRoPE-Pro with logn at factor L/1K); the default is the shipped model at
+    # 1K. Presses without ratio= take the nearest knob: duo_attention head_ratio=r (the fraction
+    # of streaming heads, as kvpress's evaluation sets it), decoding target=(1-r)L tokens every
+    # 16 generated tokens; simlayerkv runs once at its defaults (its threshold decides); kvzip is
+    # query-agnostic by construction (no query= key).
+    for L in ${PRESS_LENGTHS:-1K}; do
+      f=$(( ${L%K} ))
+      rope="gguf"
+      [ "$f" -gt 1 ] && rope="mrrope-pro:factor=$f,orig=1024+logn:orig=1024"
+      args=(--method "rope=$rope;attn=dense;press=none;name=full")
+      for p in ${PRESSES:-snapkv h2o tova knorm keydiff expected_attention streaming_llm pyramidkv adakv speckv specpc random lagkv chunkkv block criticalkv critical_adakv duo_attention decoding kvzip simlayerkv}; do
+        for q in aware agnostic; do
+          if [ "$p" = simlayerkv ]; then
+            args+=(--method "rope=$rope;attn=dense;press=$p:query=$q;name=$p-default-$q"); continue
+          fi
+          [ "$p" = kvzip ] && [ "$q" = aware ] && continue
+          for r in ${RATIOS:-0.5 0.75 0.9}; do
+            case $p in
+            duo_attention) spec="$p:head_ratio=$r,query=$q" ;;
+            decoding) spec="$p:interval=16,target=$(python3 -c "print(int((1-$r)*$f*1024))")" ;;
+            kvzip) spec="$p:ratio=$r" ;;
+            *) spec="$p:ratio=$r,query=$q" ;;
+            esac
+            n="$p-$r-$q"
+            if [ "$p" = decoding ]; then  # compresses while generating only
+              [ "$q" = agnostic ] && continue
+              n="$p-$r"
+            fi
+            args+=(--method "rope=$rope;attn=dense;press=$spec;name=$n")
+          done
+        done
       done
+      # speckv / specpc draft with a model of the same vocabulary: by default stage 2 of
+      # scripts/make_model.sh (the shipped model before its last stage).
+      o="$OUT/press"; [ "$L" != 1K ] && o="$OUT/press-$L"
+      # With plots: accuracy_vs_ratio-aware/-agnostic (.svg, .png).
+      pc=(); for a in "${common[@]}"; do [ "$a" = --no-plots ] || pc+=("$a"); done
+      "$LC" bench run "${pc[@]}" -L "$L" -c 0 --draft "${DRAFT:-out/make-model/stage2.gguf}" -o "$o" "${args[@]}"
     done
-    # speckv / specpc draft with a model of the same vocabulary: by default stage 2 of
-    # scripts/make_model.sh (the shipped model before its last stage).
-    "$LC" bench run "${common[@]}" -L 1K --draft "${DRAFT:-out/make-model/stage2.gguf}" -o "$OUT/press" "${args[@]}"
     ;;
   qttt)
     # With the model's default attention (the distance ceiling, whose gradient qTTT follows)
