@@ -340,6 +340,17 @@ Expected<bool> Context::decode_step(int64_t max_tokens) {
     kv_->truncate(n_past_);  // drop this chunk's partial appends: the cache stays consistent
     return end_with(st);
   }
+  return finish_step(i, m);
+}
+
+Expected<bool> Context::finish_step(int64_t i, int64_t m) {
+  PendingDecode& pd = pending_;
+  const DecodeCall& call = pd.call;
+  const int64_t n = static_cast<int64_t>(pd.tokens.size());
+  auto end_with = [&](const Status& s) -> Expected<bool> {
+    pending_ = PendingDecode{};
+    return s.error();
+  };
   tokens_.insert(tokens_.end(), pd.tokens.begin() + i, pd.tokens.begin() + i + m);
   pd.done = i + m;
   if (call.prompt && i + m < n)
@@ -455,6 +466,45 @@ void Context::prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float
 }
 
 std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::span<const int32_t> tokens) {
+  return batch_forward(ctxs, tokens, nullptr, 0, nullptr);
+}
+
+Context::MixedResult Context::decode_mixed(std::span<Context* const> ctxs, std::span<const int32_t> tokens,
+                                           Context& pf, int64_t max_tokens) {
+  MixedResult r{{}, false, false};
+  if (std::find(ctxs.begin(), ctxs.end(), &pf) != ctxs.end()) {
+    r.rows.assign(ctxs.size(), make_error(ErrorCode::kInvalidArgument,
+                                          "decode_mixed: the prefill context is also a decode row"));
+    r.prefill = make_error(ErrorCode::kInvalidArgument, "decode_mixed: the prefill context is also a decode row");
+    return r;
+  }
+  if (!pf.pending_.active) {
+    r.rows = decode_batch(ctxs, tokens);
+    r.prefill = make_error("decode_step: no decode call is pending (begin_decode first)");
+    return r;
+  }
+  const int64_t B = static_cast<int64_t>(ctxs.size());
+  const PendingDecode& pd = pf.pending_;
+  const int64_t left = static_cast<int64_t>(pd.tokens.size()) - pd.done;
+  int64_t m = std::min({pf.params_.n_batch, left, max_tokens > 0 ? max_tokens : left});
+  const Context* lead = B > 0 ? ctxs[0] : nullptr;
+  bool can = lead != nullptr && pf.sp_ == nullptr && pd.call.which != Logits::kAll && &lead->model_ == &pf.model_;
+  if (can) {
+    m = std::min(m, lead->params_.n_batch - B);
+    can = m > 0 && static_cast<int64_t>(tokens.size()) == B;
+  }
+  if (!can) {
+    if (B > 0) r.rows = decode_batch(ctxs, tokens);
+    r.prefill = pf.decode_step(max_tokens);
+    return r;
+  }
+  r.rows = batch_forward(ctxs, tokens, &pf, m, &r.prefill);
+  r.merged = true;
+  return r;
+}
+
+std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::span<const int32_t> tokens,
+                                           Context* pf, int64_t pf_m, Expected<bool>* pf_out) {
   const int64_t B = static_cast<int64_t>(ctxs.size());
   std::vector<Status> out(ctxs.size(), ok_status());
   if (B == 0) return out;
@@ -494,9 +544,18 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
                 v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
   const Model& model = lead.model_;
   ThreadPool& pool = *lead.pool_;
+  // The prefill chunk (decode_mixed): rows B .. B + P - 1 are tokens [pf_i, pf_i + P) of pf's
+  // pending call, at positions pf->n_past_ + t. It fails alone (pf_live), as a decode row does.
+  const int64_t P = pf ? pf_m : 0;
+  const int64_t R = B + P;
+  const int64_t pf_i = pf ? pf->pending_.done : 0;
+  const Logits pf_which = pf && pf_i + P == static_cast<int64_t>(pf->pending_.tokens.size())
+                              ? pf->pending_.call.which : Logits::kNone;  // kLast on the last chunk
+  bool pf_live = pf != nullptr;
+  Status pf_status = ok_status();
   float* x = lead.x_.data();
   float* cur = lead.cur_.data();
-  std::vector<int32_t> pos(static_cast<size_t>(B));
+  std::vector<int32_t> pos(static_cast<size_t>(R));
   bool any_wq = false;
   for (int64_t i = 0; i < B; ++i) {
     Context* c = ctxs[static_cast<size_t>(i)];
@@ -505,6 +564,12 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
     pos[static_cast<size_t>(i)] = live[static_cast<size_t>(i)] ? static_cast<int32_t>(c->n_past_) : 0;
     if (live[static_cast<size_t>(i)] && c->has_query_weights()) any_wq = true;
   }
+  for (int64_t t = 0; t < P; ++t) {
+    const int32_t id = pf->pending_.tokens[static_cast<size_t>(pf_i + t)];
+    kernels::dequantize_row(model.tok_embd().type, model.tok_embd().row(id), x + (B + t) * E, E);
+    pos[static_cast<size_t>(B + t)] = static_cast<int32_t>(pf->n_past_ + t);
+  }
+  const bool pf_wq = pf && pf->has_query_weights();
   auto rows = [&](int64_t count, auto&& fn) {
     pool.parallel_for(count, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) fn(i);
@@ -516,22 +581,24 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
   float* attn = lead.attn_.data();
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[static_cast<size_t>(il)];
-    rows(B, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
-    if (!any_wq) {
+    rows(R, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
+    if (!any_wq && !pf_wq) {
       const TensorView* w[3] = {&L.wq, &L.wk, &L.wv};
       float* y[3] = {q, k, v};
-      kernels::matmul_multi(w, y, cur, B, pool);
+      kernels::matmul_multi(w, y, cur, R, pool);
     } else {
       // qTTT's trained W_q differs per sequence: the query rows go one by one.
       const TensorView* w[2] = {&L.wk, &L.wv};
       float* y[2] = {k, v};
-      kernels::matmul_multi(w, y, cur, B, pool);
+      kernels::matmul_multi(w, y, cur, R, pool);
       for (int64_t i = 0; i < B; ++i) {
         const Context* c = ctxs[static_cast<size_t>(i)];
         const TensorView& wq = live[static_cast<size_t>(i)] && c->has_query_weights()
                                    ? c->wq_views_[static_cast<size_t>(il)] : L.wq;
         kernels::matmul(wq, cur + i * E, 1, q + i * q_dim, pool);
       }
+      if (P > 0)
+        kernels::matmul(pf_wq ? pf->wq_views_[static_cast<size_t>(il)] : L.wq, cur + B * E, P, q + B * q_dim, pool);
     }
     auto fail = [&](int64_t i, const Status& s) {  // the cache is cut back after the parallel part
       out[static_cast<size_t>(i)] = s;
@@ -557,6 +624,15 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
       if (Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi); !s) fail(i, s);
     }
     cut_back();
+    float* pq = q + B * q_dim;
+    const int32_t* ppos = pos.data() + B;
+    if (pf_live) {  // as forward_chunk: the chunk's rows, their hooks, then the append
+      rows(P, [&](int64_t t) {
+        pf->prepare_qkv_row(L, pq + t * q_dim, k + (B + t) * k_dim, v + (B + t) * v_dim, ppos + t);
+      });
+      for (ForwardHooks* h : pf->hooks_) h->on_queries(il, pq, ppos, P);
+      if (Status s = pf->kv_->append(il, P, k + B * k_dim, v + B * v_dim, ppos); !s) pf_live = false, pf_status = s;
+    }
     // Row i's attention over its own cache. With at least as many rows as threads, the rows
     // are spread over the threads, each running its rows' backends single-threaded (one
     // parallel region per layer instead of one per row); otherwise each row uses the pool.
@@ -583,34 +659,48 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
       for (int64_t i = 0; i < B; ++i) attend(i, pool);
     }
     cut_back();
-    kernels::matmul(L.wo, attn, B, cur, pool);
-    rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
-    rows(B, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
+    if (pf_live) {
+      if (Status s = pf->backend_->forward(il, P, pq, ppos, *pf->kv_, attn + B * o_dim, pool); !s) {
+        pf_live = false, pf_status = s;
+      } else {
+        for (ForwardHooks* h : pf->hooks_) h->on_attention(*pf, il, pq, ppos, P);
+      }
+    }
+    if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
+    kernels::matmul(L.wo, attn, R, cur, pool);
+    rows(R, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+    rows(R, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
     {
       const TensorView* w[2] = {&L.w_gate, &L.w_up};
       float* y[2] = {lead.gate_.data(), lead.up_.data()};
-      kernels::matmul_multi(w, y, cur, B, pool);
+      kernels::matmul_multi(w, y, cur, R, pool);
     }
-    rows(B, [&](int64_t t) {
+    rows(R, [&](int64_t t) {
       float* g = lead.gate_.data() + t * hp.n_ff;
       kernels::swiglu(g, lead.up_.data() + t * hp.n_ff, g, hp.n_ff);
     });
-    kernels::matmul(L.w_down, lead.gate_.data(), B, cur, pool);
-    rows(B, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+    kernels::matmul(L.w_down, lead.gate_.data(), R, cur, pool);
+    rows(R, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
   }
+  // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
+  const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
+  const int64_t O = B + pf_out_rows;
   rows(B, [&](int64_t i) { kernels::rmsnorm(x + i * E, model.output_norm(), cur + i * E, E, hp.rms_eps); });
+  if (pf_out_rows) kernels::rmsnorm(x + (R - 1) * E, model.output_norm(), cur + B * E, E, hp.rms_eps);
   std::vector<float>& logits = lead.batch_logits_;  // kept between steps: no allocation per token
   try {
-    logits.resize(static_cast<size_t>(B * hp.n_vocab));
+    logits.resize(static_cast<size_t>(O * hp.n_vocab));
   } catch (const std::bad_alloc&) {
     for (int64_t i = 0; i < B; ++i)
       if (live[static_cast<size_t>(i)]) {
         ctxs[static_cast<size_t>(i)]->kv_->truncate(ctxs[static_cast<size_t>(i)]->n_past_);
         out[static_cast<size_t>(i)] = make_error("decode_batch: out of memory for the logits");
+        live[static_cast<size_t>(i)] = 0;
       }
-    return out;
+    if (pf_live) pf_live = false, pf_status = make_error("decode_batch: out of memory for the logits");
   }
-  kernels::matmul(model.output(), cur, B, logits.data(), pool);
+  if (logits.size() == static_cast<size_t>(O * hp.n_vocab))
+    kernels::matmul(model.output(), cur, O, logits.data(), pool);
   for (int64_t i = 0; i < B; ++i) {
     if (!live[static_cast<size_t>(i)]) continue;
     Context& c = *ctxs[static_cast<size_t>(i)];
@@ -623,6 +713,18 @@ std::vector<Status> Context::decode_batch(std::span<Context* const> ctxs, std::s
         out[static_cast<size_t>(i)] = s;
         break;
       }
+  }
+  if (pf) {
+    if (!pf_live) {
+      pf->kv_->truncate(pf->n_past_);  // as decode_step: drop the chunk's partial appends
+      pf->pending_ = PendingDecode{};
+      *pf_out = pf_status.error();
+    } else {
+      if (pf_out_rows)
+        std::copy(logits.begin() + B * hp.n_vocab, logits.begin() + (B + 1) * hp.n_vocab, pf->logits_.begin());
+      pf->n_past_ += P;
+      *pf_out = pf->finish_step(pf_i, P);
+    }
   }
   return out;
 }

@@ -114,6 +114,21 @@ class Context {
   // status per sequence: a sequence that fails (context full, budget, a hook's error) is left
   // as it was, and the others go on. B must be at most the first context's n_batch.
   static std::vector<Status> decode_batch(std::span<Context* const> ctxs, std::span<const int32_t> tokens);
+  // decode_batch() and the next chunk of `prefill`'s pending decode call in ONE forward pass
+  // over the weights (chunked prefill merged into the decode batch, as vLLM schedules it): the
+  // chunk takes at most max_tokens (0: no cap) and at most the batch rows the B decode rows leave
+  // free in the first context's n_batch. Every decode row gets what decode_batch() gives it, and
+  // `prefill` what its decode_step(max_tokens) gives (same chunk length, cache, hooks, logits,
+  // errors). A prefill that cannot share the pass (sequence-parallel, all-token logits, no free
+  // rows, the first context's buffers smaller) runs as decode_batch() then decode_step(): the
+  // same results, two passes. `prefill` must not be one of ctxs and must have a call pending.
+  struct MixedResult {
+    std::vector<Status> rows;  // per decode row, as decode_batch
+    Expected<bool> prefill;    // as decode_step: true when the pending call is done
+    bool merged = false;       // one pass (false: the fallback ran)
+  };
+  static MixedResult decode_mixed(std::span<Context* const> ctxs, std::span<const int32_t> tokens,
+                                  Context& prefill, int64_t max_tokens);
 
   // Logits of output row i of the last decode() ([n_vocab]); row 0 for kLast.
   const float* logits(int64_t i = 0) const { return logits_.data() + i * hp_.n_vocab; }
@@ -234,6 +249,12 @@ class Context {
                        const ShardStep* shard = nullptr);
   // decode_step() of a sequence-parallel context: the whole call, as sp_ plans it.
   Expected<bool> decode_sharded();
+  // What decode_step() does after tokens [i, i + m) of the pending call went through the model
+  // (n_past_ already advanced): records them, runs the hooks and the chunk callback.
+  Expected<bool> finish_step(int64_t i, int64_t m);
+  // decode_batch() with an optional prefill chunk of pf (decode_mixed); pf_m rows of it.
+  static std::vector<Status> batch_forward(std::span<Context* const> ctxs, std::span<const int32_t> tokens,
+                                           Context* pf, int64_t pf_m, Expected<bool>* pf_out);
   Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
   // Biases, QK-norm and the rope plan's query scaling of one token's q, k, v rows of layer L.
   void prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float* vt, const int32_t* pos) const;

@@ -158,7 +158,9 @@ Status Session::begin_continue(std::vector<int32_t> tokens) {
   return ok_status();
 }
 
-Expected<bool> Session::prefill_step(int64_t max_tokens) {
+Expected<bool> Session::prefill_step(int64_t max_tokens) { return prefill_step(max_tokens, ChunkStep()); }
+
+Expected<bool> Session::prefill_step(int64_t max_tokens, const ChunkStep& step) {
   PrefillPlan& pl = plan_;
   auto fail = [&](Error e) -> Expected<bool> {
     pl.stage = PrefillPlan::kIdle;
@@ -205,7 +207,7 @@ Expected<bool> Session::prefill_step(int64_t max_tokens) {
     pl.stage_tokens = static_cast<int64_t>(toks.size());
   }
   const double t0 = now_seconds();
-  auto done = ctx_->decode_step(max_tokens);
+  auto done = step ? step(*ctx_, max_tokens) : ctx_->decode_step(max_tokens);
   pl.st.t_prompt += now_seconds() - t0;
   if (!done) return fail(done.error());
   if (!*done) return false;

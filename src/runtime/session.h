@@ -127,6 +127,12 @@ class Session {
   Status begin_run(const Prompt& prompt, uint64_t qttt_seed = 0);
   Status begin_continue(std::vector<int32_t> tokens);
   Expected<bool> prefill_step(int64_t max_tokens = 0);  // max_tokens: Context::decode_step
+  // The same, with the forward chunk run by `step` instead of context().decode_step(max_tokens):
+  // the server passes a step that runs the chunk inside its decode batch (Context::decode_mixed).
+  // `step` must do what decode_step(max_tokens) does to the context; it is not called for a
+  // piece of work that is not a forward chunk (qTTT's training, a finished prompt).
+  using ChunkStep = std::function<Expected<bool>(Context& ctx, int64_t max_tokens)>;
+  Expected<bool> prefill_step(int64_t max_tokens, const ChunkStep& step);
   const RequestStats& prefill_stats() const { return plan_.st; }
   void end_request() { ctx_->clear_query_weights(); }
 

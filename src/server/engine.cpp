@@ -417,7 +417,7 @@ void Engine::start(Slot& s) {
   s.phase = JobPhase::kPrefill;
 }
 
-void Engine::step_prefill() {
+bool Engine::step_prefill(DecodeRows& rows) {
   const size_t n = slots_.size();
   for (size_t k = 0; k < n; ++k) {
     Slot& s = *slots_[(prefill_rr_ + k) % n];
@@ -426,8 +426,7 @@ void Engine::step_prefill() {
     // While other requests generate, a prefill step takes about as long as their decode step,
     // so that a long document does not stall them: the chunk is sized from this slot's last
     // cost per token (exact for methods without a press; a press keeps its chunking).
-    bool others = false;
-    for (auto& o : slots_) others = others || (o->job && o->phase == JobPhase::kGenerating);
+    const bool others = !rows.ctxs.empty();
     int64_t cap = 0;
     if (others && s.session->context().press() == nullptr) {
       cap = s.prefill_tok_s > 0 && decode_step_s_ > 0
@@ -435,13 +434,41 @@ void Engine::step_prefill() {
                                       s.session->context().n_batch())
                 : 16;
     }
+    // The chunk runs inside the rows' forward pass (one pass over the weights for both) when
+    // it can; `ran` says whether the rows went with it (not for qTTT's training, a fallback
+    // inside decode_mixed still runs them).
+    bool ran = false, merged = false;
+    std::vector<Status> row_st;
+    Session::ChunkStep step;
+    if (others && p_.merge_prefill) {
+      step = [&](Context& c, int64_t max_tokens) -> Expected<bool> {
+        Context::MixedResult r = Context::decode_mixed(rows.ctxs, rows.toks, c, max_tokens);
+        row_st = std::move(r.rows);
+        ran = true;
+        merged = r.merged;
+        return std::move(r.prefill);
+      };
+    }
     const int64_t before = s.session->n_past();
     const double t0 = now_seconds();
-    auto done = s.session->prefill_step(cap);
+    auto done = s.session->prefill_step(cap, step);
+    const double t = now_seconds() - t0;
     const int64_t did = s.session->n_past() - before;
-    if (did > 0) s.prefill_tok_s = (now_seconds() - t0) / static_cast<double>(did);
-    if (!done) return finish(s, api_error(done.error()));
-    if (!*done) return;
+    if (ran) {
+      if (merged) {
+        std::lock_guard<std::mutex> lk(mu_);
+        m_.merged_prefill_chunks += 1;
+      }
+      rows_done(rows, row_st, -1);  // the step's time is not a decode step's
+    }
+    // Seconds per prompt token; in a merged pass, beyond what the rows alone took.
+    const double own = ran && decode_step_s_ > 0 && t > decode_step_s_ ? t - decode_step_s_ : t;
+    if (did > 0) s.prefill_tok_s = own / static_cast<double>(did);
+    if (!done) {
+      finish(s, api_error(done.error()));
+      return ran;
+    }
+    if (!*done) return ran;
     s.st = s.session->prefill_stats();
     s.phase = JobPhase::kGenerating;
     if (s.job->spec().methods.read_map) s.session->context().attention().record_selection(true);
@@ -460,14 +487,13 @@ void Engine::step_prefill() {
           return !sp->job->cancelled();
         },
         s.st);
-    return;
+    return ran;
   }
+  return false;
 }
 
-void Engine::step_decode() {
-  std::vector<Context*> ctxs;
-  std::vector<int32_t> toks;
-  std::vector<Slot*> who;
+Engine::DecodeRows Engine::collect_rows() {
+  DecodeRows rows;
   for (auto& sp : slots_) {
     Slot& s = *sp;
     if (!s.job || s.phase != JobPhase::kGenerating) continue;
@@ -485,28 +511,36 @@ void Engine::step_decode() {
                                               : std::nullopt);
       continue;
     }
-    ctxs.push_back(&s.session->context());
-    toks.push_back(**next);
-    who.push_back(&s);
+    rows.ctxs.push_back(&s.session->context());
+    rows.toks.push_back(**next);
+    rows.who.push_back(&s);
   }
-  if (ctxs.empty()) return;
+  return rows;
+}
+
+void Engine::step_decode(DecodeRows& rows) {
+  if (rows.ctxs.empty()) return;
   const double t0 = now_seconds();
-  const std::vector<Status> st = Context::decode_batch(ctxs, toks);
+  const std::vector<Status> st = Context::decode_batch(rows.ctxs, rows.toks);
+  rows_done(rows, st, now_seconds() - t0);
+}
+
+void Engine::rows_done(DecodeRows& rows, const std::vector<Status>& st, double seconds) {
+  if (seconds >= 0) decode_step_s_ = seconds;
   const double now = now_seconds();
-  decode_step_s_ = now - t0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     m_.batch_steps += 1;
-    m_.batched_tokens += static_cast<int64_t>(ctxs.size());
+    m_.batched_tokens += static_cast<int64_t>(rows.ctxs.size());
     const int64_t sec = static_cast<int64_t>(now);
     auto& slot = recent_[static_cast<size_t>(sec % 10)];
     if (slot.first != sec) slot = {sec, 0};
-    slot.second += static_cast<int64_t>(ctxs.size());
+    slot.second += static_cast<int64_t>(rows.ctxs.size());
   }
-  for (size_t i = 0; i < who.size(); ++i)
-    if (!st[i]) {
-      who[i]->gen->finish();
-      finish(*who[i], api_error(st[i].error()));
+  for (size_t i = 0; i < rows.who.size(); ++i)
+    if (i >= st.size() || !st[i]) {
+      rows.who[i]->gen->finish();
+      finish(*rows.who[i], api_error(i < st.size() ? st[i].error() : Error{"internal: no status for a decode row"}));
     }
 }
 
@@ -673,8 +707,8 @@ void Engine::loop() {
         finish(s, s.reader_err);
       }
     }
-    step_prefill();
-    step_decode();
+    DecodeRows rows = collect_rows();
+    if (!step_prefill(rows)) step_decode(rows);
     publish();
   }
   // Shutting down: slot actions still waiting run; readers are asked to stop and joined;

@@ -134,6 +134,9 @@ struct EngineParams {
   std::string schedule = "fcfs";
   std::string slot_save_path;  // folder for /slots save and restore; empty: refused
   ChatTemplate chat_template = ChatTemplate::kNone;  // for readers' calls
+  // A prompt's prefill chunk runs in the same forward pass as the other slots' decode rows
+  // (Context::decode_mixed); false: its own pass between decode steps (A/B, --no-merge-prefill).
+  bool merge_prefill = true;
 };
 
 struct SlotInfo {
@@ -156,6 +159,7 @@ struct EngineMetrics {
   double predicted_per_second_recent = 0;  // generated tokens/s over the last 10 s
   int64_t requests_finished = 0, requests_failed = 0, requests_cancelled = 0, requests_refused = 0;
   int64_t batch_steps = 0, batched_tokens = 0;
+  int64_t merged_prefill_chunks = 0;  // prefill chunks that ran inside a decode step's pass
 };
 
 class Engine {
@@ -189,8 +193,17 @@ class Engine {
   void loop();
   bool admit();                 // under mu_
   void start(Slot& s);
-  void step_prefill();
-  void step_decode();
+  // One engine step: the generating slots' next tokens (collect_rows), one prefill chunk of a
+  // slot in prefill, merged into the rows' forward pass when it can be, then the rows.
+  struct DecodeRows {
+    std::vector<Context*> ctxs;
+    std::vector<int32_t> toks;
+    std::vector<Slot*> who;
+  };
+  DecodeRows collect_rows();
+  bool step_prefill(DecodeRows& rows);  // true: the rows ran inside the prefill chunk's pass
+  void step_decode(DecodeRows& rows);
+  void rows_done(DecodeRows& rows, const std::vector<Status>& st, double seconds);
   void finish(Slot& s, std::optional<ApiError> err);
   void run_reader(Slot& s);
   size_t reservation(int64_t tokens) const;

@@ -240,6 +240,8 @@ void HttpServer::routes() {
            m.predicted_per_second_recent);
     metric("batch_steps_total", "counter", "Batched decode steps.", static_cast<double>(m.batch_steps));
     metric("batched_tokens_total", "counter", "Tokens evaluated in batched decode steps.", static_cast<double>(m.batched_tokens));
+    metric("prefill_chunks_merged_total", "counter", "Prefill chunks evaluated in the same forward pass as a decode step.",
+           static_cast<double>(m.merged_prefill_chunks));
     metric("slots_busy", "gauge", "Slots serving a request.", static_cast<double>(m.busy_slots));
     metric("slots_total", "gauge", "Slots.", static_cast<double>(engine_.params().n_slots));
     metric("queue_length", "gauge", "Requests waiting for a slot.", static_cast<double>(m.queued));

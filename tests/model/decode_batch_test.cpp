@@ -214,6 +214,115 @@ TEST(DecodeBatch, ChunkAtATimeEqualsDecode) {
   }
 }
 
+// A prompt's prefill chunks merged into the decode batch's forward pass (decode_mixed): each
+// decode row gets the logits of decode_batch() without the chunk, and the prompt's context ends
+// where begin_decode() + decode_step(cap) alone leave it (logits, tokens, cache), with or
+// without a press whose hooks run after each chunk.
+TEST(DecodeBatch, PrefillChunkMergedIntoTheBatchPass) {
+  const int64_t nv = stories().hparams().n_vocab;
+  for (const std::string press : {"", "snapkv:ratio=0.5,window=8,chunk=1"}) {
+    std::vector<std::unique_ptr<Context>> rows, rows_ref;
+    const std::vector<std::string> attns = {"dense", "quest:page=16,budget=64", "streaming:sinks=4,window=48"};
+    for (size_t i = 0; i < attns.size(); ++i)
+      for (auto* set : {&rows, &rows_ref}) {
+        set->push_back(make(stories(), attns[i]));
+        ASSERT_TRUE(set->back()->decode(prompt(40 + 30 * static_cast<int64_t>(i), static_cast<int64_t>(i)),
+                                        Logits::kLast).is_ok());
+      }
+    auto pf = make(stories(), "dense", press), pf_ref = make(stories(), "dense", press);
+    const auto p = prompt(150, 7);
+    ASSERT_TRUE(pf->begin_decode(p, Logits::kLast).is_ok());
+    ASSERT_TRUE(pf_ref->begin_decode(p, Logits::kLast).is_ok());
+    std::vector<Context*> ptrs, ptrs_ref;
+    for (size_t i = 0; i < rows.size(); ++i) ptrs.push_back(rows[i].get()), ptrs_ref.push_back(rows_ref[i].get());
+    int steps = 0;
+    for (bool done = false; !done; ++steps) {
+      std::vector<int32_t> next;
+      for (auto& r : rows_ref) {
+        const float* lg = r->logits(0);
+        next.push_back(static_cast<int32_t>(std::max_element(lg, lg + nv) - lg));
+      }
+      Context::MixedResult mr = Context::decode_mixed(ptrs, next, *pf, 16);
+      EXPECT_TRUE(mr.merged);
+      ASSERT_TRUE(mr.prefill.has_value()) << mr.prefill.error().message;
+      auto ref = pf_ref->decode_step(16);
+      ASSERT_TRUE(ref.has_value()) << ref.error().message;
+      ASSERT_EQ(*mr.prefill, *ref);
+      done = *ref;
+      for (const Status& s : Context::decode_batch(ptrs_ref, next)) ASSERT_TRUE(s.is_ok()) << s.message();
+      ASSERT_EQ(mr.rows.size(), rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        ASSERT_TRUE(mr.rows[i].is_ok()) << mr.rows[i].message();
+        ASSERT_LE(max_abs_diff(rows[i]->logits(0), rows_ref[i]->logits(0), nv), 1e-4) << attns[i] << " step " << steps;
+      }
+      EXPECT_EQ(pf->n_past(), pf_ref->n_past()) << press;
+    }
+    EXPECT_EQ(steps, 10) << press;  // ceil(150 / 16)
+    EXPECT_FALSE(pf->decode_pending());
+    EXPECT_LE(max_abs_diff(pf->logits(0), pf_ref->logits(0), nv), 1e-4) << press;
+    EXPECT_EQ(pf->tokens(), pf_ref->tokens());
+    const KvCache& kv = pf->kv();
+    for (int64_t il = 0; il < kv.n_layer(); ++il)
+      for (int64_t h = 0; h < kv.n_head_kv(); ++h) {
+        const int64_t n = kv.n_tokens(il, h);
+        ASSERT_EQ(n, pf_ref->kv().n_tokens(il, h)) << press << " layer " << il;
+        if (!press.empty()) EXPECT_LT(n, 150);  // the press ran on the merged chunks
+        std::vector<float> a(static_cast<size_t>(n * kv.head_dim())), b(a.size());
+        kv.read_keys(il, h, 0, n, a.data());
+        pf_ref->kv().read_keys(il, h, 0, n, b.data());
+        EXPECT_LE(max_abs_diff(a.data(), b.data(), static_cast<int64_t>(a.size())), 1e-4) << press;
+      }
+  }
+}
+
+// What cannot share the pass runs as two (same results), and misuse is an error.
+TEST(DecodeBatch, MixedFallbackAndErrors) {
+  const int64_t nv = stories().hparams().n_vocab;
+  auto row = make(stories()), row_ref = make(stories());
+  ASSERT_TRUE(row->decode(prompt(30, 1)).is_ok());
+  ASSERT_TRUE(row_ref->decode(prompt(30, 1)).is_ok());
+  auto all = make(stories()), all_ref = make(stories());
+  const auto p = prompt(40, 2);
+  ASSERT_TRUE(all->begin_decode(p, Logits::kAll).is_ok());  // all-token logits: not merged
+  ASSERT_TRUE(all_ref->decode(p, Logits::kAll).is_ok());
+  std::vector<Context*> ptrs = {row.get()};
+  const std::vector<int32_t> next = {11};
+  Context::MixedResult mr = Context::decode_mixed(ptrs, next, *all, 0);
+  EXPECT_FALSE(mr.merged);
+  ASSERT_TRUE(mr.prefill.has_value() && *mr.prefill);
+  ASSERT_TRUE(mr.rows[0].is_ok());
+  EXPECT_LE(max_abs_diff(all->logits(0), all_ref->logits(0), 40 * nv), 1e-4);
+  ASSERT_TRUE(row_ref->decode(std::span<const int32_t>(next)).is_ok());
+  EXPECT_LE(max_abs_diff(row->logits(0), row_ref->logits(0), nv), 1e-4);
+  // Nothing pending: the rows still run, the prefill is an error.
+  mr = Context::decode_mixed(ptrs, next, *all, 0);
+  EXPECT_FALSE(mr.prefill.has_value());
+  EXPECT_TRUE(mr.rows[0].is_ok());
+  EXPECT_EQ(row->n_past(), 32);
+  // The prefill context among the rows.
+  auto pf = make(stories());
+  ASSERT_TRUE(pf->begin_decode(prompt(20, 3), Logits::kLast).is_ok());
+  std::vector<Context*> with_pf = {pf.get()};
+  mr = Context::decode_mixed(with_pf, next, *pf, 0);
+  EXPECT_FALSE(mr.prefill.has_value());
+  EXPECT_FALSE(mr.rows[0].is_ok());
+  // A chunk larger than the rows leave free in the batch is cut to fit: n_batch 8, 3 rows.
+  std::vector<std::unique_ptr<Context>> small;
+  std::vector<Context*> sp;
+  for (int i = 0; i < 3; ++i) {
+    small.push_back(make(stories(), "dense", "", 8));
+    ASSERT_TRUE(small.back()->decode(prompt(12, i)).is_ok());
+    sp.push_back(small.back().get());
+  }
+  auto big = make(stories(), "dense", "", 8);
+  ASSERT_TRUE(big->begin_decode(prompt(20, 5), Logits::kLast).is_ok());
+  mr = Context::decode_mixed(sp, std::vector<int32_t>{1, 2, 3}, *big, 0);
+  EXPECT_TRUE(mr.merged);
+  ASSERT_TRUE(mr.prefill.has_value());
+  EXPECT_FALSE(*mr.prefill);
+  EXPECT_EQ(big->n_past(), 5);  // 8 rows - 3 decode rows
+}
+
 }  // namespace
 }  // namespace lc
 

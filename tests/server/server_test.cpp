@@ -180,6 +180,44 @@ TEST(Server, FourClientsAtOnceGetWhatTheyGetAlone) {
   EXPECT_GT(m.batched_tokens, m.batch_steps);
 }
 
+// A long prompt that arrives while two requests generate is prefilled a chunk at a time inside
+// their decode passes (Context::decode_mixed); every answer is still what it is alone. With
+// merge_prefill off the chunks run as their own passes, with the same answers.
+TEST(Server, LongPromptPrefillsInsideTheDecodeBatch) {
+  constexpr int kTokens = 400;
+  const std::string long_prompt = story(40, 3);
+  const std::string want_long = run_alone(long_prompt, 8);
+  std::vector<std::string> prompts = {story(1, 0), story(2, 1)}, want;
+  for (const auto& p : prompts) want.push_back(run_alone(p, kTokens));
+  for (bool merge : {true, false}) {
+    EngineParams ep;
+    ep.merge_prefill = merge;
+    TestServer srv(ep);
+    std::vector<std::string> got(2);
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 2; ++i)
+      ts.emplace_back([&, i] {
+        auto c = srv.client();
+        json r = post(c, "/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", kTokens}, {"temperature", 0}});
+        got[i] = r.value("choices", json::array({{{"text", "(error) " + r.dump()}}}))[0]["text"];
+      });
+    // The long prompt goes in once both generate.
+    for (int spin = 0; spin < 20000 && srv.engine->metrics().batched_tokens < 8; ++spin)
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    auto c = srv.client();
+    json r = post(c, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 8}, {"temperature", 0}});
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(r.value("choices", json::array({{{"text", "(error) " + r.dump()}}}))[0]["text"], want_long) << merge;
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(got[i], want[i]) << i << " merge " << merge;
+    const EngineMetrics m = srv.engine->metrics();
+    if (merge) {
+      EXPECT_GT(m.merged_prefill_chunks, 0);
+    } else {
+      EXPECT_EQ(m.merged_prefill_chunks, 0);
+    }
+  }
+}
+
 TEST(Server, SecondRequestReusesThePrefix) {
   TestServer srv;
   auto c = srv.client();

@@ -34,6 +34,7 @@ struct BenchServeArgs {
   std::string doc_attn;
   double doc_lead = 0.5;  // seconds the document prefills alone before the chats start
   int slots = 8;
+  bool no_merge_prefill = false;
 };
 
 struct ClientStats {
@@ -103,6 +104,7 @@ int cmd_bench_serve(const BenchServeArgs& a) {
   ep.kv_budget = cp->kv_budget;
   ep.defaults.ctx.kv_budget = 0;
   ep.n_slots = std::max(a.slots, *std::max_element(a.clients.begin(), a.clients.end()));
+  ep.merge_prefill = !a.no_merge_prefill;
   auto engine = lc::server::Engine::create(**model, ep);
   if (!engine) return fail(engine.error().message);
   lc::server::ServerParams hp;
@@ -230,6 +232,8 @@ std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench) {
   cmd->add_option("--doc-attn", a->doc_attn, "attention backend of the document request (default: the server's)");
   cmd->add_option("--doc-lead", a->doc_lead, "seconds the document prefills alone before the chats start")
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
+  cmd->add_flag("--no-merge-prefill", a->no_merge_prefill,
+                "prefill chunks as their own forward passes, not inside the decode batch's (serve's flag; A/B)");
   cmd->add_option("--slots", a->slots, "server slots (at least the largest client count)")
       ->check(CLI::Range(1, 256))->capture_default_str();
   return {{cmd, [a] { return cmd_bench_serve(*a); }}};
