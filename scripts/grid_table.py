@@ -2,6 +2,11 @@
 """Markdown table of `bench run` summaries side by side: one row per method, one column per run.
 
     scripts/grid_table.py [--tasks t1,t2] LABEL=DIR [LABEL=DIR ...]
+    scripts/grid_table.py --ratios DIR     # the press part of scripts/eval_model.sh
+
+--ratios pivots one run whose methods are named as eval_model.sh's press part names them
+(PRESS-RATIO-QUERY, PRESS-RATIO, PRESS-default-QUERY, and the press-free `full`): one row per
+(press, query mode), one column per ratio, the average score in each cell.
 
 Each DIR is a `bench run` output folder (its summary.csv), or several joined by ':' (their
 methods merged into one column). A cell is the average score over the
@@ -29,11 +34,44 @@ def load(dirs):
     return rows
 
 
+def ratio_table(d):
+    rows = load(d)
+    grid, ratios = {}, set()
+    for m, r in rows.items():
+        if "average" not in r or m == "full":
+            continue
+        parts = m.split("-")
+        if len(parts) == 2:
+            parts.append("aware")
+        if len(parts) != 3:
+            continue
+        press, ratio, query = parts
+        grid.setdefault((press, query), {})[ratio] = r["average"]
+        ratios.add(ratio)
+    cols = sorted((x for x in ratios if x != "default"), key=float)
+    if "default" in ratios:
+        cols.append("default")
+    ref = rows.get("full", {}).get("average")
+    if ref is not None:
+        print(f"No press (`full`): {ref:.1f}.\n")
+    print("| press | query | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---:|" * len(cols))
+    for (press, query) in sorted(grid):
+        cells = [f"{grid[(press, query)][c]:.1f}" if c in grid[(press, query)] else "" for c in cols]
+        print(f"| {press} | {query} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="")
-    ap.add_argument("runs", nargs="+", help="LABEL=DIR")
+    ap.add_argument("--ratios", default="", help="DIR: pivot a press grid by ratio")
+    ap.add_argument("runs", nargs="*", help="LABEL=DIR")
     a = ap.parse_args()
+    if a.ratios:
+        ratio_table(a.ratios)
+        return
+    if not a.runs:
+        sys.exit("grid_table: give LABEL=DIR runs or --ratios DIR")
     runs = []
     for spec in a.runs:
         if "=" not in spec:
