@@ -423,14 +423,14 @@ bool Engine::step_prefill(DecodeRows& rows) {
     Slot& s = *slots_[(prefill_rr_ + k) % n];
     if (!s.job || s.phase != JobPhase::kPrefill) continue;
     prefill_rr_ = (prefill_rr_ + k + 1) % n;
-    // While other requests generate, a prefill step takes about as long as their decode step,
-    // so that a long document does not stall them: the chunk is sized from this slot's last
-    // cost per token (exact for methods without a press; a press keeps its chunking).
+    // While other requests generate, a prefill chunk adds about prefill_share of their decode
+    // step's time, so that a long document does not stall them: the chunk is sized from this
+    // slot's last cost per token (exact for methods without a press; a press keeps its chunking).
     const bool others = !rows.ctxs.empty();
     int64_t cap = 0;
     if (others && s.session->context().press() == nullptr) {
       cap = s.prefill_tok_s > 0 && decode_step_s_ > 0
-                ? std::clamp<int64_t>(static_cast<int64_t>(decode_step_s_ / s.prefill_tok_s), 1,
+                ? std::clamp<int64_t>(static_cast<int64_t>(p_.prefill_share * decode_step_s_ / s.prefill_tok_s), 1,
                                       s.session->context().n_batch())
                 : 16;
     }
@@ -440,7 +440,11 @@ bool Engine::step_prefill(DecodeRows& rows) {
     bool ran = false, merged = false;
     std::vector<Status> row_st;
     Session::ChunkStep step;
-    if (others && p_.merge_prefill) {
+    // A merged step's time is the rows' and the chunk's together: the rows' own decode step is
+    // measured alone first, again when their number changes, and every 64 merged steps (their
+    // depth grows), so that the chunk's share stays what --prefill-share asks.
+    const bool measured = decode_step_s_ > 0 && decode_step_rows_ == rows.ctxs.size() && merged_since_measure_ < 64;
+    if (others && p_.merge_prefill && measured) {
       step = [&](Context& c, int64_t max_tokens) -> Expected<bool> {
         Context::MixedResult r = Context::decode_mixed(rows.ctxs, rows.toks, c, max_tokens);
         row_st = std::move(r.rows);
@@ -456,6 +460,7 @@ bool Engine::step_prefill(DecodeRows& rows) {
     const int64_t did = s.session->n_past() - before;
     if (ran) {
       if (merged) {
+        ++merged_since_measure_;
         std::lock_guard<std::mutex> lk(mu_);
         m_.merged_prefill_chunks += 1;
       }
@@ -526,7 +531,11 @@ void Engine::step_decode(DecodeRows& rows) {
 }
 
 void Engine::rows_done(DecodeRows& rows, const std::vector<Status>& st, double seconds) {
-  if (seconds >= 0) decode_step_s_ = seconds;
+  if (seconds >= 0) {
+    decode_step_s_ = seconds;
+    decode_step_rows_ = rows.ctxs.size();
+    merged_since_measure_ = 0;
+  }
   const double now = now_seconds();
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -137,6 +137,10 @@ struct EngineParams {
   // A prompt's prefill chunk runs in the same forward pass as the other slots' decode rows
   // (Context::decode_mixed); false: its own pass between decode steps (A/B, --no-merge-prefill).
   bool merge_prefill = true;
+  // While other slots generate, a prefill chunk may add this fraction of their decode step's
+  // time to each step (the chunk is sized from the slot's measured cost per prompt token): the
+  // generating slots' time per token stays near (1 + prefill_share) of theirs alone.
+  double prefill_share = 0.5;
 };
 
 struct SlotInfo {
@@ -226,6 +230,8 @@ class Engine {
   uint64_t next_id_ = 1;
   size_t prefill_rr_ = 0;
   double decode_step_s_ = 0;  // seconds of the last batched decode step (prefill chunks are sized to it)
+  size_t decode_step_rows_ = 0;   // the rows of that step
+  int merged_since_measure_ = 0;  // merged steps since decode_step_s_ was measured
   EngineMetrics m_;
   // Tokens decoded per second of the last 10 (second, tokens): a ring, constant memory.
   std::array<std::pair<int64_t, int64_t>, 10> recent_{};

@@ -35,6 +35,7 @@ struct BenchServeArgs {
   double doc_lead = 0.5;  // seconds the document prefills alone before the chats start
   int slots = 8;
   bool no_merge_prefill = false;
+  double prefill_share = 0.5;
 };
 
 struct ClientStats {
@@ -105,6 +106,7 @@ int cmd_bench_serve(const BenchServeArgs& a) {
   ep.defaults.ctx.kv_budget = 0;
   ep.n_slots = std::max(a.slots, *std::max_element(a.clients.begin(), a.clients.end()));
   ep.merge_prefill = !a.no_merge_prefill;
+  ep.prefill_share = a.prefill_share;
   auto engine = lc::server::Engine::create(**model, ep);
   if (!engine) return fail(engine.error().message);
   lc::server::ServerParams hp;
@@ -234,6 +236,9 @@ std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench) {
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   cmd->add_flag("--no-merge-prefill", a->no_merge_prefill,
                 "prefill chunks as their own forward passes, not inside the decode batch's (serve's flag; A/B)");
+  cmd->add_option("--prefill-share", a->prefill_share,
+                  "while other requests generate, the fraction of their decode step's time a prompt's prefill chunk may add")
+      ->check(CLI::Range(0.01, 100.0))->capture_default_str();
   cmd->add_option("--slots", a->slots, "server slots (at least the largest client count)")
       ->check(CLI::Range(1, 256))->capture_default_str();
   return {{cmd, [a] { return cmd_bench_serve(*a); }}};

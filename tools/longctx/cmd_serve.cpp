@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1", api_key, slot_save_path, schedule = "fcfs", chat_template, alias, qttt;
   int port = 8080, n_slots = 4, http_threads = 32;
   bool no_merge_prefill = false;
+  double prefill_share = 0.5;
   int64_t max_body = int64_t{16} << 20, max_prompt = 0, max_tokens = 4096, n_predict = 256, max_queue = 64;
   double timeout = 600;
 };
@@ -50,6 +51,7 @@ int cmd_serve(const ServeArgs& a) {
   }
   ep.n_slots = a.n_slots;
   ep.merge_prefill = !a.no_merge_prefill;
+  ep.prefill_share = a.prefill_share;
   ep.kv_budget = cp->kv_budget;
   ep.defaults.ctx.kv_budget = 0;
   ep.max_queue = static_cast<size_t>(a.max_queue);
@@ -131,6 +133,9 @@ std::vector<RegisteredCommand> add_serve_commands(CLI::App* app) {
   serve->add_flag("--no-merge-prefill", a->no_merge_prefill,
                   "run a prompt's prefill chunks as their own forward passes between decode steps, instead of "
                   "inside the decode batch's pass (for A/B measurements)");
+  serve->add_option("--prefill-share", a->prefill_share,
+                  "while other requests generate, the fraction of their decode step's time a prompt's prefill chunk may add")
+      ->check(CLI::Range(0.01, 100.0))->capture_default_str();
   serve->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (or set LONGCTX_API_KEY)");
   serve->add_option("--max-body", a->max_body, "largest request body, bytes (16M, ...)")
       ->transform(byte_size_value())->capture_default_str();
