@@ -116,6 +116,7 @@ struct Engine::Slot {
   size_t logprobs_sent = 0;
   bool timed_out = false;
   double prefill_tok_s = 0;  // seconds per prompt token of its last prefill step
+  double chunk_s = 0;        // seconds its last prefill chunk added to a step where others generated
   // A reader's run (its own thread and Session).
   std::thread reader;
   std::atomic<bool> reader_done{false};
@@ -358,6 +359,7 @@ void Engine::start(Slot& s) {
   s.logprobs_sent = 0;
   s.timed_out = false;
   s.prefill_tok_s = 0;
+  s.chunk_s = 0;
   s.gen.reset();
   if (!spec.methods.reader.empty()) {
     s.reader_done = false;
@@ -419,18 +421,31 @@ void Engine::start(Slot& s) {
 
 bool Engine::step_prefill(DecodeRows& rows) {
   const size_t n = slots_.size();
+  const bool others = !rows.ctxs.empty();
+  // While other requests generate, prefill chunks add about prefill_share of their decode
+  // step's time on average, so that a long document does not stall them. Each step earns that
+  // share as credit; a chunk runs when the credit covers what this slot's last chunk took, and
+  // spends what it takes. A chunk has a cost per call besides its cost per token (a deep
+  // document's attention reads its whole window for one token as for sixteen), so a slow
+  // chunk runs every few steps rather than shrinking to nothing.
+  if (others) {
+    prefill_credit_s_ = std::min(prefill_credit_s_ + p_.prefill_share * decode_step_s_, 1.0);
+  } else {
+    prefill_credit_s_ = 0;
+  }
   for (size_t k = 0; k < n; ++k) {
     Slot& s = *slots_[(prefill_rr_ + k) % n];
     if (!s.job || s.phase != JobPhase::kPrefill) continue;
+    const bool paced = others && s.session->context().press() == nullptr;
+    if (paced && s.chunk_s > 0 && prefill_credit_s_ < s.chunk_s) continue;  // not this step
     prefill_rr_ = (prefill_rr_ + k + 1) % n;
-    // While other requests generate, a prefill chunk adds about prefill_share of their decode
-    // step's time, so that a long document does not stall them: the chunk is sized from this
-    // slot's last cost per token (exact for methods without a press; a press keeps its chunking).
-    const bool others = !rows.ctxs.empty();
+    // The chunk is sized from the slot's last cost per token (at least 16 tokens, so that the
+    // cost per call is shared; exact for methods without a press; a press keeps its chunking).
     int64_t cap = 0;
-    if (others && s.session->context().press() == nullptr) {
+    if (paced) {
       cap = s.prefill_tok_s > 0 && decode_step_s_ > 0
-                ? std::clamp<int64_t>(static_cast<int64_t>(p_.prefill_share * decode_step_s_ / s.prefill_tok_s), 1,
+                ? std::clamp<int64_t>(static_cast<int64_t>(p_.prefill_share * decode_step_s_ / s.prefill_tok_s),
+                                      std::min<int64_t>(16, s.session->context().n_batch()),
                                       s.session->context().n_batch())
                 : 16;
     }
@@ -469,6 +484,10 @@ bool Engine::step_prefill(DecodeRows& rows) {
     // Seconds per prompt token; in a merged pass, beyond what the rows alone took.
     const double own = ran && decode_step_s_ > 0 && t > decode_step_s_ ? t - decode_step_s_ : t;
     if (did > 0) s.prefill_tok_s = own / static_cast<double>(did);
+    if (paced) {
+      s.chunk_s = own;
+      prefill_credit_s_ -= own;
+    }
     if (!done) {
       finish(s, api_error(done.error()));
       return ran;

@@ -137,9 +137,9 @@ struct EngineParams {
   // A prompt's prefill chunk runs in the same forward pass as the other slots' decode rows
   // (Context::decode_mixed); false: its own pass between decode steps (A/B, --no-merge-prefill).
   bool merge_prefill = true;
-  // While other slots generate, a prefill chunk may add this fraction of their decode step's
-  // time to each step (the chunk is sized from the slot's measured cost per prompt token): the
-  // generating slots' time per token stays near (1 + prefill_share) of theirs alone.
+  // While other slots generate, prefill chunks may add this fraction of their decode step's
+  // time, on average (a slow chunk runs every few steps): the generating slots' time per token
+  // stays near (1 + prefill_share) of theirs alone.
   double prefill_share = 0.5;
 };
 
@@ -231,6 +231,7 @@ class Engine {
   size_t prefill_rr_ = 0;
   double decode_step_s_ = 0;  // seconds of the last batched decode step (prefill chunks are sized to it)
   size_t decode_step_rows_ = 0;   // the rows of that step
+  double prefill_credit_s_ = 0;   // seconds prefill chunks may still add beside generating slots
   int merged_since_measure_ = 0;  // merged steps since decode_step_s_ was measured
   EngineMetrics m_;
   // Tokens decoded per second of the last 10 (second, tokens): a ring, constant memory.
