@@ -682,33 +682,53 @@ void QueryTrainer::install() {
 
 // ---------------------------------------------------------------- driver
 
-Expected<QtttStats> run_qttt(Context& ctx, const QtttParams& p, uint64_t seed, int64_t n_context) {
-  QtttStats st;
-  st.steps = p.steps;
-  st.span = p.span;
-  if (!p.enabled()) return st;
-  const double t0 = now_seconds();
-  if (n_context < 0) n_context = ctx.n_past();
-  st.n_context = n_context;
-  LC_TRY(check_qttt_span(p, n_context));
-  LC_ASSIGN_OR_RETURN(std::unique_ptr<QueryTrainer> tr, QueryTrainer::create(ctx, n_context));
-  std::mt19937_64 rng(seed);
-  const uint64_t n_starts = static_cast<uint64_t>(n_context - p.span + 1);
-  const double t1 = now_seconds();
-  for (int64_t s = 0; s < p.steps; ++s) {
-    const int64_t start = static_cast<int64_t>(rng() % n_starts);
-    LC_ASSIGN_OR_RETURN(double l, tr->loss(start, p.span, true));
-    tr->adam_step(p.lr);
-    st.step_loss.push_back(l);
-    st.starts.push_back(start);
+Expected<std::unique_ptr<QtttRun>> QtttRun::create(Context& ctx, const QtttParams& p, uint64_t seed,
+                                                   int64_t n_context) {
+  std::unique_ptr<QtttRun> r(new QtttRun());
+  r->p_ = p;
+  r->st_.steps = p.steps;
+  r->st_.span = p.span;
+  r->t0_ = now_seconds();
+  if (!p.enabled()) {
+    r->done_ = true;
+    return r;
   }
-  st.step_seconds = now_seconds() - t1;
-  st.loss_before = st.step_loss.front();
-  LC_ASSIGN_OR_RETURN(st.loss_after, tr->loss(st.starts.front(), p.span, false));
-  st.extra_bytes = tr->bytes();
-  tr->install();
-  st.seconds = now_seconds() - t0;
-  return st;
+  if (n_context < 0) n_context = ctx.n_past();
+  r->st_.n_context = n_context;
+  LC_TRY(check_qttt_span(p, n_context));
+  LC_ASSIGN_OR_RETURN(r->tr_, QueryTrainer::create(ctx, n_context));
+  r->rng_.seed(seed);
+  r->n_starts_ = static_cast<uint64_t>(n_context - p.span + 1);
+  return r;
+}
+
+Expected<bool> QtttRun::step() {
+  if (done_) return true;
+  const double t1 = now_seconds();
+  const int64_t start = static_cast<int64_t>(rng_() % n_starts_);
+  LC_ASSIGN_OR_RETURN(double l, tr_->loss(start, p_.span, true));
+  tr_->adam_step(p_.lr);
+  st_.step_loss.push_back(l);
+  st_.starts.push_back(start);
+  st_.step_seconds += now_seconds() - t1;
+  if (static_cast<int64_t>(st_.starts.size()) < p_.steps) return false;
+  st_.loss_before = st_.step_loss.front();
+  LC_ASSIGN_OR_RETURN(st_.loss_after, tr_->loss(st_.starts.front(), p_.span, false));
+  st_.extra_bytes = tr_->bytes();
+  tr_->install();
+  tr_.reset();
+  st_.seconds = now_seconds() - t0_;  // from create(): other work between the steps counts too
+  done_ = true;
+  return true;
+}
+
+Expected<QtttStats> run_qttt(Context& ctx, const QtttParams& p, uint64_t seed, int64_t n_context) {
+  LC_ASSIGN_OR_RETURN(std::unique_ptr<QtttRun> r, QtttRun::create(ctx, p, seed, n_context));
+  for (;;) {
+    LC_ASSIGN_OR_RETURN(bool done, r->step());
+    if (done) break;
+  }
+  return r->stats();
 }
 
 std::string qttt_summary(const QtttStats& s) {

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,6 +109,28 @@ class QueryTrainer {
 // W_q in ctx; the caller decodes the question and the answer, then calls
 // ctx.clear_query_weights(). Spans are drawn from `seed`. steps == 0 does nothing.
 Expected<QtttStats> run_qttt(Context& ctx, const QtttParams& p, uint64_t seed, int64_t n_context = -1);
+
+// run_qttt() one gradient step at a time, so that a caller (the server's engine) can run other
+// work between the steps: create() checks and prepares, each step() takes one Adam step, and
+// the last one evaluates, installs the trained W_q and returns true. stats() is run_qttt()'s
+// result once done. Same spans, same arithmetic: the result equals run_qttt()'s.
+class QtttRun {
+ public:
+  static Expected<std::unique_ptr<QtttRun>> create(Context& ctx, const QtttParams& p, uint64_t seed,
+                                                   int64_t n_context = -1);
+  Expected<bool> step();
+  const QtttStats& stats() const { return st_; }
+
+ private:
+  QtttRun() = default;
+  QtttParams p_;
+  QtttStats st_;
+  std::unique_ptr<QueryTrainer> tr_;
+  std::mt19937_64 rng_;
+  uint64_t n_starts_ = 0;
+  double t0_ = 0;
+  bool done_ = false;
+};
 
 // One line for an end-of-run summary: "qTTT: 8 steps x 128 tokens in 1.2 s (850 tokens/s), ...".
 std::string qttt_summary(const QtttStats& s);

@@ -173,13 +173,24 @@ Expected<bool> Session::prefill_step(int64_t max_tokens, const ChunkStep& step) 
     case PrefillPlan::kDone:
       return true;
     case PrefillPlan::kQtttTrain: {
-      // qTTT: a few steps on the query projections after the document's prefill; the question
-      // and the answer then read the cache with the trained W_q. (A press and qTTT never meet:
-      // the Session refuses the pair when it is made.)
-      auto r = run_qttt(*ctx_, params_.qttt, pl.qttt_seed, pl.n_doc);
-      if (!r) return fail(r.error());
-      pl.st.qttt = *r;
+      // qTTT: a few steps on the query projections after the document's prefill, one step per
+      // call (a server runs other slots between them); the question and the answer then read
+      // the cache with the trained W_q. (A press and qTTT never meet: the Session refuses the
+      // pair when it is made.)
+      if (!pl.qttt) {
+        auto r = QtttRun::create(*ctx_, params_.qttt, pl.qttt_seed, pl.n_doc);
+        if (!r) return fail(r.error());
+        pl.qttt = std::move(*r);
+      }
+      auto done = pl.qttt->step();
+      if (!done) {
+        pl.qttt.reset();
+        return fail(done.error());
+      }
+      if (!*done) return false;
+      pl.st.qttt = pl.qttt->stats();
       pl.st.qttt_ran = true;
+      pl.qttt.reset();
       pl.stage = PrefillPlan::kRest;
       return false;
     }

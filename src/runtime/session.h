@@ -189,6 +189,7 @@ class Session {
   // The prompt work of the request begun by begin_run / begin_continue.
   struct PrefillPlan {
     enum Stage { kIdle, kAgnostic, kQtttDoc, kQtttTrain, kRest, kDone } stage = kIdle;
+    std::unique_ptr<QtttRun> qttt;  // kQtttTrain: the run in progress, one step per prefill_step
     int64_t n_doc = 0;           // document tokens (run)
     int64_t stage_tokens = 0;    // tokens of the decode call in progress
     bool in_call = false;        // a begin_decode of this stage is pending

@@ -265,6 +265,59 @@ TEST(Session, QtttWeightsAreRestoredAfterTheRequest) {
   EXPECT_FALSE((*s2)->context().has_query_weights());
 }
 
+// In steps, qTTT trains one gradient step per prefill_step() call (a server runs the other
+// slots between them), and the request ends as run() ends it: the same span losses, the same
+// trained logits.
+TEST(SessionSteps, QtttTrainsOneStepPerCall) {
+  auto model = load();
+  SessionParams p = params();
+  p.qttt.steps = 3;
+  p.qttt.span = 16;
+  const auto doc = story_tokens(*model, 2);
+  const auto q = model->tokenizer().encode(" Who?", false, false);
+  std::vector<int32_t> tokens = doc;
+  tokens.insert(tokens.end(), q.begin(), q.end());
+  auto whole = Session::create(*model, p);
+  ASSERT_TRUE(whole.has_value());
+  Sampler a = greedy();
+  GenerateOptions g;
+  g.n_predict = 1;
+  g.qttt_seed = 7;
+  auto want = (*whole)->run(Prompt{tokens, static_cast<int64_t>(doc.size())}, a, g, {});
+  ASSERT_TRUE(want.has_value()) << want.error().message;
+  auto stepped = Session::create(*model, p);
+  ASSERT_TRUE(stepped.has_value());
+  ASSERT_TRUE((*stepped)->begin_run(Prompt{tokens, static_cast<int64_t>(doc.size())}, 7).is_ok());
+  auto other = Session::create(*model, params());
+  ASSERT_TRUE(other.has_value());
+  ASSERT_TRUE((*other)->context().decode(story_tokens(*model, 1), Logits::kLast).is_ok());
+  int calls = 0;
+  for (bool done = false; !done; ++calls) {
+    auto d = (*stepped)->prefill_step();
+    ASSERT_TRUE(d.has_value()) << d.error().message;
+    done = *d;
+    const int32_t t = 9;  // other work between the steps
+    ASSERT_TRUE((*other)->context().decode(std::span<const int32_t>(&t, 1), Logits::kLast).is_ok());
+  }
+  const int64_t doc_chunks = (static_cast<int64_t>(doc.size()) + 63) / 64;
+  const int64_t q_chunks = (static_cast<int64_t>(q.size()) + 63) / 64;
+  EXPECT_EQ(calls, doc_chunks + 3 + q_chunks);
+  const RequestStats& st = (*stepped)->prefill_stats();
+  ASSERT_TRUE(st.qttt_ran);
+  EXPECT_EQ(st.qttt.step_loss, want->qttt.step_loss);
+  EXPECT_EQ(st.qttt.starts, want->qttt.starts);
+  EXPECT_EQ(st.qttt.loss_after, want->qttt.loss_after);
+  Sampler b = greedy();
+  RequestStats gs;
+  Generation gen(**stepped, b, g, nullptr, gs);
+  auto n = gen.next();
+  ASSERT_TRUE(n.has_value());
+  gen.finish();
+  ASSERT_EQ(gs.generated.size(), 1u);
+  EXPECT_EQ(gs.generated, want->generated);
+  EXPECT_EQ(gs.text, want->text);
+}
+
 // Decodes `next` on a session's context and returns the logits.
 std::vector<float> logits_after(Session& s, const std::vector<int32_t>& next) {
   EXPECT_TRUE(s.context().decode(next, Logits::kLast).is_ok());
