@@ -266,7 +266,9 @@ TEST(DecodeBatch, PrefillChunkMergedIntoTheBatchPass) {
       for (int64_t h = 0; h < kv.n_head_kv(); ++h) {
         const int64_t n = kv.n_tokens(il, h);
         ASSERT_EQ(n, pf_ref->kv().n_tokens(il, h)) << press << " layer " << il;
-        if (!press.empty()) EXPECT_LT(n, 150);  // the press ran on the merged chunks
+        if (!press.empty()) {
+          EXPECT_LT(n, 150);  // the press ran on the merged chunks
+        }
         std::vector<float> a(static_cast<size_t>(n * kv.head_dim())), b(a.size());
         kv.read_keys(il, h, 0, n, a.data());
         pf_ref->kv().read_keys(il, h, 0, n, b.data());
