@@ -426,8 +426,8 @@ bool Engine::step_prefill(DecodeRows& rows) {
   // step's time on average, so that a long document does not stall them. Each step earns that
   // share as credit; a chunk runs when the credit covers what this slot's last chunk took, and
   // spends what it takes. A chunk has a cost per call besides its cost per token (a deep
-  // document's attention reads its whole window for one token as for sixteen), so a slow
-  // chunk runs every few steps rather than shrinking to nothing.
+  // document's attention reads its whole window's K/V at every call), so a slow chunk runs
+  // every few steps rather than shrinking to nothing.
   if (others) {
     prefill_credit_s_ = std::min(prefill_credit_s_ + p_.prefill_share * decode_step_s_, 1.0);
   } else {
