@@ -108,14 +108,15 @@ for part in $PARTS; do
     # the `rope` part (MrRoPE-Pro with logn at factor L/1K); the default is the shipped model at
     # 1K. Presses without ratio= take the nearest knob: duo_attention head_ratio=r (the fraction
     # of streaming heads, as kvpress's evaluation sets it), decoding target=(1-r)L tokens every
-    # 16 generated tokens; simlayerkv runs once at its defaults (its threshold decides); kvzip is
+    # 16 generated tokens, think channel_ratio=r (the fraction of key channels zeroed; it keeps
+    # every token); simlayerkv runs once at its defaults (its threshold decides); kvzip is
     # query-agnostic by construction (no query= key).
     for L in ${PRESS_LENGTHS:-1K}; do
       f=$(( ${L%K} ))
       rope="gguf"
       [ "$f" -gt 1 ] && rope="mrrope-pro:factor=$f,orig=1024+logn:orig=1024"
       args=(--method "rope=$rope;attn=dense;press=none;name=full")
-      for p in ${PRESSES:-snapkv h2o tova knorm keydiff expected_attention streaming_llm pyramidkv adakv speckv specpc random lagkv chunkkv block criticalkv critical_adakv duo_attention decoding kvzip simlayerkv}; do
+      for p in ${PRESSES:-snapkv h2o tova knorm keydiff expected_attention streaming_llm pyramidkv adakv speckv specpc random lagkv chunkkv block criticalkv critical_adakv duo_attention decoding kvzip simlayerkv think}; do
         for q in aware agnostic; do
           if [ "$p" = simlayerkv ]; then
             args+=(--method "rope=$rope;attn=dense;press=$p:query=$q;name=$p-default-$q"); continue
@@ -124,6 +125,7 @@ for part in $PARTS; do
           for r in ${RATIOS:-0.5 0.75 0.9}; do
             case $p in
             duo_attention) spec="$p:head_ratio=$r,query=$q" ;;
+            think) spec="$p:channel_ratio=$r,query=$q" ;;
             decoding) spec="$p:interval=16,target=$(python3 -c "print(int((1-$r)*$f*1024))")" ;;
             kvzip) spec="$p:ratio=$r" ;;
             *) spec="$p:ratio=$r,query=$q" ;;

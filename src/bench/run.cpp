@@ -415,14 +415,15 @@ Status write_summary(const Summary& s, const std::string& out_dir) {
 
 namespace {
 
-// "snapkv:ratio=0.5,query=aware" -> ("snapkv", 0.5); duo_attention's head_ratio counts as its
-// ratio. Chains ("a+b"), "none" and presses without the key give nullopt.
+// "snapkv:ratio=0.5,query=aware" -> ("snapkv", 0.5); duo_attention's head_ratio and think's
+// channel_ratio count as their ratio. Chains ("a+b"), "none" and presses without the key give
+// nullopt.
 std::optional<std::pair<std::string, double>> press_ratio(const std::string& press) {
   if (press.empty() || press == "none" || press.find('+') != std::string::npos) return std::nullopt;
   const size_t colon = press.find(':');
   if (colon == std::string::npos) return std::nullopt;
   const std::string name = press.substr(0, colon);
-  const std::string want = name == "duo_attention" ? "head_ratio" : "ratio";
+  const std::string want = name == "duo_attention" ? "head_ratio" : name == "think" ? "channel_ratio" : "ratio";
   std::stringstream keys(press.substr(colon + 1));
   for (std::string kv; std::getline(keys, kv, ',');) {
     const size_t eq = kv.find('=');

@@ -696,6 +696,23 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
   return ok_status();
 }
 
+Status KvCache::zero_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels) {
+  if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
+    return make_error(fmt::format("kv zero_key_channels: layer {} head {} out of range", il, h));
+  for (int32_t ch : channels)
+    if (ch < 0 || ch >= cfg_.head_dim)
+      return make_error(fmt::format("kv zero_key_channels: channel {} outside the head's {} key channels", ch,
+                                    cfg_.head_dim));
+  Head& hd = head(il, h);
+  if (channels.empty() || hd.n == 0) return ok_status();
+  LC_TRY(own_blocks(hd));  // a block shared with another cache is copied first
+  rewrite_keys(hd, 0, hd.n, [&](float* row, int64_t) {
+    for (int32_t ch : channels) row[ch] = 0.0f;
+  });
+  ++hd.epoch;  // page summaries (min/max keys) are stale
+  return ok_status();
+}
+
 void KvCache::set_rope(int64_t il, const RopeTable& table) {
   RopeTable& old = rope_[static_cast<size_t>(il)];
   for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {

@@ -148,6 +148,9 @@ class KvCache {
   // Adds delta to the positions of tokens [first, first + count) of head (il, h), re-rotating
   // their stored keys (a K-shift).
   Status shift_positions(int64_t il, int64_t h, int64_t first, int64_t count, int32_t delta);
+  // Sets key channels `channels` (each in [0, head_dim)) of every held token of head (il, h) to
+  // zero (ThinK's channel pruning): each row is dequantised, zeroed and stored again in type_k.
+  Status zero_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels);
   // The length a rope provider is asked for is at least this (the length the current decode
   // call reaches, so a prompt evaluated in chunks gets its whole length's table).
   void set_rope_length_hint(int64_t n) { rope_length_hint_ = n; }

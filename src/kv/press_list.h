@@ -118,6 +118,12 @@ LC_PRESS_CUSTOM(decoding,
                 "kvpress's DecodingPress (no paper of its own; kvpress's citation: Jegou, Jeblick, Devoto, "
                 "\"Expected Attention: KV Cache Compression by Estimating Attention from Future Queries "
                 "Distribution\", arXiv 2510.00636, 2025)")
+LC_PRESS_CUSTOM(think,
+                "key channels, not tokens: per KV head, the channel_ratio of channels with the lowest mean q^2 "
+                "(last window queries) x mean k^2 are zeroed (no memory saved, as kvpress); chain it after a token "
+                "press",
+                "Xu et al., \"ThinK: Thinner Key Cache by Query-Driven Pruning\", arXiv 2407.21018, 2024 (kvpress's "
+                "ThinKPress)")
 
 #undef LC_PRESS_SCORER
 #undef LC_PRESS_FRAME

@@ -136,20 +136,25 @@ TEST(BenchRun, AccuracyAgainstPressRatioChart) {
              cell("knorm:ratio=0.5+snapkv:budget=8", "aware", 30),          // a chain
              cell("simlayerkv:query=aware", "aware", 20),                   // no ratio
              cell("duo_attention:head_ratio=0.75,query=aware", "aware", 50),
-             cell("duo_attention:head_ratio=0.5,query=aware", "aware", 55)};
+             cell("duo_attention:head_ratio=0.5,query=aware", "aware", 55),
+             cell("think:channel_ratio=0.5,query=aware", "aware", 75),
+             cell("think:channel_ratio=0.25,query=aware", "aware", 78)};
   const auto charts = ratio_charts(s);
   ASSERT_EQ(charts.size(), 1u);  // the agnostic chart has no curve of two ratios
   EXPECT_EQ(charts[0].stem, "accuracy_vs_ratio-aware");
   const report::Chart& ch = charts[0].chart;
   ASSERT_TRUE(ch.hline.has_value());
   EXPECT_EQ(*ch.hline, 80);
-  ASSERT_EQ(ch.series.size(), 2u);
+  ASSERT_EQ(ch.series.size(), 3u);
   EXPECT_EQ(ch.series[0].label, "duo_attention");
   EXPECT_EQ(ch.series[0].x, (std::vector<double>{0.5, 0.75}));
   EXPECT_EQ(ch.series[0].y, (std::vector<double>{55, 50}));
   EXPECT_EQ(ch.series[1].label, "snapkv");
   EXPECT_EQ(ch.series[1].x, (std::vector<double>{0.25, 0.5}));
   EXPECT_EQ(ch.series[1].y, (std::vector<double>{70, 60}));
+  EXPECT_EQ(ch.series[2].label, "think");  // channel_ratio is its ratio
+  EXPECT_EQ(ch.series[2].x, (std::vector<double>{0.25, 0.5}));
+  EXPECT_EQ(ch.series[2].y, (std::vector<double>{78, 75}));
   const std::string out = fresh_dir("ratio");
   fs::create_directories(out);
   const Status st = write_plots(s, out);

@@ -134,6 +134,16 @@ TEST(KvShare, ChangesCopyTheSharedBlocksFirst) {
   ASSERT_TRUE(dst->retain(0, 1, keep).is_ok());
   ASSERT_TRUE(dst->shift_positions(1, 0, 0, 16, 5).is_ok());
   expect_same(*src, *before);
+  // dst zeroes key channels (ThinK): src is untouched, dst's channels read back as zero.
+  const std::vector<int32_t> channels = {1, 6};
+  ASSERT_TRUE(dst->zero_key_channels(1, 1, channels).is_ok());
+  expect_same(*src, *before);
+  {
+    std::vector<float> kz(static_cast<size_t>(dst->n_tokens(1, 1) * kDim));
+    dst->read_keys(1, 1, 0, dst->n_tokens(1, 1), kz.data());
+    for (int64_t j = 0; j < dst->n_tokens(1, 1); ++j)
+      for (int32_t ch : channels) EXPECT_EQ(kz[static_cast<size_t>(j * kDim + ch)], 0.0f);
+  }
   // dst hides a fragment and restores it: src is untouched.
   auto frag = dst->extract(8, 8);
   ASSERT_TRUE(frag.has_value()) << frag.error().message;

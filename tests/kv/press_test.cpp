@@ -32,7 +32,7 @@ const std::vector<std::string> kAll = {"streaming_llm", "snapkv", "pyramidkv", "
 // Presses with a KvPress class of their own (LC_PRESS_CUSTOM, listed after specpc) and keys of
 // their own: tested in their own files (tests/kv/press_<name>_test.cpp), not by the generic tests.
 const std::vector<std::string> kCustom = {"kvzip", "simlayerkv", "duo_attention", "criticalkv", "critical_adakv",
-                                          "chunkkv", "block", "decoding"};
+                                          "chunkkv", "block", "decoding", "think"};
 
 // A cache of n_layer layers holding L tokens, with the pre-RoPE data kept for the oracles.
 struct Fixture {
