@@ -18,6 +18,34 @@
 namespace lc {
 
 namespace {
+// fn(i) for i in [0, count) over the pool (at least 8 rows a task when there are 64 or more).
+template <class Fn>
+void for_rows(ThreadPool& pool, int64_t count, Fn&& fn) {
+  pool.parallel_for(count, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) fn(i);
+  }, count >= 64 ? 8 : count);
+}
+
+// The rest of layer L after attention, over n rows of the residual stream x [n, n_embd]:
+// x += W_o attn; x += W_down swiglu(W_gate h, W_up h) with h = ffn_norm(x). cur, gate, up: scratch.
+void finish_layer(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
+                  float* gate, float* up, ThreadPool& pool) {
+  const int64_t E = hp.n_embd;
+  kernels::matmul(L.wo, attn, n, cur, pool);
+  for_rows(pool, n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+  for_rows(pool, n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
+  {
+    const TensorView* w[2] = {&L.w_gate, &L.w_up};
+    float* y[2] = {gate, up};
+    kernels::matmul_multi(w, y, cur, n, pool);
+  }
+  for_rows(pool, n, [&](int64_t t) {
+    kernels::swiglu(gate + t * hp.n_ff, up + t * hp.n_ff, gate + t * hp.n_ff, hp.n_ff);
+  });
+  kernels::matmul(L.w_down, gate, n, cur, pool);
+  for_rows(pool, n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+}
+
 LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<float>& freq_factors) {
   LlamaCppRopeParams r;
   r.n_rot = hp.n_rot;
@@ -570,11 +598,7 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
     pos[static_cast<size_t>(B + t)] = static_cast<int32_t>(pf->n_past_ + t);
   }
   const bool pf_wq = pf && pf->has_query_weights();
-  auto rows = [&](int64_t count, auto&& fn) {
-    pool.parallel_for(count, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) fn(i);
-    }, count >= 64 ? 8 : count);
-  };
+  auto rows = [&](int64_t count, auto&& fn) { for_rows(pool, count, fn); };
   float* q = lead.q_.data();
   float* k = lead.k_.data();
   float* v = lead.v_.data();
@@ -624,15 +648,6 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
       if (Status s = c.kv_->append(il, 1, k + i * k_dim, v + i * v_dim, pi); !s) fail(i, s);
     }
     cut_back();
-    float* pq = q + B * q_dim;
-    const int32_t* ppos = pos.data() + B;
-    if (pf_live) {  // as forward_chunk: the chunk's rows, their hooks, then the append
-      rows(P, [&](int64_t t) {
-        pf->prepare_qkv_row(L, pq + t * q_dim, k + (B + t) * k_dim, v + (B + t) * v_dim, ppos + t);
-      });
-      for (ForwardHooks* h : pf->hooks_) h->on_queries(il, pq, ppos, P);
-      if (Status s = pf->kv_->append(il, P, k + B * k_dim, v + B * v_dim, ppos); !s) pf_live = false, pf_status = s;
-    }
     // Row i's attention over its own cache. With at least as many rows as threads, the rows
     // are spread over the threads, each running its rows' backends single-threaded (one
     // parallel region per layer instead of one per row); otherwise each row uses the pool.
@@ -659,28 +674,14 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
       for (int64_t i = 0; i < B; ++i) attend(i, pool);
     }
     cut_back();
-    if (pf_live) {
-      if (Status s = pf->backend_->forward(il, P, pq, ppos, *pf->kv_, attn + B * o_dim, pool); !s) {
+    // The prefill chunk's rows, as forward_chunk runs them (its own cache, backend and hooks).
+    if (pf_live)
+      if (Status s = pf->attend_rows(il, L, P, q + B * q_dim, k + B * k_dim, v + B * v_dim, pos.data() + B,
+                                     attn + B * o_dim, pool);
+          !s)
         pf_live = false, pf_status = s;
-      } else {
-        for (ForwardHooks* h : pf->hooks_) h->on_attention(*pf, il, pq, ppos, P);
-      }
-    }
     if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
-    kernels::matmul(L.wo, attn, R, cur, pool);
-    rows(R, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
-    rows(R, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
-    {
-      const TensorView* w[2] = {&L.w_gate, &L.w_up};
-      float* y[2] = {lead.gate_.data(), lead.up_.data()};
-      kernels::matmul_multi(w, y, cur, R, pool);
-    }
-    rows(R, [&](int64_t t) {
-      float* g = lead.gate_.data() + t * hp.n_ff;
-      kernels::swiglu(g, lead.up_.data() + t * hp.n_ff, g, hp.n_ff);
-    });
-    kernels::matmul(L.w_down, lead.gate_.data(), R, cur, pool);
-    rows(R, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+    finish_layer(hp, L, R, x, cur, attn, lead.gate_.data(), lead.up_.data(), pool);
   }
   // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
   const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
@@ -729,11 +730,31 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
   return out;
 }
 
+Status Context::attend_rows(int64_t il, const LayerWeights& L, int64_t n, float* q, float* k, float* v,
+                            const int32_t* pos, float* attn, ThreadPool& pool, const ShardStep* shard) {
+  const int64_t q_dim = hp_.n_head * hp_.head_dim, k_dim = hp_.n_head_kv * hp_.head_dim,
+                v_dim = hp_.n_head_kv * hp_.head_dim_v;
+  for_rows(pool, n, [&](int64_t t) { prepare_qkv_row(L, q + t * q_dim, k + t * k_dim, v + t * v_dim, pos + t); });
+  for (ForwardHooks* h : hooks_) h->on_queries(il, q, pos, n);
+  const bool store = shard == nullptr || shard->store;
+  if (store) LC_TRY(kv_->append(il, n, k, v, pos));
+  if (shard) {
+    backend_->set_detached(!store);
+    const Status st = backend_->forward(il, n, q, pos, *kv_, attn, pool);
+    backend_->set_detached(false);
+    LC_TRY(st);
+    if (shard->merge) LC_TRY(sp_->merge_attention(*this, il, n, q, k, v, pos, attn, backend_->partial_lse()));
+  } else {
+    LC_TRY(backend_->forward(il, n, q, pos, *kv_, attn, pool));
+  }
+  for (ForwardHooks* h : hooks_) h->on_attention(*this, il, q, pos, n);
+  return ok_status();
+}
+
 Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, float* logits, int64_t pos0,
                               const ShardStep* shard) {
   const HParams& hp = hp_;
-  const int64_t E = hp.n_embd, q_dim = hp.n_head * hp.head_dim,
-                k_dim = hp.n_head_kv * hp.head_dim, v_dim = hp.n_head_kv * hp.head_dim_v;
+  const int64_t E = hp.n_embd;
   float* x = x_.data();
   float* cur = cur_.data();
 
@@ -743,11 +764,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
   }
 
-  auto rows = [&](int64_t count, auto&& fn) {
-    pool_->parallel_for(count, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) fn(i);
-    }, count >= 64 ? 8 : count);
-  };
+  auto rows = [&](int64_t count, auto&& fn) { for_rows(*pool_, count, fn); };
 
   const bool store = shard == nullptr || shard->store;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
@@ -758,38 +775,8 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       float* y[3] = {q_.data(), k_.data(), v_.data()};
       kernels::matmul_multi(w, y, cur, n, *pool_);
     }
-    rows(n, [&](int64_t t) {
-      prepare_qkv_row(L, q_.data() + t * q_dim, k_.data() + t * k_dim, v_.data() + t * v_dim,
-                      &pos_[static_cast<size_t>(t)]);
-    });
-    for (ForwardHooks* h : hooks_) h->on_queries(il, q_.data(), pos_.data(), n);
-    if (store) LC_TRY(kv_->append(il, n, k_.data(), v_.data(), pos_.data()));
-    if (shard) {
-      backend_->set_detached(!store);
-      const Status st = backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_);
-      backend_->set_detached(false);
-      LC_TRY(st);
-      if (shard->merge)
-        LC_TRY(sp_->merge_attention(*this, il, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(),
-                                    backend_->partial_lse()));
-    } else {
-      LC_TRY(backend_->forward(il, n, q_.data(), pos_.data(), *kv_, attn_.data(), *pool_));
-    }
-    for (ForwardHooks* h : hooks_) h->on_attention(*this, il, q_.data(), pos_.data(), n);
-    kernels::matmul(L.wo, attn_.data(), n, cur, *pool_);
-    rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
-
-    rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.ffn_norm, cur + t * E, E, hp.rms_eps); });
-    {
-      const TensorView* w[2] = {&L.w_gate, &L.w_up};
-      float* y[2] = {gate_.data(), up_.data()};
-      kernels::matmul_multi(w, y, cur, n, *pool_);
-    }
-    rows(n, [&](int64_t t) {
-      kernels::swiglu(gate_.data() + t * hp.n_ff, up_.data() + t * hp.n_ff, gate_.data() + t * hp.n_ff, hp.n_ff);
-    });
-    kernels::matmul(L.w_down, gate_.data(), n, cur, *pool_);
-    rows(n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+    LC_TRY(attend_rows(il, L, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(), *pool_, shard));
+    finish_layer(hp, L, n, x, cur, attn_.data(), gate_.data(), up_.data(), *pool_);
   }
   if (store) n_past_ += n;
 

@@ -258,6 +258,12 @@ class Context {
   Status decode_impl(std::span<const int32_t> tokens, Logits which, bool context_part);
   // Biases, QK-norm and the rope plan's query scaling of one token's q, k, v rows of layer L.
   void prepare_qkv_row(const LayerWeights& L, float* qt, float* kt, float* vt, const int32_t* pos) const;
+  // Layer il's attention for n rows of this context's tokens at positions pos, from their
+  // projected q, k, v [n, *_dim]: the rows prepared, the query hooks, the K/V appended to the
+  // cache, the backend over it into attn [n, n_head * head_dim_v], the attention hooks.
+  // shard: a sequence-parallel step (forward_chunk), else null.
+  Status attend_rows(int64_t il, const LayerWeights& L, int64_t n, float* q, float* k, float* v, const int32_t* pos,
+                     float* attn, ThreadPool& pool, const ShardStep* shard = nullptr);
 
   // The decode() call in progress (begin_decode / decode_step).
   struct PendingDecode {

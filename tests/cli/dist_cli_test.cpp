@@ -38,7 +38,8 @@ std::string slurp(const std::string& path) {
 
 // A shell command's exit code and stdout; stderr goes to `err` when given.
 Result sh(const std::string& cmd, std::string* err = nullptr) {
-  const std::string ef = ::testing::TempDir() + "/dist_cli_err.txt";
+  // One file per process: ctest runs the DistCli tests as parallel processes.
+  const std::string ef = ::testing::TempDir() + "/dist_cli_err." + std::to_string(getpid()) + ".txt";
   FILE* p = popen((cmd + " 2>" + ef).c_str(), "r");
   EXPECT_NE(p, nullptr);
   std::string out;
@@ -139,7 +140,8 @@ struct JobEnd {
 JobEnd disturb_rank_one(int signal_number) {
   JobEnd je;
   const std::string dir = ::testing::TempDir();
-  const std::string ef = dir + "/dist_cli_job.txt", pf = dir + "/dist_cli_prompt.txt";
+  const std::string tag = std::to_string(getpid());  // the tests that call this run in parallel
+  const std::string ef = dir + "/dist_cli_job." + tag + ".txt", pf = dir + "/dist_cli_prompt." + tag + ".txt";
   {
     std::ofstream p(pf);
     for (int i = 0; i < 200; ++i) p << "The quick brown fox jumps over the lazy dog number " << i << ". ";
