@@ -143,6 +143,19 @@ TEST(Cli, CalibrateWritesRetrievalHeadsThatLycheeReads) {
   EXPECT_NE(r.out.find("share=model"), std::string::npos) << r.out;
 }
 
+// The summary's method line names the press that ran, with its full parameters.
+TEST(Cli, RunSummaryNamesThePress) {
+  Result r = run("run -m " + kStories + " -p \"Once upon a time there was a little dog who\" -n 2 --kv-press "
+                 "snapkv:ratio=0.5,window=4,obs=4+think:channel_ratio=0.25");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("method:     rope"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", kv press snapkv:ratio=0.5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("+think:channel_ratio=0.25,window=32,query=aware"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -n 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("kv press"), std::string::npos) << r.out;
+}
+
 TEST(Cli, MethodFlagsAreValidated) {
   Result r = run("run -m " + kStories + " -n 2 --attn nosuch");
   EXPECT_EQ(r.code, 1);

@@ -76,8 +76,8 @@ void print_summary(const lc::RequestStats& st, const lc::Context& ctx) {
              mib(static_cast<int64_t>(ctx.kv().memory().resident_bytes)),
              mib(static_cast<int64_t>(ctx.kv().memory().spilled_bytes)), ctx.n_past(),
              ctx.kv().memory().bytes_per_token, mib(static_cast<int64_t>(ctx.activation_bytes())));
-  fmt::print(stderr, "method:     rope {}, attention {}\n", ctx.rope_plan().describe(),
-             ctx.attention().spec());
+  fmt::print(stderr, "method:     rope {}, attention {}{}\n", ctx.rope_plan().describe(), ctx.attention().spec(),
+             ctx.press() ? ", kv press " + ctx.press()->spec() : std::string());
 }
 
 // Streams generated text to stdout as it comes.
