@@ -19,80 +19,35 @@
 
 #include "kv/kv_cache.h"
 #include "kv/press.h"
+#include "press_prompt.h"
 
 namespace lc {
 namespace {
 
-struct ChunkPrompt {
-  int64_t n_layer, H, Hkv, d, L;
-  std::vector<float> k, v, q;
-  std::vector<double> kr, qr;
-  std::vector<int32_t> pos;
-  std::unique_ptr<KvCache> kv;
-  PressShape shape;
+// The shared prompt (press_prompt.h, blocks of 16 tokens) with every key and query rotated in
+// double up front; reset() gives a fresh cache.
+struct ChunkPrompt : test::PressPrompt {
+  std::vector<double> kr, qr;  // rotated k [il][t][Hkv][d], q [il][t][H][d]
 
   ChunkPrompt(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, uint32_t seed)
-      : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    k.resize(static_cast<size_t>(n_layer * L * Hkv * d));
-    v.resize(k.size());
-    q.resize(static_cast<size_t>(n_layer * L * H * d));
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    for (auto& x : q) x = nd(rng);
-    for (int64_t t = 0; t < L; ++t) pos.push_back(static_cast<int32_t>(t));
-    shape = PressShape{n_layer, H, Hkv, d, d, 0.0f};
+      : PressPrompt(n_layer_, H_, Hkv_, d_, L_, seed, DType::F32, 16) {
     kr.resize(k.size());
     qr.resize(q.size());
-    auto rot = [&](const float* x, int64_t p, double* o) {
-      for (int64_t i = 0; i < d / 2; ++i) {
-        const double a = static_cast<double>(p) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-        o[i] = x[i] * std::cos(a) - x[i + d / 2] * std::sin(a);
-        o[i + d / 2] = x[i] * std::sin(a) + x[i + d / 2] * std::cos(a);
-      }
-    };
     for (int64_t il = 0; il < n_layer; ++il)
       for (int64_t t = 0; t < L; ++t) {
-        for (int64_t h = 0; h < Hkv; ++h) rot(k.data() + ((il * L + t) * Hkv + h) * d, t, K(il, t, h));
-        for (int64_t h = 0; h < H; ++h) rot(q.data() + ((il * L + t) * H + h) * d, t, Q(il, t, h));
+        for (int64_t h = 0; h < Hkv; ++h) {
+          const auto r = rot(kpre(il, t, h), static_cast<int32_t>(t));
+          std::copy(r.begin(), r.end(), K(il, t, h));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const auto r = rot(qpre(il, t) + h * d, static_cast<int32_t>(t));
+          std::copy(r.begin(), r.end(), Q(il, t, h));
+        }
       }
-    reset();
   }
-  void reset() {
-    KvCacheConfig c;
-    c.n_layer = n_layer;
-    c.n_head_kv = Hkv;
-    c.head_dim = d;
-    c.head_dim_v = d;
-    c.block_tokens = 16;
-    LlamaCppRopeParams rp;
-    rp.n_rot = d;
-    rp.neox = true;
-    c.rope = make_llama_cpp_rope(rp);
-    auto r = KvCache::create(c);
-    ASSERT_TRUE(r.has_value());
-    kv = std::move(r.value());
-    for (int64_t il = 0; il < n_layer; ++il)
-      ASSERT_TRUE(kv->append(il, L, k.data() + il * L * Hkv * d, v.data() + il * L * Hkv * d, pos.data()).is_ok());
-  }
+  void reset() { fill_cache(); }
   double* K(int64_t il, int64_t t, int64_t h) { return kr.data() + ((il * L + t) * Hkv + h) * d; }
   double* Q(int64_t il, int64_t t, int64_t h) { return qr.data() + ((il * L + t) * H + h) * d; }
-  std::vector<int32_t> held(int64_t il, int64_t h) const {
-    const int32_t* s = kv->seq_index(il, h);
-    return std::vector<int32_t>(s, s + kv->n_tokens(il, h));
-  }
-  void compress(KvPress& p) {
-    for (int64_t il = 0; il < n_layer; ++il) {
-      const int64_t n_obs = std::min(p.n_obs(), L);
-      PressContext c;
-      c.kv = kv.get();
-      c.queries = q.data() + ((il * L + L - n_obs) * H) * d;
-      c.query_pos = pos.data() + (L - n_obs);
-      c.n_obs = n_obs;
-      ASSERT_TRUE(p.compress(c, il).is_ok());
-    }
-  }
 };
 
 using LayerScores = std::vector<std::vector<double>>;  // [KV head][token]

@@ -20,30 +20,16 @@
 #include "core/log.h"
 #include "kv/kv_cache.h"
 #include "kv/press.h"
+#include "press_prompt.h"
 
 namespace lc {
 namespace {
 
-// n_layer layers of L tokens (neox RoPE over all dims, base 10000), pre-RoPE data kept, and the
-// oracle's own rotation in double. bias: adds to layer il's last queries a multiple of its first
-// keys, so some layers really look at their initial tokens (lazy ones).
-struct SimFixture {
-  int64_t n_layer, H, Hkv, d, L;
-  std::vector<float> k, v, q;  // [il][t][head][d]
-  std::vector<int32_t> pos;
-  std::unique_ptr<KvCache> kv;
-  PressShape shape;
-
+// The shared prompt (press_prompt.h), with layer il's last queries leaning towards the first key
+// of their KV head, so some layers really look at their initial tokens (lazy ones).
+struct SimFixture : test::PressPrompt {
   SimFixture(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, uint32_t seed)
-      : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    k.resize(static_cast<size_t>(n_layer * L * Hkv * d));
-    v.resize(k.size());
-    q.resize(static_cast<size_t>(n_layer * L * H * d));
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    for (auto& x : q) x = nd(rng);
+      : PressPrompt(n_layer_, H_, Hkv_, d_, L_, seed) {
     // Layer il's queries lean towards the first key of their KV head by il * 0.6: a spread of
     // scores over the layers.
     const int64_t g = H / Hkv;
@@ -53,55 +39,8 @@ struct SimFixture {
           for (int64_t e = 0; e < d; ++e)
             q[static_cast<size_t>(((il * L + t) * H + h) * d + e)] +=
                 0.6f * static_cast<float>(il) * k[static_cast<size_t>(((il * L + 0) * Hkv + h / g) * d + e)];
-    for (int64_t t = 0; t < L; ++t) pos.push_back(static_cast<int32_t>(t));
-    shape = PressShape{n_layer, H, Hkv, d, d, 0.0f};
-    KvCacheConfig c;
-    c.n_layer = n_layer;
-    c.n_head_kv = Hkv;
-    c.head_dim = d;
-    c.head_dim_v = d;
-    c.block_tokens = 8;
-    LlamaCppRopeParams rp;
-    rp.n_rot = d;
-    rp.neox = true;
-    c.rope = make_llama_cpp_rope(rp);
-    auto r = KvCache::create(c);
-    EXPECT_TRUE(r.has_value());
-    kv = std::move(r.value());
-    for (int64_t il = 0; il < n_layer; ++il)
-      EXPECT_TRUE(kv->append(il, L, &k[static_cast<size_t>(il * L * Hkv * d)], &v[static_cast<size_t>(il * L * Hkv * d)],
-                             pos.data())
-                      .is_ok());
   }
-  const float* qpre(int64_t il, int64_t t) const { return &q[static_cast<size_t>((il * L + t) * H * d)]; }
-
-  // Rotation in double (neox pairs (i, i + d/2), angle p * 10000^(-2i/d)).
-  std::vector<double> rot(const float* x, int32_t p) const {
-    std::vector<double> out(static_cast<size_t>(d));
-    for (int64_t i = 0; i < d / 2; ++i) {
-      const double a = p * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      out[static_cast<size_t>(i)] = x[i] * std::cos(a) - x[i + d / 2] * std::sin(a);
-      out[static_cast<size_t>(i + d / 2)] = x[i] * std::sin(a) + x[i + d / 2] * std::cos(a);
-    }
-    return out;
-  }
-
-  // Runs the press as the model does after prefill: the last n_obs() queries, every layer.
-  void compress(KvPress& p) {
-    for (int64_t il = 0; il < n_layer; ++il) {
-      const int64_t n = std::min(p.n_obs(), L);
-      PressContext c;
-      c.kv = kv.get();
-      c.queries = qpre(il, L - n);
-      c.query_pos = pos.data() + (L - n);
-      c.n_obs = n;
-      ASSERT_TRUE(p.compress(c, il).is_ok());
-    }
-  }
-  std::vector<int32_t> kept(int64_t il, int64_t h) const {
-    const int32_t* s = kv->seq_index(il, h);
-    return std::vector<int32_t>(s, s + kv->n_tokens(il, h));
-  }
+  std::vector<int32_t> kept(int64_t il, int64_t h) const { return held(il, h); }
 };
 
 // ---- the oracle, from simlayerkv_press.py ----

@@ -18,78 +18,19 @@
 
 #include "kv/kv_cache.h"
 #include "kv/press.h"
+#include "press_prompt.h"
 
 namespace lc {
 namespace {
 
-// n_layer layers of L tokens (neox RoPE over all dims, base 10000) in a cache of type_k, the
-// pre-RoPE data kept. Channel e of every key and query is scaled by (1 + e % 5) / 3, so the
-// channel scores spread.
-struct ThinkFixture {
-  int64_t n_layer, H, Hkv, d, L;
-  std::vector<float> k, v, q;  // k, v: [il][t][Hkv][d]; q: [il][t][H][d]
-  std::vector<int32_t> pos;
-  std::unique_ptr<KvCache> kv;
-  PressShape shape;
-
-  ThinkFixture(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, DType type_k, uint32_t seed)
-      : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    k.resize(static_cast<size_t>(n_layer * L * Hkv * d));
-    v.resize(k.size());
-    q.resize(static_cast<size_t>(n_layer * L * H * d));
-    for (size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) * static_cast<float>(1 + (i % d) % 5) / 3.0f;
-    for (auto& x : v) x = nd(rng);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = nd(rng) * static_cast<float>(1 + ((i % d) * 3) % 5) / 3.0f;
-    for (int64_t t = 0; t < L; ++t) pos.push_back(static_cast<int32_t>(t));
-    shape = PressShape{n_layer, H, Hkv, d, d, 0.0f};
-    KvCacheConfig c;
-    c.n_layer = n_layer;
-    c.n_head_kv = Hkv;
-    c.head_dim = d;
-    c.head_dim_v = d;
-    c.block_tokens = 8;
-    c.type_k = type_k;
-    LlamaCppRopeParams rp;
-    rp.n_rot = d;
-    rp.neox = true;
-    c.rope = make_llama_cpp_rope(rp);
-    auto r = KvCache::create(c);
-    EXPECT_TRUE(r.has_value());
-    kv = std::move(r.value());
-    for (int64_t il = 0; il < n_layer; ++il)
-      EXPECT_TRUE(kv->append(il, L, &k[static_cast<size_t>(il * L * Hkv * d)], &v[static_cast<size_t>(il * L * Hkv * d)],
-                             pos.data())
-                      .is_ok());
-  }
-  const float* qpre(int64_t il, int64_t t) const { return &q[static_cast<size_t>((il * L + t) * H * d)]; }
-  const float* kpre(int64_t il, int64_t t, int64_t h) const {
-    return &k[static_cast<size_t>(((il * L + t) * Hkv + h) * d)];
-  }
-
-  // Rotation in double (neox pairs (i, i + d/2), angle p * 10000^(-2i/d)).
-  std::vector<double> rot(const float* x, int32_t p) const {
-    std::vector<double> out(static_cast<size_t>(d));
-    for (int64_t i = 0; i < d / 2; ++i) {
-      const double a = p * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      out[static_cast<size_t>(i)] = x[i] * std::cos(a) - x[i + d / 2] * std::sin(a);
-      out[static_cast<size_t>(i + d / 2)] = x[i] * std::sin(a) + x[i + d / 2] * std::cos(a);
-    }
-    return out;
-  }
-
-  // The model's call after prefill: the last min(n_obs(), L) queries, every layer.
-  void compress(KvPress& p) {
-    for (int64_t il = 0; il < n_layer; ++il) {
-      const int64_t n = std::min(p.n_obs(), L);
-      PressContext c;
-      c.kv = kv.get();
-      c.queries = qpre(il, L - n);
-      c.query_pos = pos.data() + (L - n);
-      c.n_obs = n;
-      ASSERT_TRUE(p.compress(c, il).is_ok());
-    }
+// The shared prompt (press_prompt.h) with keys of type type_k. Channel e of every key is scaled
+// by (1 + e % 5) / 3 and of every query by (1 + 3e % 5) / 3, so the channel scores spread.
+struct ThinkFixture : test::PressPrompt {
+  ThinkFixture(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, DType type_k_, uint32_t seed)
+      : PressPrompt(n_layer_, H_, Hkv_, d_, L_, seed, type_k_, 8, false) {
+    for (size_t i = 0; i < k.size(); ++i) k[i] *= static_cast<float>(1 + (i % d) % 5) / 3.0f;
+    for (size_t i = 0; i < q.size(); ++i) q[i] *= static_cast<float>(1 + ((i % d) * 3) % 5) / 3.0f;
+    fill_cache();
   }
   std::vector<float> keys(int64_t il, int64_t h) const {
     std::vector<float> out(static_cast<size_t>(kv->n_tokens(il, h) * d));
@@ -140,11 +81,6 @@ std::unique_ptr<KvPress> make(const std::string& spec, const PressShape& s) {
   return r ? std::move(*r) : nullptr;
 }
 
-std::vector<int32_t> held(const KvCache& kv, int64_t il, int64_t h) {
-  const int32_t* s = kv.seq_index(il, h);
-  return std::vector<int32_t>(s, s + kv.n_tokens(il, h));
-}
-
 // Channels that are zero in every row, and whether every other entry equals `before`'s.
 std::vector<int32_t> zero_channels(const std::vector<float>& keys, int64_t d) {
   std::vector<int32_t> z;
@@ -171,7 +107,7 @@ TEST(PressThink, ZeroesTheChannelsOfTheReference) {
       f.compress(*p);
       for (int64_t il = 0; il < f.n_layer; ++il)
         for (int64_t h = 0; h < f.Hkv; ++h) {
-          const auto want = oracle_pruned(f, il, h, held(*f.kv, il, h), ratio, window);
+          const auto want = oracle_pruned(f, il, h, f.held(il, h), ratio, window);
           ASSERT_EQ(static_cast<int64_t>(want.size()), static_cast<int64_t>(16 * ratio));
           const auto K = f.keys(il, h);
           EXPECT_EQ(zero_channels(K, f.d), want) << "layer " << il << " head " << h;
@@ -199,7 +135,7 @@ TEST(PressThink, AfterATokenPressScoresTheKeptTokens) {
   f.compress(*p);
   for (int64_t il = 0; il < f.n_layer; ++il)
     for (int64_t h = 0; h < f.Hkv; ++h) {
-      const auto kept = held(*f.kv, il, h);
+      const auto kept = f.held(il, h);
       ASSERT_EQ(static_cast<int64_t>(kept.size()), 32);
       EXPECT_EQ(zero_channels(f.keys(il, h), f.d), oracle_pruned(f, il, h, kept, 0.25, 16));
     }
