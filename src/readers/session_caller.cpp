@@ -150,6 +150,7 @@ class SessionConversation final : public Conversation {
 
 Expected<std::unique_ptr<Conversation>> SessionCaller::converse() {
   LC_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(session_.model(), session_.params()));
+  s->set_step_gate(session_.step_gate());  // its passes run where the caller's run
   return std::unique_ptr<Conversation>(std::make_unique<SessionConversation>(std::move(s), sampler_, render_.chat_template()));
 }
 

@@ -56,7 +56,19 @@ Status Session::check_multi_turn() const {
 
 Status Session::decode_timed(std::span<const int32_t> tokens, Logits which, bool context_part, RequestStats& st) {
   const double t0 = now_seconds();
-  Status s = context_part ? ctx_->decode_context(tokens) : ctx_->decode(tokens, which);
+  Status s = ok_status();
+  if (!gate_) {
+    s = context_part ? ctx_->decode_context(tokens) : ctx_->decode(tokens, which);
+  } else if (s = ctx_->begin_decode(tokens, which, context_part); s) {
+    for (;;) {
+      auto done = gate_->prefill_chunk(*ctx_, 0);
+      if (!done) {
+        s = done.error();
+        break;
+      }
+      if (*done) break;
+    }
+  }
   st.t_prompt += now_seconds() - t0;
   if (s) st.n_prompt += static_cast<int64_t>(tokens.size());
   return s;
@@ -218,7 +230,9 @@ Expected<bool> Session::prefill_step(int64_t max_tokens, const ChunkStep& step) 
     pl.stage_tokens = static_cast<int64_t>(toks.size());
   }
   const double t0 = now_seconds();
-  auto done = step ? step(*ctx_, max_tokens) : ctx_->decode_step(max_tokens);
+  auto done = step    ? step(*ctx_, max_tokens)
+              : gate_ ? gate_->prefill_chunk(*ctx_, max_tokens)
+                      : ctx_->decode_step(max_tokens);
   pl.st.t_prompt += now_seconds() - t0;
   if (!done) return fail(done.error());
   if (!*done) return false;
@@ -323,7 +337,8 @@ Status Session::generate(Sampler& sampler, const GenerateOptions& g, const Token
     }
     if (!*next) break;
     const int32_t id = **next;
-    if (Status s = ctx_->decode(std::span<const int32_t>(&id, 1), Logits::kLast); !s) {
+    if (Status s = gate_ ? gate_->decode_token(*ctx_, id) : ctx_->decode(std::span<const int32_t>(&id, 1), Logits::kLast);
+        !s) {
       gen.finish();
       return s;
     }

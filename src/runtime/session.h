@@ -90,6 +90,19 @@ struct RequestStats {
 
 class Generation;
 
+// Where a Session's forward passes run. Without one, on the calling thread. The server gives a
+// reader's Sessions one (server/engine.cpp) so that their passes run on its loop, as rows of
+// its decode batches and as prefill chunks paced beside the other slots, while the reader
+// itself runs on its own thread and waits for each pass.
+class StepGate {
+ public:
+  virtual ~StepGate() = default;
+  // One generated token: what ctx.decode({id}, Logits::kLast) does.
+  virtual Status decode_token(Context& ctx, int32_t id) = 0;
+  // The next chunk of ctx's pending decode call: what ctx.decode_step(max_tokens) does.
+  virtual Expected<bool> prefill_chunk(Context& ctx, int64_t max_tokens) = 0;
+};
+
 class Session {
  public:
   // Makes the context from p.ctx and checks that the methods work together (qTTT needs the
@@ -161,6 +174,10 @@ class Session {
   // error (during prefill). The flag is cleared when the next request starts.
   void cancel() { cancel_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+  // Every forward pass from now on goes through `gate` (null: back to the calling thread). The
+  // gate outlives the Session or is unset first.
+  void set_step_gate(StepGate* gate) { gate_ = gate; }
+  StepGate* step_gate() const { return gate_; }
   // Progress of a long prefill: tokens done of the prompt's total (called after every chunk).
   void set_progress(std::function<void(int64_t done, int64_t total)> fn) { progress_ = std::move(fn); }
 
@@ -205,6 +222,7 @@ class Session {
   std::atomic<bool> cancel_{false};
   std::function<void(int64_t, int64_t)> progress_;
   bool logits_ready_ = false;  // the last operation was append(): generate_next() may run
+  StepGate* gate_ = nullptr;
 };
 
 // The answer of one request, a token at a time: next() samples from the logits the Session's

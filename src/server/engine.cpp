@@ -117,10 +117,83 @@ struct Engine::Slot {
   bool timed_out = false;
   double prefill_tok_s = 0;  // seconds per prompt token of its last prefill step
   double chunk_s = 0;        // seconds its last prefill chunk added to a step where others generated
-  // A reader's run (its own thread and Session).
+  // A reader's run: its own thread and Sessions, whose forward passes come to the loop through
+  // the gate.
   std::thread reader;
   std::atomic<bool> reader_done{false};
   std::optional<ApiError> reader_err;
+  std::unique_ptr<ReaderGate> gate;
+};
+
+// One forward pass a reader's thread waits on: a generated token (a row of the next decode step)
+// or the next chunk of a pending decode call (run like a slot's prefill chunk).
+struct Engine::GatePass {
+  enum Kind { kToken, kChunk };
+  Kind kind = kToken;
+  Context* ctx = nullptr;
+  int32_t id = 0;
+  int64_t max_tokens = 0;
+  bool done = false;
+  Status st = ok_status();
+  Expected<bool> chunk{false};
+};
+
+// The StepGate of a reading slot's Sessions. The reader's thread posts one pass at a time and
+// waits; the engine's loop runs it and answers (gate_done). All state is under the engine's mu_.
+class Engine::ReaderGate final : public StepGate {
+ public:
+  explicit ReaderGate(Engine& e) : e_(e) {}
+  Status decode_token(Context& ctx, int32_t id) override {
+    GatePass p;
+    p.kind = GatePass::kToken;
+    p.ctx = &ctx;
+    p.id = id;
+    post(p);
+    return p.st;
+  }
+  Expected<bool> prefill_chunk(Context& ctx, int64_t max_tokens) override {
+    GatePass p;
+    p.kind = GatePass::kChunk;
+    p.ctx = &ctx;
+    p.max_tokens = max_tokens;
+    post(p);
+    if (!p.st) return p.st.error();
+    return std::move(p.chunk);
+  }
+  // Opens the gate for a new reader (under mu_).
+  void open() { closed_ = false; }
+  // Answers a waiting pass with an error and refuses later ones (under mu_): the loop is ending.
+  void close() {
+    closed_ = true;
+    if (pending_) {
+      pending_->st = make_error(ErrorCode::kCancelled, "the server is shutting down");
+      pending_->done = true;
+      pending_ = nullptr;
+      done_cv_.notify_all();
+    }
+  }
+  GatePass* pending() const { return pending_; }  // under mu_
+  void answer(GatePass& p) {                      // under mu_
+    p.done = true;
+    if (pending_ == &p) pending_ = nullptr;
+    done_cv_.notify_all();
+  }
+
+ private:
+  void post(GatePass& p) {
+    std::unique_lock<std::mutex> lk(e_.mu_);
+    if (closed_) {
+      p.st = make_error(ErrorCode::kCancelled, "the server is shutting down");
+      return;
+    }
+    pending_ = &p;
+    e_.cv_.notify_all();
+    done_cv_.wait(lk, [&] { return p.done; });
+  }
+  Engine& e_;
+  GatePass* pending_ = nullptr;
+  bool closed_ = false;
+  std::condition_variable done_cv_;
 };
 
 namespace {
@@ -364,6 +437,11 @@ void Engine::start(Slot& s) {
   if (!spec.methods.reader.empty()) {
     s.reader_done = false;
     s.reader_err.reset();
+    if (!s.gate) s.gate = std::make_unique<ReaderGate>(*this);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      s.gate->open();
+    }
     s.reader = std::thread([this, &s] { run_reader(s); });
     return;
   }
@@ -435,8 +513,11 @@ bool Engine::step_prefill(DecodeRows& rows) {
   }
   for (size_t k = 0; k < n; ++k) {
     Slot& s = *slots_[(prefill_rr_ + k) % n];
-    if (!s.job || s.phase != JobPhase::kPrefill) continue;
-    const bool paced = others && s.session->context().press() == nullptr;
+    // A slot's prompt, or the chunk a reader's thread waits on (one of its Sessions' calls).
+    GatePass* gp = gate_pass(s, GatePass::kChunk);
+    if (!s.job || (s.phase != JobPhase::kPrefill && !gp)) continue;
+    Context& ctx = gp ? *gp->ctx : s.session->context();
+    const bool paced = others && ctx.press() == nullptr;
     if (paced && s.chunk_s > 0 && prefill_credit_s_ < s.chunk_s) continue;  // not this step
     prefill_rr_ = (prefill_rr_ + k + 1) % n;
     // The chunk is sized from the slot's last cost per token (at least 16 tokens, so that the
@@ -445,8 +526,7 @@ bool Engine::step_prefill(DecodeRows& rows) {
     if (paced) {
       cap = s.prefill_tok_s > 0 && decode_step_s_ > 0
                 ? std::clamp<int64_t>(static_cast<int64_t>(p_.prefill_share * decode_step_s_ / s.prefill_tok_s),
-                                      std::min<int64_t>(16, s.session->context().n_batch()),
-                                      s.session->context().n_batch())
+                                      std::min<int64_t>(16, ctx.n_batch()), ctx.n_batch())
                 : 16;
     }
     // The chunk runs inside the rows' forward pass (one pass over the weights for both) when
@@ -468,11 +548,17 @@ bool Engine::step_prefill(DecodeRows& rows) {
         return std::move(r.prefill);
       };
     }
-    const int64_t before = s.session->n_past();
+    const int64_t before = ctx.n_past();
     const double t0 = now_seconds();
-    auto done = s.session->prefill_step(cap, step);
+    Expected<bool> done = false;
+    if (gp) {
+      const int64_t m = gp->max_tokens > 0 && cap > 0 ? std::min(gp->max_tokens, cap) : std::max(gp->max_tokens, cap);
+      done = step ? step(ctx, m) : ctx.decode_step(m);
+    } else {
+      done = s.session->prefill_step(cap, step);
+    }
     const double t = now_seconds() - t0;
-    const int64_t did = s.session->n_past() - before;
+    const int64_t did = ctx.n_past() - before;
     if (ran) {
       if (merged) {
         ++merged_since_measure_;
@@ -487,6 +573,10 @@ bool Engine::step_prefill(DecodeRows& rows) {
     if (paced) {
       s.chunk_s = own;
       prefill_credit_s_ -= own;
+    }
+    if (gp) {
+      gate_done(*gp, ok_status(), std::move(done));
+      return ran;
     }
     if (!done) {
       finish(s, api_error(done.error()));
@@ -538,8 +628,33 @@ Engine::DecodeRows Engine::collect_rows() {
     rows.ctxs.push_back(&s.session->context());
     rows.toks.push_back(**next);
     rows.who.push_back(&s);
+    rows.pass.push_back(nullptr);
   }
+  // Readers' generated tokens join the step after the slots' rows.
+  for (auto& sp : slots_)
+    if (GatePass* p = gate_pass(*sp, GatePass::kToken)) {
+      rows.ctxs.push_back(p->ctx);
+      rows.toks.push_back(p->id);
+      rows.who.push_back(sp.get());
+      rows.pass.push_back(p);
+    }
   return rows;
+}
+
+Engine::GatePass* Engine::gate_pass(Slot& s, int kind) {
+  if (!s.job || s.phase != JobPhase::kReading || !s.gate) return nullptr;
+  std::lock_guard<std::mutex> lk(mu_);
+  GatePass* p = s.gate->pending();
+  return p && p->kind == kind ? p : nullptr;
+}
+
+void Engine::gate_done(GatePass& p, Status st, Expected<bool> chunk) {
+  std::lock_guard<std::mutex> lk(mu_);
+  (p.kind == GatePass::kToken ? m_.reader_rows : m_.reader_chunks) += 1;
+  p.st = std::move(st);
+  p.chunk = std::move(chunk);
+  for (auto& s : slots_)
+    if (s->gate && s->gate->pending() == &p) s->gate->answer(p);
 }
 
 void Engine::step_decode(DecodeRows& rows) {
@@ -565,11 +680,16 @@ void Engine::rows_done(DecodeRows& rows, const std::vector<Status>& st, double s
     if (slot.first != sec) slot = {sec, 0};
     slot.second += static_cast<int64_t>(rows.ctxs.size());
   }
-  for (size_t i = 0; i < rows.who.size(); ++i)
+  for (size_t i = 0; i < rows.who.size(); ++i) {
+    if (rows.pass[i]) {  // a reader's token: its thread gets the status
+      gate_done(*rows.pass[i], i < st.size() ? st[i] : make_error("internal: no status for a decode row"), false);
+      continue;
+    }
     if (i >= st.size() || !st[i]) {
       rows.who[i]->gen->finish();
       finish(*rows.who[i], api_error(i < st.size() ? st[i].error() : Error{"internal: no status for a decode row"}));
     }
+  }
 }
 
 void Engine::finish(Slot& s, std::optional<ApiError> err) {
@@ -647,6 +767,8 @@ void Engine::run_reader(Slot& s) {
   sp->ctx.kv_budget = static_cast<int64_t>(s.cap);
   auto session = Session::create(model_, *sp);
   if (!session) return fail(api_error(session.error()));
+  // Its forward passes run on the engine's loop, in the batches (the reader's thread waits).
+  if (p_.reader_batch) (*session)->set_step_gate(s.gate.get());
   const std::string path = (std::filesystem::temp_directory_path() /
                             fmt::format("longctx-serve-{}-{}.txt", static_cast<int>(::getpid()), s.job->id())).string();
   {
@@ -687,13 +809,14 @@ void Engine::loop() {
           if (s->job && s->phase != JobPhase::kReading) return true;
         return false;
       };
-      auto reader_finished = [&] {
+      auto reader_ready = [&] {  // a reader finished, or waits on a forward pass
         for (auto& s : slots_)
-          if (s->job && s->phase == JobPhase::kReading && s->reader_done) return true;
+          if (s->job && s->phase == JobPhase::kReading && (s->reader_done || (s->gate && s->gate->pending())))
+            return true;
         return false;
       };
       cv_.wait_for(lk, std::chrono::milliseconds(100),
-                   [&] { return stop_ || busy() || reader_finished() || !queue_.empty() || !tasks_.empty(); });
+                   [&] { return stop_ || busy() || reader_ready() || !queue_.empty() || !tasks_.empty(); });
       if (stop_) break;
       // Queued requests that were cancelled or passed their deadline leave the queue.
       const double now = now_seconds();
@@ -747,6 +870,11 @@ void Engine::loop() {
     left.swap(tasks_);
   }
   for (auto& t : left) t();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& s : slots_)
+      if (s->gate) s->gate->close();  // a reader waiting on a pass gets an error and ends
+  }
   for (auto& s : slots_) {
     if (s->job) s->job->cancel();
     if (s->reader.joinable()) s->reader.join();

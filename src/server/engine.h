@@ -137,6 +137,10 @@ struct EngineParams {
   // A prompt's prefill chunk runs in the same forward pass as the other slots' decode rows
   // (Context::decode_mixed); false: its own pass between decode steps (A/B, --no-merge-prefill).
   bool merge_prefill = true;
+  // A reader's forward passes run on the engine's loop, its generated tokens as rows of the
+  // decode steps and its prompts as paced chunks; false: on the reader's own thread and thread
+  // pool, beside the loop (A/B, --no-reader-batch).
+  bool reader_batch = true;
   // While other slots generate, prefill chunks may add this fraction of their decode step's
   // time, on average (a slow chunk runs every few steps): the generating slots' time per token
   // stays near (1 + prefill_share) of theirs alone.
@@ -164,6 +168,8 @@ struct EngineMetrics {
   int64_t requests_finished = 0, requests_failed = 0, requests_cancelled = 0, requests_refused = 0;
   int64_t batch_steps = 0, batched_tokens = 0;
   int64_t merged_prefill_chunks = 0;  // prefill chunks that ran inside a decode step's pass
+  int64_t reader_rows = 0;            // readers' generated tokens evaluated as rows of a decode step
+  int64_t reader_chunks = 0;          // readers' prompt chunks the engine's loop evaluated
 };
 
 class Engine {
@@ -193,6 +199,8 @@ class Engine {
 
  private:
   struct Slot;
+  class ReaderGate;
+  struct GatePass;
   Engine(const Model& model, const EngineParams& p);
   void loop();
   bool admit();                 // under mu_
@@ -203,6 +211,7 @@ class Engine {
     std::vector<Context*> ctxs;
     std::vector<int32_t> toks;
     std::vector<Slot*> who;
+    std::vector<GatePass*> pass;  // a reader's generated token (its gate's pass), else null
   };
   DecodeRows collect_rows();
   bool step_prefill(DecodeRows& rows);  // true: the rows ran inside the prefill chunk's pass
@@ -210,6 +219,9 @@ class Engine {
   void rows_done(DecodeRows& rows, const std::vector<Status>& st, double seconds);
   void finish(Slot& s, std::optional<ApiError> err);
   void run_reader(Slot& s);
+  // The pass a reading slot's gate waits on, when it is of this kind (under mu_ or on the loop).
+  GatePass* gate_pass(Slot& s, int kind);
+  void gate_done(GatePass& p, Status st, Expected<bool> chunk);
   size_t reservation(int64_t tokens) const;
   Expected<SessionParams> session_params(const Methods& m) const;
 

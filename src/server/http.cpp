@@ -242,6 +242,10 @@ void HttpServer::routes() {
     metric("batched_tokens_total", "counter", "Tokens evaluated in batched decode steps.", static_cast<double>(m.batched_tokens));
     metric("prefill_chunks_merged_total", "counter", "Prefill chunks evaluated in the same forward pass as a decode step.",
            static_cast<double>(m.merged_prefill_chunks));
+    metric("reader_rows_total", "counter", "Readers' generated tokens evaluated as rows of a decode step.",
+           static_cast<double>(m.reader_rows));
+    metric("reader_chunks_total", "counter", "Readers' prompt chunks evaluated by the engine's loop.",
+           static_cast<double>(m.reader_chunks));
     metric("slots_busy", "gauge", "Slots serving a request.", static_cast<double>(m.busy_slots));
     metric("slots_total", "gauge", "Slots.", static_cast<double>(engine_.params().n_slots));
     metric("queue_length", "gauge", "Requests waiting for a slot.", static_cast<double>(m.queued));

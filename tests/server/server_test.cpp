@@ -15,11 +15,15 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/sys.h"
 #include "model/model.h"
+#include "readers/reader.h"
+#include "readers/session_caller.h"
+#include "readers/templates.h"
 #include "runtime/session.h"
 #include "server/engine.h"
 #include "server/http.h"
@@ -478,6 +482,95 @@ TEST(Server, ReaderRequestsRunTheReader) {
   ASSERT_EQ(status, 200) << r.dump();
   EXPECT_TRUE(r["choices"][0]["message"]["content"].is_string());
   EXPECT_GT(r["usage"]["prompt_tokens"].get<int64_t>(), 300);  // every call's prompt, over the whole story
+}
+
+// What the reader answers alone, on its own thread with the library (no server, no gate).
+std::string read_alone(const std::string& spec, const std::string& document, const std::string& question) {
+  auto reader = readers::make_reader(spec);
+  EXPECT_TRUE(reader.has_value());
+  SessionParams p;
+  p.ctx.n_ctx = 0;
+  p.ctx.n_threads = 1;
+  p.ctx.n_batch = 64;
+  p.ctx.kv_block = 16;
+  auto s = Session::create(stories(), p);
+  EXPECT_TRUE(s.has_value());
+  SamplerParams sp;
+  sp.temp = 0;
+  Sampler sm(sp);
+  readers::SessionCaller caller(**s, sm, ChatTemplate::kNone);
+  const std::string path = ::testing::TempDir() + "reader_alone_" + std::to_string(getpid()) + ".txt";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << document;
+  }
+  auto r = readers::read_document(**reader, caller, readers::TemplateSource(), path, question, readers::ReadOptions());
+  std::filesystem::remove(path);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  return r ? r->answer : "";
+}
+
+// A reader's forward passes run on the engine's loop: its generated tokens as rows of the decode
+// steps beside a generating chat, its prompts as chunks between them. The reader answers what it
+// answers alone, the chat what it gets alone, and some steps held both (more rows than steps).
+TEST(Server, ReaderPassesRunInTheBatchBesideAChat) {
+  const std::string spec = "memagent:chunk=128,memory=32,window=1024";
+  const std::string doc = story(30, 1), question = "Who played?";
+  const std::string want_reader = read_alone(spec, doc, question);
+  const std::string chat = story(1, 0);
+  constexpr int kTokens = 600;
+  const std::string want_chat = run_alone(chat, kTokens);
+  TestServer srv;
+  std::string got_chat;
+  std::thread t([&] {
+    auto c = srv.client();
+    json r = post(c, "/v1/completions", {{"prompt", chat}, {"max_tokens", kTokens}, {"temperature", 0}});
+    got_chat = r.value("choices", json::array({{{"text", "(error) " + r.dump()}}}))[0]["text"];
+  });
+  for (int spin = 0; spin < 20000 && srv.engine->metrics().batched_tokens < 8; ++spin)
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  auto c = srv.client();
+  int status = 0;
+  json r = post(c, "/v1/completions",
+                {{"prompt", doc}, {"max_tokens", 8}, {"temperature", 0}, {"longctx", {{"reader", spec}, {"question", question}}}},
+                &status);
+  const EngineMetrics during = srv.engine->metrics();
+  t.join();
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], want_reader);
+  EXPECT_EQ(got_chat, want_chat);
+  EXPECT_GT(during.reader_rows, 0);
+  EXPECT_GT(during.reader_chunks, 0);
+  EXPECT_GT(during.batched_tokens, during.batch_steps) << "no step held the chat's row and the reader's";
+}
+
+// An engine stopped while a reader waits on a forward pass ends: the reader's pass gets an error,
+// its thread ends, and the request is answered with a 503.
+TEST(Server, StoppingWhileAReaderWaitsEnds) {
+  EngineParams ep;
+  ep.defaults.ctx.n_threads = 2;
+  ep.defaults.ctx.n_batch = 64;
+  ep.defaults.ctx.kv_block = 16;
+  ep.kv_budget = int64_t{256} << 20;
+  auto e = Engine::create(stories(), ep);
+  ASSERT_TRUE(e.has_value()) << e.error().message;
+  JobSpec js;
+  js.document = story(400, 2);
+  js.question = "Who?";
+  js.methods.reader = "memagent:chunk=128,memory=32,window=1024";
+  js.gen.n_predict = 8;
+  js.sampling.temp = 0;
+  ApiError err;
+  auto job = (*e)->submit(js, now_seconds() + 600, err);
+  ASSERT_TRUE(job) << err.message;
+  for (int spin = 0; spin < 40000 && (*e)->metrics().reader_chunks < 2; ++spin)
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  EXPECT_GE((*e)->metrics().reader_chunks, 2);
+  e->reset();  // the loop ends while the reader runs
+  std::vector<JobEvent> ev;
+  EXPECT_TRUE(job->wait(ev, 0));
+  ASSERT_TRUE(job->error().has_value());
+  EXPECT_EQ(job->error()->status, 503) << job->error()->message;
 }
 
 // SJF takes the shortest prompt first, and aging lets a long one that waited go first.

@@ -4,7 +4,9 @@
 //     of --n-predict tokens one after another; it reports the aggregate generation tokens/s,
 //     the mean time to first token and the mean time per token a client sees;
 //   * with --doc N: three short chats alone, then the same three while one request of an
-//     N-token document runs beside them: their time per token in both cases.
+//     N-token document runs beside them: their time per token in both cases; with
+//     --doc-reader SPEC the document request runs that reader (a question about the document).
+//     --no-reader-batch: the reader's calls on its own thread (serve's flag; A/B).
 // Prints a Markdown table and the peak RSS. Every request goes over real HTTP.
 #include <fmt/format.h>
 #include <httplib.h>
@@ -35,6 +37,8 @@ struct BenchServeArgs {
   double doc_lead = 0.5;  // seconds the document prefills alone before the chats start
   int slots = 8;
   bool no_merge_prefill = false;
+  bool no_reader_batch = false;
+  std::string doc_reader;
   double prefill_share = 0.5;
 };
 
@@ -106,6 +110,7 @@ int cmd_bench_serve(const BenchServeArgs& a) {
   ep.defaults.ctx.kv_budget = 0;
   ep.n_slots = std::max(a.slots, *std::max_element(a.clients.begin(), a.clients.end()));
   ep.merge_prefill = !a.no_merge_prefill;
+  ep.reader_batch = !a.no_reader_batch;
   ep.prefill_share = a.prefill_share;
   auto engine = lc::server::Engine::create(**model, ep);
   if (!engine) return fail(engine.error().message);
@@ -183,7 +188,13 @@ int cmd_bench_serve(const BenchServeArgs& a) {
     std::atomic<bool> doc_done{false}, stop_doc{false};
     ClientStats doc_stats;
     const std::string doc_text = words(a.doc * 10 / 13, 7);
-    const json doc_methods = a.doc_attn.empty() ? json(nullptr) : json{{"attn", a.doc_attn}};
+    json doc_methods = a.doc_attn.empty() ? json(nullptr) : json{{"attn", a.doc_attn}};
+    if (!a.doc_reader.empty()) {
+      if (doc_methods.is_null()) doc_methods = json::object();
+      doc_methods["reader"] = a.doc_reader;
+      doc_methods["question"] = "Which word comes most often?";
+    }
+    const auto m_doc0 = (*engine)->metrics();
     const double t_doc = lc::now_seconds();
     std::thread doc([&] {
       one_request(*port, doc_text, 16, doc_stats, doc_methods, &stop_doc);
@@ -200,14 +211,23 @@ int cmd_bench_serve(const BenchServeArgs& a) {
     for (const auto& sl : (*engine)->slots())
       if (sl.state == "prefill") doc_done_tokens = sl.n_past;
     const double t_beside = lc::now_seconds() - t_doc;
+    const auto m_doc1 = (*engine)->metrics();
     stop_doc = true;
     doc.join();
     fmt::print("\n| chats' mean ms/token | alone | beside a {}-token document{} | ratio |\n|---|---:|---:|---:|\n"
                "| 3 chats, {} tokens each | {:.2f} | {:.2f}{} | {:.2f} |\n",
-               a.doc, a.doc_attn.empty() ? "" : " (" + a.doc_attn + ")", a.n_predict, tpot_of(alone), tpot_of(beside),
+               a.doc, a.doc_reader.empty() ? (a.doc_attn.empty() ? "" : " (" + a.doc_attn + ")")
+                                         : " read by " + a.doc_reader + (a.no_reader_batch ? " (own thread)" : ""),
+               a.n_predict, tpot_of(alone), tpot_of(beside),
                overlapped ? "" : " (document ended first)", tpot_of(beside) / std::max(tpot_of(alone), 1e-9));
-    fmt::print("the document's prefill had reached {} tokens after {:.1f} s, when the chats were done\n",
-               doc_done_tokens, t_beside);
+    if (a.doc_reader.empty()) {
+      fmt::print("the document's prefill had reached {} tokens after {:.1f} s, when the chats were done\n",
+                 doc_done_tokens, t_beside);
+    } else {
+      fmt::print("while the chats ran ({:.1f} s from the reader's start), the reader's calls evaluated {} generated "
+                 "tokens as batch rows and {} prompt chunks on the loop\n",
+                 t_beside, m_doc1.reader_rows - m_doc0.reader_rows, m_doc1.reader_chunks - m_doc0.reader_chunks);
+    }
   }
   fmt::print("\npeak RSS {:.1f} MiB\n", static_cast<double>(lc::peak_rss_bytes()) / (1024.0 * 1024.0));
   server.stop();
@@ -236,6 +256,10 @@ std::vector<RegisteredCommand> add_bench_serve_commands(CLI::App* bench) {
       ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
   cmd->add_flag("--no-merge-prefill", a->no_merge_prefill,
                 "prefill chunks as their own forward passes, not inside the decode batch's (serve's flag; A/B)");
+  cmd->add_option("--doc-reader", a->doc_reader, "the document request runs this reader (e.g. memagent), asked a "
+                                                  "question about the document");
+  cmd->add_flag("--no-reader-batch", a->no_reader_batch,
+                "a reader's calls on its own thread and thread pool, not in the decode batch (serve's flag; A/B)");
   cmd->add_option("--prefill-share", a->prefill_share,
                   "while other requests generate, the fraction of their decode step's time a prompt's prefill chunk may add")
       ->check(CLI::Range(0.01, 100.0))->capture_default_str();

@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1", api_key, slot_save_path, schedule = "fcfs", chat_template, alias, qttt;
   int port = 8080, n_slots = 4, http_threads = 32;
   bool no_merge_prefill = false;
+  bool no_reader_batch = false;
   double prefill_share = 0.5;
   int64_t max_body = int64_t{16} << 20, max_prompt = 0, max_tokens = 4096, n_predict = 256, max_queue = 64;
   double timeout = 600;
@@ -51,6 +52,7 @@ int cmd_serve(const ServeArgs& a) {
   }
   ep.n_slots = a.n_slots;
   ep.merge_prefill = !a.no_merge_prefill;
+  ep.reader_batch = !a.no_reader_batch;
   ep.prefill_share = a.prefill_share;
   ep.kv_budget = cp->kv_budget;
   ep.defaults.ctx.kv_budget = 0;
@@ -133,6 +135,9 @@ std::vector<RegisteredCommand> add_serve_commands(CLI::App* app) {
   serve->add_flag("--no-merge-prefill", a->no_merge_prefill,
                   "run a prompt's prefill chunks as their own forward passes between decode steps, instead of "
                   "inside the decode batch's pass (for A/B measurements)");
+  serve->add_flag("--no-reader-batch", a->no_reader_batch,
+                  "run a reader's model calls on its own thread and thread pool, beside the loop, instead of as rows "
+                  "and chunks of the decode batch (for A/B measurements)");
   serve->add_option("--prefill-share", a->prefill_share,
                   "while other requests generate, the fraction of their decode step's time a prompt's prefill chunk may add")
       ->check(CLI::Range(0.01, 100.0))->capture_default_str();
