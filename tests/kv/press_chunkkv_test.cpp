@@ -27,27 +27,11 @@ namespace {
 // The shared prompt (press_prompt.h, blocks of 16 tokens) with every key and query rotated in
 // double up front; reset() gives a fresh cache.
 struct ChunkPrompt : test::PressPrompt {
-  std::vector<double> kr, qr;  // rotated k [il][t][Hkv][d], q [il][t][H][d]
-
   ChunkPrompt(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, uint32_t seed)
       : PressPrompt(n_layer_, H_, Hkv_, d_, L_, seed, DType::F32, 16) {
-    kr.resize(k.size());
-    qr.resize(q.size());
-    for (int64_t il = 0; il < n_layer; ++il)
-      for (int64_t t = 0; t < L; ++t) {
-        for (int64_t h = 0; h < Hkv; ++h) {
-          const auto r = rot(kpre(il, t, h), static_cast<int32_t>(t));
-          std::copy(r.begin(), r.end(), K(il, t, h));
-        }
-        for (int64_t h = 0; h < H; ++h) {
-          const auto r = rot(qpre(il, t) + h * d, static_cast<int32_t>(t));
-          std::copy(r.begin(), r.end(), Q(il, t, h));
-        }
-      }
+    rotate_all();
   }
   void reset() { fill_cache(); }
-  double* K(int64_t il, int64_t t, int64_t h) { return kr.data() + ((il * L + t) * Hkv + h) * d; }
-  double* Q(int64_t il, int64_t t, int64_t h) { return qr.data() + ((il * L + t) * H + h) * d; }
 };
 
 using LayerScores = std::vector<std::vector<double>>;  // [KV head][token]

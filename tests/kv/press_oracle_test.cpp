@@ -33,74 +33,25 @@
 
 #include "kv/kv_cache.h"
 #include "kv/press.h"
+#include "press_prompt.h"
 
 namespace lc {
 namespace {
 
 const int kPct[] = {10, 25, 50, 75, 90};  // compression ratios, in percent
 
-// A cache of n_layer layers holding L tokens (f32, neox RoPE over all dims), with the pre-RoPE
-// data and the oracle's own double-precision rotated keys and queries.
-struct Prompt {
-  int64_t n_layer, H, Hkv, d, L;
-  std::vector<float> k, v, q;  // [n_layer][L][Hkv|H][d], pre-RoPE
-  std::vector<int32_t> pos, seq;
-  std::vector<double> kr, qr;  // rotated in double: [n_layer][L][Hkv|H][d]
-  std::unique_ptr<KvCache> kv;
-  PressShape shape;
+// The shared prompt (press_prompt.h: f32 keys, blocks of 16 tokens), with every key and query
+// rotated in double up front and the sequence indices of the tokens.
+struct Prompt : test::PressPrompt {
+  std::vector<int32_t> seq;
 
   Prompt(int64_t n_layer_, int64_t H_, int64_t Hkv_, int64_t d_, int64_t L_, uint32_t seed)
-      : n_layer(n_layer_), H(H_), Hkv(Hkv_), d(d_), L(L_) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    k.resize(static_cast<size_t>(n_layer * L * Hkv * d));
-    v.resize(k.size());
-    q.resize(static_cast<size_t>(n_layer * L * H * d));
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    for (auto& x : q) x = nd(rng);
-    for (int64_t t = 0; t < L; ++t) pos.push_back(static_cast<int32_t>(t)), seq.push_back(static_cast<int32_t>(t));
-    shape = PressShape{n_layer, H, Hkv, d, d, 0.0f};
-    reset();
-    // The oracle's rotation: neox pairs (i, i + d/2), angle p * base^(-2i/d), base 10000.
-    kr.resize(k.size());
-    qr.resize(q.size());
-    auto rot = [&](const float* x, int32_t p, double* out) {
-      for (int64_t i = 0; i < d / 2; ++i) {
-        const double a = p * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-        const double c = std::cos(a), s = std::sin(a);
-        out[i] = x[i] * c - x[i + d / 2] * s;
-        out[i + d / 2] = x[i] * s + x[i + d / 2] * c;
-      }
-    };
-    for (int64_t il = 0; il < n_layer; ++il)
-      for (int64_t t = 0; t < L; ++t) {
-        for (int64_t h = 0; h < Hkv; ++h) rot(kpre(il, t, h), pos[static_cast<size_t>(t)], &K(il, t, h)[0]);
-        for (int64_t h = 0; h < H; ++h) rot(qpre(il, t, h), pos[static_cast<size_t>(t)], &Q(il, t, h)[0]);
-      }
+      : PressPrompt(n_layer_, H_, Hkv_, d_, L_, seed, DType::F32, 16) {
+    seq = pos;
+    rotate_all();
   }
-  void reset() {
-    KvCacheConfig c;
-    c.n_layer = n_layer;
-    c.n_head_kv = Hkv;
-    c.head_dim = d;
-    c.head_dim_v = d;
-    c.block_tokens = 16;
-    LlamaCppRopeParams rp;
-    rp.n_rot = d;
-    rp.neox = true;
-    c.rope = make_llama_cpp_rope(rp);
-    auto r = KvCache::create(c);
-    ASSERT_TRUE(r.has_value());
-    kv = std::move(r.value());
-    for (int64_t il = 0; il < n_layer; ++il)
-      ASSERT_TRUE(kv->append(il, L, kpre(il, 0, 0), vpre(il, 0, 0), pos.data()).is_ok());
-  }
-  const float* kpre(int64_t il, int64_t t, int64_t h) const { return k.data() + ((il * L + t) * Hkv + h) * d; }
-  const float* vpre(int64_t il, int64_t t, int64_t h) const { return v.data() + ((il * L + t) * Hkv + h) * d; }
-  const float* qpre(int64_t il, int64_t t, int64_t h) const { return q.data() + ((il * L + t) * H + h) * d; }
-  double* K(int64_t il, int64_t t, int64_t h) { return kr.data() + ((il * L + t) * Hkv + h) * d; }
-  double* Q(int64_t il, int64_t t, int64_t h) { return qr.data() + ((il * L + t) * H + h) * d; }
+  void reset() { fill_cache(); }
+  const float* qpre(int64_t il, int64_t t, int64_t h) const { return PressPrompt::qpre(il, t) + h * d; }
 
   // Compresses every layer with the last n_obs queries, as the model does after prefill; a
   // press with an observer (h2o) first sees the attention of the whole prompt (one chunk).

@@ -69,6 +69,9 @@ struct PressPrompt {
   const float* kpre(int64_t il, int64_t t, int64_t h) const {
     return &k[static_cast<size_t>(((il * L + t) * Hkv + h) * d)];
   }
+  const float* vpre(int64_t il, int64_t t, int64_t h) const {
+    return &v[static_cast<size_t>(((il * L + t) * Hkv + h) * d)];
+  }
 
   // Rotation in double (neox pairs (i, i + d/2), angle p * 10000^(-2i/d)).
   std::vector<double> rot(const float* x, int32_t p) const {
@@ -80,6 +83,27 @@ struct PressPrompt {
     }
     return out;
   }
+
+  // Every key and query rotated in double at its position, for the oracles: kr [il][t][Hkv][d],
+  // qr [il][t][H][d] (after rotate_all()).
+  std::vector<double> kr, qr;
+  void rotate_all() {
+    kr.resize(k.size());
+    qr.resize(q.size());
+    for (int64_t il = 0; il < n_layer; ++il)
+      for (int64_t t = 0; t < L; ++t) {
+        for (int64_t h = 0; h < Hkv; ++h) {
+          const auto r = rot(kpre(il, t, h), pos[static_cast<size_t>(t)]);
+          std::copy(r.begin(), r.end(), K(il, t, h));
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const auto r = rot(qpre(il, t) + h * d, pos[static_cast<size_t>(t)]);
+          std::copy(r.begin(), r.end(), Q(il, t, h));
+        }
+      }
+  }
+  double* K(int64_t il, int64_t t, int64_t h) { return kr.data() + ((il * L + t) * Hkv + h) * d; }
+  double* Q(int64_t il, int64_t t, int64_t h) { return qr.data() + ((il * L + t) * H + h) * d; }
 
   // The model's call after prefill: the last min(n_obs(), L) queries, every layer.
   void compress(KvPress& p) {
