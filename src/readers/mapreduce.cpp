@@ -8,7 +8,9 @@
 //   first  the first chunk's answer, in document order;
 //   model  one more call over the distinct answers, numbered in document order with how many
 //          chunks gave each (mapreduce_reduce.txt), read from \boxed{}.
-// The chunks are independent; this reader calls them one after another, as a batch of one.
+// The chunks are independent: batch= of them are answered together (ModelCaller::call_batch:
+// contexts of their own whose replies are generated as rows of one batch; the same replies as
+// one call after another at temperature 0), batch=1 calls them one after another.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -37,6 +39,9 @@ class MapReduce final : public Reader {
     LC_TRY(s.get_string("agg", &agg_, "how partial answers combine: vote, first or model"));
     LC_TRY(s.get_string("none", &none_, "the reply that means a chunk has no answer (compared case-folded)"));
     LC_TRY(s.get_int("calls", &calls_, 1, int64_t{1} << 40, "cap on model calls in one read"));
+    LC_TRY(s.get_int("batch", &batch_, 1, 256,
+                     "chunks answered together, each in a context of its own, their replies generated as one "
+                     "batch (1: one call after another)"));
     if (agg_ != "vote" && agg_ != "first" && agg_ != "model")
       return make_error(fmt::format("reader 'mapreduce': key 'agg' expects vote, first or model, got '{}'", agg_));
     if (trim(none_).empty()) return make_error("reader 'mapreduce': key 'none' must not be empty");
@@ -44,9 +49,11 @@ class MapReduce final : public Reader {
   }
 
   std::string spec() const override {
-    return fmt::format("mapreduce:chunk={},window={},answer={},agg={},none={},calls={}", chunk_ ? chunk_ : chunk_key_,
-                       window_ ? window_ : window_key_, answer_, agg_, none_, calls_);
+    return fmt::format("mapreduce:chunk={},window={},answer={},agg={},none={},calls={},batch={}",
+                       chunk_ ? chunk_ : chunk_key_, window_ ? window_ : window_key_, answer_, agg_, none_, calls_,
+                       batch_);
   }
+  int64_t batch() const override { return batch_; }
   int64_t chunk_tokens() const override { return chunk_; }
   int64_t max_calls() const override { return calls_; }
 
@@ -71,12 +78,26 @@ class MapReduce final : public Reader {
 
   Status read_chunk(ReaderEnv& env, const std::string& question, int64_t index, const std::string& chunk) override {
     LC_ASSIGN_OR_RETURN(std::string reply, env.call(map_, {{"problem", question}, {"chunk", chunk}}, answer_, index));
+    take(env, index, reply);
+    return ok_status();
+  }
+
+  Status read_chunks(ReaderEnv& env, const std::string& question, int64_t first_index,
+                     const std::vector<std::string>& chunks) override {
+    std::vector<std::map<std::string, std::string>> values;
+    for (const auto& c : chunks) values.push_back({{"problem", question}, {"chunk", c}});
+    LC_ASSIGN_OR_RETURN(std::vector<std::string> replies, env.call_batch(map_, values, answer_, first_index));
+    for (size_t i = 0; i < replies.size(); ++i) take(env, first_index + static_cast<int64_t>(i), replies[i]);
+    return ok_status();
+  }
+
+  // A chunk's reply: its partial answer, unless it says the chunk has none.
+  void take(ReaderEnv& env, int64_t index, const std::string& reply) {
     std::string a = trim(reply);
     if (const size_t nl = a.find('\n'); nl != std::string::npos) a = trim(a.substr(0, nl));
-    if (a.empty() || fold(a).rfind(fold(none_), 0) == 0) return ok_status();
+    if (a.empty() || fold(a).rfind(fold(none_), 0) == 0) return;
     partials_.emplace_back(index, a);
     ++env.stats().candidates;
-    return ok_status();
   }
 
   Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) override {
@@ -132,7 +153,7 @@ class MapReduce final : public Reader {
   }
 
  private:
-  int64_t chunk_key_ = 0, window_key_ = 0, answer_ = 32, calls_ = kDefaultMaxCalls;
+  int64_t chunk_key_ = 0, window_key_ = 0, answer_ = 32, calls_ = kDefaultMaxCalls, batch_ = 8;
   std::string agg_ = "vote", none_ = "none";
   int64_t chunk_ = 0, window_ = 0;
   Template map_, reduce_;

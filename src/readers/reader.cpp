@@ -61,8 +61,34 @@ Expected<std::string> ReaderEnv::call(const Template& t, const std::map<std::str
   return reply;
 }
 
+Expected<std::vector<std::string>> ReaderEnv::call_batch(const Template& t,
+                                                         const std::vector<std::map<std::string, std::string>>& values,
+                                                         int64_t max_tokens, int64_t first_chunk) {
+  if (values.size() == 1) {
+    LC_ASSIGN_OR_RETURN(std::string r, call(t, values[0], max_tokens, first_chunk));
+    return std::vector<std::string>{std::move(r)};
+  }
+  if (stats_.calls + static_cast<int64_t>(values.size()) > max_calls_) LC_TRY(budget_error());
+  std::vector<std::string> users;
+  for (const auto& v : values) users.push_back(render(t, v));
+  std::vector<CallCost> costs;
+  auto replies = model_.call_batch(users, t.prefix, max_tokens, t.stop, costs);
+  if (!replies) return make_error(replies.error().code, fmt::format("reader step {}: {}", t.name, replies.error().message));
+  for (size_t i = 0; i < replies->size(); ++i) {
+    ++stats_.calls;
+    stats_.prompt_tokens += costs[i].n_prompt;
+    stats_.gen_tokens += costs[i].n_gen;
+    if (log_) log_(CallRecord{t.name, first_chunk + static_cast<int64_t>(i), (*replies)[i], costs[i]});
+  }
+  return replies;
+}
+
 Status ReaderEnv::budget() const {
   if (stats_.calls < max_calls_) return ok_status();
+  return budget_error();
+}
+
+Status ReaderEnv::budget_error() const {
   return make_error(ErrorCode::kTooShort,
                     fmt::format("reader: reached its cap of {} model calls (calls=) before the read ended; "
                                 "raise calls= or use larger chunks",
@@ -148,6 +174,25 @@ Expected<ReadResult> read_document(Reader& reader, ModelCaller& model, const Tem
     env.stats().resumed_chunks = skip;
   }
 
+  // Chunks go to the reader `batch()` at a time (one for readers whose calls depend on the
+  // previous chunk's); the checkpoint follows each group.
+  const auto batch = static_cast<size_t>(std::max<int64_t>(1, reader.batch()));
+  std::vector<std::string> group;
+  int64_t group_first = 0;
+  auto read_group = [&]() -> Status {
+    if (group.empty()) return ok_status();
+    LC_TRY(group.size() == 1 ? reader.read_chunk(env, question, group_first, group[0])
+                             : reader.read_chunks(env, question, group_first, group));
+    const int64_t done = group_first + static_cast<int64_t>(group.size());
+    group.clear();
+    if (!opt.checkpoint.empty()) {
+      ck["chunks_done"] = done;
+      ck["state"] = reader.state();
+      ck["stats"] = stats_json(env.stats());
+      LC_TRY(write_checkpoint(opt.checkpoint, ck));
+    }
+    return ok_status();
+  };
   for (;;) {
     if (opt.cancel != nullptr && opt.cancel->load(std::memory_order_relaxed))
       return make_error(ErrorCode::kCancelled, "reader: cancelled");
@@ -157,16 +202,15 @@ Expected<ReadResult> read_document(Reader& reader, ModelCaller& model, const Tem
     st.chunks = c.index + 1;
     st.doc_tokens = doc.tokens_read();
     if (c.index >= skip) {
-      LC_TRY(reader.read_chunk(env, question, c.index, c.text));
-      if (!opt.checkpoint.empty()) {
-        ck["chunks_done"] = c.index + 1;
-        ck["state"] = reader.state();
-        ck["stats"] = stats_json(st);
-        LC_TRY(write_checkpoint(opt.checkpoint, ck));
-      }
+      if (group.empty()) group_first = c.index;
+      group.push_back(std::move(c.text));
+      if (group.size() >= batch) LC_TRY(read_group());
     }
-    if (opt.progress) opt.progress(doc.bytes_read(), doc.bytes_total());
+    if (opt.progress && group.empty()) opt.progress(doc.bytes_read(), doc.bytes_total());
   }
+  const bool pending = !group.empty();
+  LC_TRY(read_group());
+  if (pending && opt.progress) opt.progress(doc.bytes_read(), doc.bytes_total());
   if (env.stats().chunks < skip)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("--resume: checkpoint {} is past the end of the document ({} chunks done, {} now)",

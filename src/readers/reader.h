@@ -66,6 +66,21 @@ class ModelCaller {
   // The window a reader fits its calls into by default: the model's training context, capped
   // at 8K (MemAgent's window).
   virtual int64_t default_window() const = 0;
+  // Independent calls of one template, answered together (mapreduce's chunks): replies in the
+  // order of `users`, one cost each. The default answers them one after another; SessionCaller
+  // runs them in contexts of their own and generates their replies as rows of one batch.
+  virtual Expected<std::vector<std::string>> call_batch(const std::vector<std::string>& users,
+                                                        const std::string& reply_prefix, int64_t max_tokens,
+                                                        const std::vector<std::string>& stop,
+                                                        std::vector<CallCost>& costs) {
+    std::vector<std::string> out;
+    costs.assign(users.size(), CallCost{});
+    for (size_t i = 0; i < users.size(); ++i) {
+      LC_ASSIGN_OR_RETURN(std::string r, call(users[i], reply_prefix, max_tokens, stop, costs[i]));
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
   // A fresh conversation in a context of its own (Sculptor); an error when the caller has none.
   virtual Expected<std::unique_ptr<Conversation>> converse() {
     return make_error(ErrorCode::kUnsupported, "this model caller holds no conversations");
@@ -107,6 +122,11 @@ class ReaderEnv {
   // Renders `t` with `values` and calls the model (counting the call against max_calls).
   Expected<std::string> call(const Template& t, const std::map<std::string, std::string>& values,
                              int64_t max_tokens, int64_t chunk);
+  // The same for several independent renderings of `t` (ModelCaller::call_batch), logged in
+  // order, the i-th as chunk first_chunk + i; each counts as a call against the cap.
+  Expected<std::vector<std::string>> call_batch(const Template& t,
+                                                const std::vector<std::map<std::string, std::string>>& values,
+                                                int64_t max_tokens, int64_t first_chunk);
   // Tokens of a text on its own (no BOS): what it adds to a prompt.
   int64_t count_tokens(std::string_view text) const;
   Expected<Template> load(std::string_view name, const std::vector<std::string>& required) const {
@@ -115,6 +135,7 @@ class ReaderEnv {
   ModelCaller& model() { return model_; }
   // An error when the cap on model calls is reached (checked before every call).
   Status budget() const;
+  Status budget_error() const;  // the error budget() gives at the cap
   // Logs a record that is not a ModelCaller call: a conversation's reply (counted as a model
   // call against the cap, model_call) or a tool's result.
   Status record(const CallRecord& rec, bool model_call);
@@ -149,6 +170,15 @@ class Reader {
   // The cap on model calls of one read (the calls= key): a read that would pass it fails.
   virtual int64_t max_calls() const = 0;
   virtual Status read_chunk(ReaderEnv& env, const std::string& question, int64_t index, const std::string& chunk) = 0;
+  // Chunks read_document hands over at once (their calls independent of each other), and the
+  // call for them: chunks first_index, first_index + 1, ... The default reads them one by one.
+  virtual int64_t batch() const { return 1; }
+  virtual Status read_chunks(ReaderEnv& env, const std::string& question, int64_t first_index,
+                             const std::vector<std::string>& chunks) {
+    for (size_t i = 0; i < chunks.size(); ++i)
+      LC_TRY(read_chunk(env, question, first_index + static_cast<int64_t>(i), chunks[i]));
+    return ok_status();
+  }
   virtual Expected<ReadResult> finish(ReaderEnv& env, const std::string& question) = 0;
   virtual std::vector<std::string> state() const = 0;
   virtual Status restore(const std::vector<std::string>& state) = 0;

@@ -178,6 +178,100 @@ Expected<std::string> SessionCaller::call(const std::string& user, const std::st
   return st.text;
 }
 
+Expected<std::vector<std::string>> SessionCaller::call_batch(const std::vector<std::string>& users,
+                                                            const std::string& reply_prefix, int64_t max_tokens,
+                                                            const std::vector<std::string>& stop,
+                                                            std::vector<CallCost>& costs) {
+  if (users.size() <= 1 || session_.step_gate() != nullptr || session_.params().qttt.enabled())
+    return ModelCaller::call_batch(users, reply_prefix, max_tokens, stop, costs);
+  while (extra_.size() + 1 < users.size()) {
+    LC_ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Session::create(session_.model(), session_.params()));
+    extra_.push_back(std::move(s));
+    extra_first_.push_back(1);
+  }
+  const size_t n = users.size();
+  GenerateOptions g;
+  g.n_predict = max_tokens;
+  g.stop = stop;
+  std::vector<Session*> ss(n);
+  std::vector<Sampler> samplers(n, sampler_);
+  std::vector<RequestStats> st(n);
+  std::vector<std::unique_ptr<Generation>> gens(n);
+  auto end_all = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      if (gens[i]) gens[i]->finish();
+      if (ss[i]) ss[i]->end_request();
+    }
+  };
+  // Each prompt into its own context (as call() does: the prefix the context holds is kept
+  // where that gives what a fresh request gives).
+  for (size_t i = 0; i < n; ++i) {
+    Session& s = i == 0 ? session_ : *extra_[i - 1];
+    ss[i] = &s;
+    bool reuse = reuse_;
+    if (i == 0) {
+      reuse = reuse && !first_;
+      first_ = false;
+    } else {
+      reuse = reuse && !extra_first_[i - 1];
+      extra_first_[i - 1] = 0;
+    }
+    std::vector<int32_t> toks = render_.tokens(users[i], reply_prefix);
+    s.context().set_answer_tokens(max_tokens);
+    Status b = reuse ? s.begin_continue(std::move(toks)) : s.begin_run(Prompt{std::move(toks)});
+    for (bool done = false; b && !done;) {
+      auto r = s.prefill_step();
+      if (!r) b = r.error();
+      else done = *r;
+    }
+    if (!b) {
+      end_all();
+      return b.error();
+    }
+    st[i] = s.prefill_stats();
+    gens[i] = std::make_unique<Generation>(s, samplers[i], g, nullptr, st[i]);
+  }
+  // The replies, one token of each per batched pass.
+  std::vector<char> live(n, 1);
+  for (;;) {
+    std::vector<Context*> ctxs;
+    std::vector<int32_t> toks;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < n; ++i) {
+      if (!live[i]) continue;
+      auto next = gens[i]->next();
+      if (!next) {
+        end_all();
+        return next.error();
+      }
+      if (!*next) {
+        live[i] = 0;
+        continue;
+      }
+      ctxs.push_back(&ss[i]->context());
+      toks.push_back(**next);
+      who.push_back(i);
+    }
+    if (ctxs.empty()) break;
+    const std::vector<Status> rs = Context::decode_batch(ctxs, toks);
+    for (size_t k = 0; k < rs.size(); ++k)
+      if (!rs[k]) {
+        end_all();
+        return rs[k].error();
+      }
+  }
+  end_all();
+  std::vector<std::string> out;
+  costs.assign(n, CallCost{});
+  for (size_t i = 0; i < n; ++i) {
+    costs[i].n_prompt = st[i].n_prompt;
+    costs[i].n_gen = st[i].n_gen;
+    costs[i].seconds = st[i].t_prompt + st[i].t_gen;
+    out.push_back(st[i].text);
+  }
+  return out;
+}
+
 int64_t SessionCaller::prompt_tokens(const std::string& user, const std::string& reply_prefix) const {
   return static_cast<int64_t>(render_.tokens(user, reply_prefix).size());
 }

@@ -99,5 +99,57 @@ TEST(SessionCaller, ACallIsTheSessionRequestOfTheRenderedPrompt) {
   std::filesystem::remove(path);
 }
 
+// mapreduce's chunks answered together (SessionCaller::call_batch: contexts of their own, the
+// replies generated as rows of one batch) give, call by call, the replies of one call after
+// another, and the same answer: batch=4 over a document whose last group is smaller.
+TEST(SessionCaller, BatchedCallsEqualCallsOneAfterAnother) {
+  auto model = Model::load(kRoot + "models/longctx-2l-reader.gguf");
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  std::string doc;
+  for (int i = 0; i < 90; ++i) doc += "The river runs past the old mill under the hill. ";
+  doc += "One of the special magic numbers for anxious-circle is: 4816203. ";
+  for (int i = 0; i < 90; ++i) doc += "The grass is green and the sky is blue. ";
+  const std::string path = (std::filesystem::temp_directory_path() / "lc_session_caller_batch.txt").string();
+  std::ofstream(path, std::ios::binary) << doc;
+  const std::string q = "What is the special magic number for anxious-circle mentioned in the provided text?";
+  struct Run {
+    std::vector<CallRecord> log;
+    ReadResult r;
+  };
+  auto read = [&](const std::string& spec) {
+    Run run;
+    SessionParams sp;
+    sp.ctx.n_threads = 1;
+    auto session = Session::create(**model, sp);
+    EXPECT_TRUE(session.has_value());
+    SamplerParams gp;
+    gp.temp = 0;
+    Sampler sampler(gp);
+    SessionCaller caller(**session, sampler, ChatTemplate::kNone);
+    auto reader = make_reader(spec);
+    EXPECT_TRUE(reader.has_value());
+    ReadOptions opt;
+    opt.log = [&](const CallRecord& c) { run.log.push_back(c); };
+    auto r = read_document(**reader, caller, TemplateSource(), path, q, opt);
+    EXPECT_TRUE(r.has_value()) << r.error().message;
+    if (r) run.r = *r;
+    return run;
+  };
+  const Run one = read("mapreduce:chunk=140,batch=1");
+  const Run four = read("mapreduce:chunk=140,batch=4");
+  ASSERT_NE(one.r.stats.chunks % 4, 0) << one.r.stats.chunks << " chunks: no smaller group at the end";
+  ASSERT_EQ(four.log.size(), one.log.size());
+  for (size_t i = 0; i < one.log.size(); ++i) {
+    EXPECT_EQ(four.log[i].chunk, one.log[i].chunk) << "call " << i;
+    EXPECT_EQ(four.log[i].reply, one.log[i].reply) << "call " << i;
+    EXPECT_EQ(four.log[i].cost.n_gen, one.log[i].cost.n_gen) << "call " << i;
+  }
+  EXPECT_EQ(four.r.answer, one.r.answer);
+  EXPECT_EQ(four.r.partials, one.r.partials);
+  EXPECT_EQ(four.r.stats.candidates, one.r.stats.candidates);
+  EXPECT_GT(one.r.stats.candidates, 0) << "no chunk answered: the comparison says little";
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace lc::readers
