@@ -575,7 +575,7 @@ bool Engine::step_prefill(DecodeRows& rows) {
       prefill_credit_s_ -= own;
     }
     if (gp) {
-      gate_done(*gp, ok_status(), std::move(done));
+      gate_done(s, *gp, ok_status(), std::move(done));
       return ran;
     }
     if (!done) {
@@ -648,13 +648,12 @@ Engine::GatePass* Engine::gate_pass(Slot& s, int kind) {
   return p && p->kind == kind ? p : nullptr;
 }
 
-void Engine::gate_done(GatePass& p, Status st, Expected<bool> chunk) {
+void Engine::gate_done(Slot& s, GatePass& p, Status st, Expected<bool> chunk) {
   std::lock_guard<std::mutex> lk(mu_);
   (p.kind == GatePass::kToken ? m_.reader_rows : m_.reader_chunks) += 1;
   p.st = std::move(st);
   p.chunk = std::move(chunk);
-  for (auto& s : slots_)
-    if (s->gate && s->gate->pending() == &p) s->gate->answer(p);
+  s.gate->answer(p);
 }
 
 void Engine::step_decode(DecodeRows& rows) {
@@ -682,7 +681,7 @@ void Engine::rows_done(DecodeRows& rows, const std::vector<Status>& st, double s
   }
   for (size_t i = 0; i < rows.who.size(); ++i) {
     if (rows.pass[i]) {  // a reader's token: its thread gets the status
-      gate_done(*rows.pass[i], i < st.size() ? st[i] : make_error("internal: no status for a decode row"), false);
+      gate_done(*rows.who[i], *rows.pass[i], i < st.size() ? st[i] : make_error("internal: no status for a decode row"), false);
       continue;
     }
     if (i >= st.size() || !st[i]) {

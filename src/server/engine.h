@@ -221,7 +221,7 @@ class Engine {
   void run_reader(Slot& s);
   // The pass a reading slot's gate waits on, when it is of this kind (under mu_ or on the loop).
   GatePass* gate_pass(Slot& s, int kind);
-  void gate_done(GatePass& p, Status st, Expected<bool> chunk);
+  void gate_done(Slot& s, GatePass& p, Status st, Expected<bool> chunk);
   size_t reservation(int64_t tokens) const;
   Expected<SessionParams> session_params(const Methods& m) const;
 
