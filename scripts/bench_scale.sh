@@ -6,7 +6,7 @@
 # token, and whether the answer was found. More ranks than cores share them: prefill time then
 # measures the work, not a speed-up (the cost model in the docs takes per-rank compute from it).
 # LEN (default 64K), RANKS (default "2 4"), MODES (default "ring star"), ATTN (default: the
-# model's own), NGEN (default 32).
+# model's own), NGEN (default 32), MODEL (default: the shipped models/longctx-2l.gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-./build/longctx}
@@ -27,6 +27,7 @@ fi
 answer=$(cat "$out/answer-$LEN.txt")
 attn=()
 [ -n "${ATTN:-}" ] && attn=(--attn "$ATTN")
+[ -n "${MODEL:-}" ] && attn+=(-m "$MODEL")
 row() {  # label, log, stdout
   local log=$2 txt=$3
   local pre_tps pre_n gen_tps found kv rss bytes

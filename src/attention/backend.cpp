@@ -35,7 +35,7 @@ Status AttentionBackend::check_call(int64_t il, int64_t n, const KvCache& kv) co
     if (!supports_detached())
       return make_error(ErrorCode::kUnsupported,
                         fmt::format("attention {}: cannot attend a cache that does not hold its queries (context "
-                                    "parallelism runs dense or fixed attention)", spec()));
+                                    "parallelism runs dense, fixed, quest or quest_fast attention)", spec()));
     return ok_status();
   }
   for (int64_t h = 0; h < shape_.n_head_kv; ++h)

@@ -101,7 +101,7 @@ class AttentionBackend {
   // * keep_partial_lse(true): partial_lse() gives each row's log-sum-exp over the keys it
   //   attended in the last forward(), as the backend scored them: [n, n_head], -inf for a row
   //   that attended none. Two partial outputs of one row merge exactly with it.
-  // Dense and fixed support both.
+  // Dense, fixed, quest and quest_fast support both.
   void set_detached(bool on) { detached_ = on; }
   bool detached() const { return detached_; }
   void keep_partial_lse(bool on) { keep_partial_ = on; }

@@ -73,6 +73,11 @@ class QuestBackend final : public ExecBackend {
     return s;
   }
 
+  // Context parallelism: a shard attended detached is paged from its own first token, and its
+  // query heads choose their K pages among that shard's pages (the budget is per shard).
+  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
+  bool supports_detached() const override { return true; }
+
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,
                  ThreadPool& pool) override {
     attn::ExecCtx ctx;
@@ -91,7 +96,7 @@ class QuestBackend final : public ExecBackend {
     const int64_t seg = std::max<int64_t>(1, split_ / page_);  // pages per split-K unit
     int64_t max_pages = 0;
     for (const auto& it : items)
-      max_pages = std::max(max_pages, (kv.n_tokens(il, it.hk) - n + it.t0 + it.nt + page_ - 1) / page_);
+      max_pages = std::max(max_pages, (ctx.visible(kv.n_tokens(il, it.hk), it.t0 + it.nt - 1) + page_ - 1) / page_);
     if (n_items >= 4 * pool.size() || max_pages <= seg) {
       // Enough tiles for every thread (prefill): each thread plans, bounds, selects and
       // attends whole tiles.
@@ -293,7 +298,8 @@ class QuestBackend final : public ExecBackend {
     plan.max_vis = run.vis(rows - 1);
     const int64_t min_vis = run.vis(0);
     plan.n_pages = (plan.max_vis + page_ - 1) / page_;
-    plan.own_first = (min_vis - 1) / page_;
+    // Detached (a shard that does not hold the queries): no page is the tile's own.
+    plan.own_first = ctx.detached ? plan.n_pages : (min_vis - 1) / page_;
     plan.want = k_pages - (plan.n_pages - plan.own_first);  // pages to choose by bound
     plan.all_rows = plan.own_rows = plan.below_rows = 0;
     plan.n_scored = 0;

@@ -457,7 +457,7 @@ Status Context::set_sequence_parallel(SequenceParallel* sp) {
   if (!backend_->supports_detached())
     return make_error(ErrorCode::kUnsupported,
                       fmt::format("sequence parallel: attention {} cannot attend a shard that does not hold its "
-                                  "queries (use dense or fixed)", backend_->spec()));
+                                  "queries (use dense, fixed, quest or quest_fast)", backend_->spec()));
   backend_->keep_partial_lse(true);
   sp_ = sp;
   return ok_status();
@@ -903,7 +903,7 @@ Status Context::set_attention(std::string_view spec) {
     if (!(*attn)->supports_detached())
       return make_error(ErrorCode::kUnsupported,
                         fmt::format("--attn: {} cannot attend a shard that does not hold its queries (the sequence "
-                                    "is spread over processes: use dense or fixed)", (*attn)->spec()));
+                                    "is spread over processes: use dense, fixed, quest or quest_fast)", (*attn)->spec()));
     (*attn)->keep_partial_lse(true);
   }
   LC_TRY(check_rope_backend(**attn));

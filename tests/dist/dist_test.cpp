@@ -216,6 +216,38 @@ TEST(Star, FindsTheNeedleAtSixteenThousandTokens) {
   EXPECT_NE(text.find(answers[0]), std::string::npos) << "answer '" << answers[0] << "', got '" << text << "'";
 }
 
+// Quest on every rank's shard (tests/attention/detached_test.cpp checks the per-shard choice
+// against the paper's rule in double). Here, through the model and MPI: with pages of one token
+// and a budget over every shard, Quest reads every key, so the ring run equals the one-process
+// dense run; with a small budget each rank reads a few pages of its shard, the decoded logits
+// leave the dense ones, and every rank still holds the same logits and tokens.
+TEST(RingQuest, EveryPageEqualsDenseAndFewPagesAreSparse) {
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  ASSERT_TRUE(model.has_value());
+  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
+  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  const int64_t V = (*model)->hparams().n_vocab;
+  auto one = Context::create(**model, params(512));
+  ASSERT_TRUE(one.has_value());
+  const auto want = greedy(**one, p3, 8);
+  const std::vector<float> dense_logits((*one)->logits(0), (*one)->logits(0) + V);
+  for (const char* spec : {"quest:budget=100000,page=1,dense_layers=0", "quest_fast:budget=100000,page=1,dense_layers=0"}) {
+    Distributed d = make_distributed(**model, "ring", 256, spec);
+    EXPECT_EQ(greedy(*d.ctx, p3, 8), want) << spec;
+    EXPECT_LE(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << spec;
+  }
+  Distributed d = make_distributed(**model, "ring", 256, "quest:budget=16,page=4,dense_layers=0");
+  const auto got = greedy(*d.ctx, p3, 8);
+  EXPECT_GT(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << "a budget of 4 pages per shard must read less";
+  // Every rank decoded the same tokens from the same logits (rank 0's, broadcast).
+  std::vector<float> logits0(d.ctx->logits(0), d.ctx->logits(0) + V);
+  ASSERT_TRUE(g_comm->bcast(logits0.data(), logits0.size() * sizeof(float), 0).is_ok());
+  EXPECT_EQ(max_abs_diff(d.ctx->logits(0), logits0.data(), V), 0.0);
+  std::vector<int32_t> tokens0 = got;
+  ASSERT_TRUE(g_comm->bcast(tokens0.data(), tokens0.size() * sizeof(int32_t), 0).is_ok());
+  EXPECT_EQ(got, tokens0);
+}
+
 TEST(Errors, ClearMessages) {
   auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
   ASSERT_TRUE(model.has_value());
@@ -227,11 +259,12 @@ TEST(Errors, ClearMessages) {
     EXPECT_NE(st.message().find("fewer than the"), std::string::npos) << st.message();
   }
   {
-    auto ctx = Context::create(**model, params(64, "quest"));
+    auto ctx = Context::create(**model, params(64, "dssa"));
     ASSERT_TRUE(ctx.has_value());
     auto cp = ContextParallel::create(*g_comm, *parse_cp("ring"), **ctx);
     ASSERT_FALSE(cp.has_value());
-    EXPECT_NE(cp.error().message.find("use dense or fixed"), std::string::npos) << cp.error().message;
+    EXPECT_NE(cp.error().message.find("use dense, fixed, quest or quest_fast"), std::string::npos)
+        << cp.error().message;
   }
   {
     ContextParams p = params(64);
