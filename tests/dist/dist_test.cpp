@@ -164,22 +164,46 @@ TEST(RingProjectModel, EqualsOneProcessAtTwoThousandTokens) {
   EXPECT_NE(d.ctx->attention().spec().find("fixed"), std::string::npos) << d.ctx->attention().spec();
 }
 
+// llama.cpp's 256-token prompt P3 on the GQA golden model, and what one process makes of it: 8
+// greedy tokens and the logits after the last.
+struct OneProcessP3 {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> p3, want;
+  std::vector<float> logits;
+  int64_t V = 0;
+};
+
+OneProcessP3 one_process_p3() {
+  OneProcessP3 r;
+  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
+  EXPECT_TRUE(model.has_value());
+  if (!model) return r;
+  r.model = std::move(*model);
+  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
+  r.p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
+  r.V = r.model->hparams().n_vocab;
+  auto one = Context::create(*r.model, params(512));
+  EXPECT_TRUE(one.has_value());
+  if (!one) return r;
+  r.want = greedy(**one, r.p3, 8);
+  r.logits.assign((*one)->logits(0), (*one)->logits(0) + r.V);
+  return r;
+}
+
 // Star Attention whose anchor is every token before a rank's block reads exactly what one process
 // reads: its logits are the one-process logits (a check of the phases, the positions, the anchor's
 // removal and the merge). With the paper's anchor (the first block) it is an approximation from
 // 3 ranks on.
 TEST(Star, WholePrefixAnchorIsExactAndFirstBlockAnchorIsNot) {
-  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
-  ASSERT_TRUE(model.has_value());
-  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
-  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
-  const int64_t V = (*model)->hparams().n_vocab;
-  auto one = Context::create(**model, params(512));
-  ASSERT_TRUE(one.has_value());
-  const auto want = greedy(**one, p3, 8);
-  std::vector<float> one_logits((*one)->logits(0), (*one)->logits(0) + V);
+  const OneProcessP3 o = one_process_p3();
+  ASSERT_TRUE(o.model && !o.logits.empty());
+  const Model* model = o.model.get();
+  const auto& p3 = o.p3;
+  const int64_t V = o.V;
+  const auto& want = o.want;
+  const std::vector<float>& one_logits = o.logits;
   {
-    Distributed d = make_distributed(**model, "star:anchor=100000", 64);
+    Distributed d = make_distributed(*model, "star:anchor=100000", 64);
     d.cp->set_query_tokens(16);
     EXPECT_EQ(greedy(*d.ctx, p3, 8), want);
     EXPECT_LE(max_abs_diff(d.ctx->logits(0), one_logits.data(), V), 1e-3);
@@ -190,7 +214,7 @@ TEST(Star, WholePrefixAnchorIsExactAndFirstBlockAnchorIsNot) {
     EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first + extra);
   }
   {
-    Distributed d = make_distributed(**model, "star", 64);
+    Distributed d = make_distributed(*model, "star", 64);
     d.cp->set_query_tokens(16);
     greedy(*d.ctx, p3, 8);
     const double diff = max_abs_diff(d.ctx->logits(0), one_logits.data(), V);
@@ -222,21 +246,19 @@ TEST(Star, FindsTheNeedleAtSixteenThousandTokens) {
 // dense run; with a small budget each rank reads a few pages of its shard, the decoded logits
 // leave the dense ones, and every rank still holds the same logits and tokens.
 TEST(RingQuest, EveryPageEqualsDenseAndFewPagesAreSparse) {
-  auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
-  ASSERT_TRUE(model.has_value());
-  const auto cj = read_json(kGolden + "cases/llama_gqa_f32/case.json");
-  const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
-  const int64_t V = (*model)->hparams().n_vocab;
-  auto one = Context::create(**model, params(512));
-  ASSERT_TRUE(one.has_value());
-  const auto want = greedy(**one, p3, 8);
-  const std::vector<float> dense_logits((*one)->logits(0), (*one)->logits(0) + V);
+  const OneProcessP3 o = one_process_p3();
+  ASSERT_TRUE(o.model && !o.logits.empty());
+  const Model* model = o.model.get();
+  const auto& p3 = o.p3;
+  const int64_t V = o.V;
+  const auto& want = o.want;
+  const std::vector<float>& dense_logits = o.logits;
   for (const char* spec : {"quest:budget=100000,page=1,dense_layers=0", "quest_fast:budget=100000,page=1,dense_layers=0"}) {
-    Distributed d = make_distributed(**model, "ring", 256, spec);
+    Distributed d = make_distributed(*model, "ring", 256, spec);
     EXPECT_EQ(greedy(*d.ctx, p3, 8), want) << spec;
     EXPECT_LE(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << spec;
   }
-  Distributed d = make_distributed(**model, "ring", 256, "quest:budget=16,page=4,dense_layers=0");
+  Distributed d = make_distributed(*model, "ring", 256, "quest:budget=16,page=4,dense_layers=0");
   const auto got = greedy(*d.ctx, p3, 8);
   EXPECT_GT(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << "a budget of 4 pages per shard must read less";
   // Every rank decoded the same tokens from the same logits (rank 0's, broadcast).
