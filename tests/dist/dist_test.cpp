@@ -197,16 +197,11 @@ OneProcessP3 one_process_p3() {
 TEST(Star, WholePrefixAnchorIsExactAndFirstBlockAnchorIsNot) {
   const OneProcessP3 o = one_process_p3();
   ASSERT_TRUE(o.model && !o.logits.empty());
-  const Model* model = o.model.get();
-  const auto& p3 = o.p3;
-  const int64_t V = o.V;
-  const auto& want = o.want;
-  const std::vector<float>& one_logits = o.logits;
   {
-    Distributed d = make_distributed(*model, "star:anchor=100000", 64);
+    Distributed d = make_distributed(*o.model, "star:anchor=100000", 64);
     d.cp->set_query_tokens(16);
-    EXPECT_EQ(greedy(*d.ctx, p3, 8), want);
-    EXPECT_LE(max_abs_diff(d.ctx->logits(0), one_logits.data(), V), 1e-3);
+    EXPECT_EQ(greedy(*d.ctx, o.p3, 8), o.want);
+    EXPECT_LE(max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V), 1e-3);
     // The anchor left every cache but the first: each holds its block (the last rank also the
     // query and the generated tokens).
     const CpStats& cs = d.cp->stats();
@@ -214,10 +209,10 @@ TEST(Star, WholePrefixAnchorIsExactAndFirstBlockAnchorIsNot) {
     EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first + extra);
   }
   {
-    Distributed d = make_distributed(*model, "star", 64);
+    Distributed d = make_distributed(*o.model, "star", 64);
     d.cp->set_query_tokens(16);
-    greedy(*d.ctx, p3, 8);
-    const double diff = max_abs_diff(d.ctx->logits(0), one_logits.data(), V);
+    greedy(*d.ctx, o.p3, 8);
+    const double diff = max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V);
     if (g_comm->size() == 2)
       EXPECT_LE(diff, 1e-3);  // rank 1's anchor, the first block, is all that precedes its block
     else
@@ -248,23 +243,18 @@ TEST(Star, FindsTheNeedleAtSixteenThousandTokens) {
 TEST(RingQuest, EveryPageEqualsDenseAndFewPagesAreSparse) {
   const OneProcessP3 o = one_process_p3();
   ASSERT_TRUE(o.model && !o.logits.empty());
-  const Model* model = o.model.get();
-  const auto& p3 = o.p3;
-  const int64_t V = o.V;
-  const auto& want = o.want;
-  const std::vector<float>& dense_logits = o.logits;
   for (const char* spec : {"quest:budget=100000,page=1,dense_layers=0", "quest_fast:budget=100000,page=1,dense_layers=0"}) {
-    Distributed d = make_distributed(*model, "ring", 256, spec);
-    EXPECT_EQ(greedy(*d.ctx, p3, 8), want) << spec;
-    EXPECT_LE(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << spec;
+    Distributed d = make_distributed(*o.model, "ring", 256, spec);
+    EXPECT_EQ(greedy(*d.ctx, o.p3, 8), o.want) << spec;
+    EXPECT_LE(max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V), 1e-3) << spec;
   }
-  Distributed d = make_distributed(*model, "ring", 256, "quest:budget=16,page=4,dense_layers=0");
-  const auto got = greedy(*d.ctx, p3, 8);
-  EXPECT_GT(max_abs_diff(d.ctx->logits(0), dense_logits.data(), V), 1e-3) << "a budget of 4 pages per shard must read less";
+  Distributed d = make_distributed(*o.model, "ring", 256, "quest:budget=16,page=4,dense_layers=0");
+  const auto got = greedy(*d.ctx, o.p3, 8);
+  EXPECT_GT(max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V), 1e-3) << "a budget of 4 pages per shard must read less";
   // Every rank decoded the same tokens from the same logits (rank 0's, broadcast).
-  std::vector<float> logits0(d.ctx->logits(0), d.ctx->logits(0) + V);
+  std::vector<float> logits0(d.ctx->logits(0), d.ctx->logits(0) + o.V);
   ASSERT_TRUE(g_comm->bcast(logits0.data(), logits0.size() * sizeof(float), 0).is_ok());
-  EXPECT_EQ(max_abs_diff(d.ctx->logits(0), logits0.data(), V), 0.0);
+  EXPECT_EQ(max_abs_diff(d.ctx->logits(0), logits0.data(), o.V), 0.0);
   std::vector<int32_t> tokens0 = got;
   ASSERT_TRUE(g_comm->bcast(tokens0.data(), tokens0.size() * sizeof(int32_t), 0).is_ok());
   EXPECT_EQ(got, tokens0);
