@@ -232,7 +232,6 @@ class DenseBackend final : public ExecBackend {
   }
   // Every row attends every visible token, so the kept log-sum-exp is the full softmax's.
   const float* row_lse() const override { return keep_lse_ && !lse_.empty() ? lse_.data() : nullptr; }
-  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
   bool supports_detached() const override { return true; }
 };
 

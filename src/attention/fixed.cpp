@@ -46,7 +46,6 @@ class FixedBackend final : public ExecBackend {
     return s;
   }
 
-  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
   bool supports_detached() const override { return true; }
 
   AttentionCaps caps() const override {

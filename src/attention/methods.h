@@ -20,6 +20,11 @@ using BackendPtr = std::unique_ptr<AttentionBackend>;
 // Base of the backends built on attn::Runner: owns the rotated query copies.
 class ExecBackend : public AttentionBackend {
  public:
+  // The kept log-sum-exps (finish() writes them), for the backends that attend detached shards.
+  const float* partial_lse() const override {
+    return supports_detached() && keep_partial_ && !lse_.empty() ? lse_.data() : nullptr;
+  }
+
   // Tokens per split-K segment of dense attention (rounded down to whole KV blocks).
   static constexpr int64_t kDefaultSplit = 1024;
   // The help line of the split= key every ExecBackend reads.

@@ -75,7 +75,6 @@ class QuestBackend final : public ExecBackend {
 
   // Context parallelism: a shard attended detached is paged from its own first token, and its
   // query heads choose their K pages among that shard's pages (the budget is per shard).
-  const float* partial_lse() const override { return keep_partial_ && !lse_.empty() ? lse_.data() : nullptr; }
   bool supports_detached() const override { return true; }
 
   Status forward(int64_t il, int64_t n, const float* q, const int32_t* pos, KvCache& kv, float* out,

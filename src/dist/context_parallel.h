@@ -16,8 +16,8 @@
 // Decoding, in both: every rank runs the new token's forward pass; it attends each rank's shard
 // (dense, fixed, quest or quest_fast attention) and the partials merge as in phase 2. With
 // quest, each rank pages its own shard from its first token and its query heads choose their
-// pages among them, with the budget per shard (N ranks read up to N x budget keys per head). The last rank stores the
-// query and the generated tokens. Every rank merges the gathered partials in rank order, so all
+// pages among them, with the budget per shard (N ranks read up to N x budget keys per head).
+// The last rank stores the query and the generated tokens. Every rank merges the gathered partials in rank order, so all
 // of them compute the same bits and sample the same tokens.
 #pragma once
 
