@@ -38,7 +38,7 @@ void merge_row(float* o1, float& l1, const float* o2, float l2, int64_t dv) {
 }  // namespace
 
 std::string CpParams::spec() const {
-  if (mode == CpMode::kRing) return "ring";
+  if (mode == CpMode::kRing) return zigzag ? "ring" : "ring:split=contiguous";
   return anchor > 0 ? fmt::format("star:anchor={}", anchor) : "star";
 }
 
@@ -47,6 +47,14 @@ Expected<CpParams> parse_cp(std::string_view text) {
   CpParams p;
   if (spec.name() == "ring") {
     p.mode = CpMode::kRing;
+    std::string split = "zigzag";
+    LC_TRY(spec.get_string("split", &split,
+                           "how the prompt is shared out: zigzag (rank r holds pieces r and 2N-1-r of 2N, so every "
+                           "rank does the same attention work) or contiguous (rank r holds the r-th of N runs)"));
+    if (split != "zigzag" && split != "contiguous")
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("--cp ring: split must be zigzag or contiguous, not '{}'", split));
+    p.zigzag = split == "zigzag";
   } else if (spec.name() == "star") {
     p.mode = CpMode::kStar;
     LC_TRY(spec.get_int("anchor", &p.anchor, 0, int64_t{1} << 30,
@@ -54,7 +62,8 @@ Expected<CpParams> parse_cp(std::string_view text) {
                         "first context block, as Star Attention does)"));
   } else {
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("--cp: unknown mode '{}' (ring or star[:anchor=N])", spec.name()));
+                      fmt::format("--cp: unknown mode '{}' (ring[:split=zigzag|contiguous] or star[:anchor=N])",
+                                  spec.name()));
   }
   LC_TRY(spec.finish());
   return p;
@@ -122,26 +131,36 @@ Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
     return plan;
   }
   if (p_.mode == CpMode::kRing) {
-    if (n < N)
+    const int pieces = p_.zigzag ? 2 * N : N;
+    if (n < pieces)
       return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("--cp ring: the prompt has {} tokens, fewer than the {} ranks", n, N));
-    cuts_.assign(static_cast<size_t>(N + 1), 0);
-    for (int j = 0; j <= N; ++j) cuts_[static_cast<size_t>(j)] = n * j / N;
-    const int64_t a = cuts_[static_cast<size_t>(r)], b = cuts_[static_cast<size_t>(r + 1)];
-    if (b - a > chunk)
+                        p_.zigzag ? fmt::format("--cp ring: the prompt has {} tokens, fewer than the {} pieces of the "
+                                                "zigzag split over {} ranks (2 per rank; or split=contiguous)",
+                                                n, pieces, N)
+                                  : fmt::format("--cp ring: the prompt has {} tokens, fewer than the {} ranks", n, N));
+    cuts_.assign(static_cast<size_t>(pieces + 1), 0);
+    for (int j = 0; j <= pieces; ++j) cuts_[static_cast<size_t>(j)] = n * j / pieces;
+    int64_t a = 0, b = 0, c = 0, d = 0;
+    ring_pieces(r, &a, &b, &c, &d);
+    if ((b - a) + (d - c) > chunk)
       return make_error(ErrorCode::kUnsupported,
                         fmt::format("--cp ring: this rank's shard of {} tokens is over the largest forward chunk "
                                     "({}): ring attention evaluates a shard layer by layer in one piece; use more "
-                                    "ranks (or --cp star)", b - a, chunk));
+                                    "ranks (or --cp star)", (b - a) + (d - c), chunk));
     ShardStep s;
     s.first = a;
     s.count = b - a;
     s.pos0 = a;
+    s.tail_first = c;
+    s.tail_count = d - c;
     s.merge = true;
     plan.steps.push_back(s);
     ring_call_ = true;
+    ring_root_ = p_.zigzag ? 0 : N - 1;  // zigzag: rank 0 holds the last piece
     stats_.shard_first = a;
     stats_.shard_end = b;
+    stats_.tail_first = c;
+    stats_.tail_end = d;
     n_global_ = n;
     return plan;
   }
@@ -171,6 +190,7 @@ Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
   plan.steps[static_cast<size_t>(plan.steps.size() - (n - D + chunk - 1) / chunk)].drop_before = anchor;
   stats_.shard_first = a;
   stats_.shard_end = b;
+  stats_.tail_first = stats_.tail_end = 0;
   n_global_ = n;
   (void)call;
   return plan;
@@ -181,9 +201,7 @@ Status ContextParallel::merge_attention(Context& ctx, int64_t il, int64_t n, con
   if (lse == nullptr) return make_error("--cp: the attention backend kept no log-sum-exp to merge with");
   const int64_t H = ctx.attention().shape().n_head;
   lse_.assign(lse, lse + n * H);
-  const auto t0 = std::chrono::steady_clock::now();
   Status st = ring_call_ ? ring_merge(il, n, q, k, v, pos, out) : gather_merge(n, out);
-  stats_.t_comm += seconds_since(t0);
   stats_.bytes_sent = comm_.bytes_sent();
   return st;
 }
@@ -196,7 +214,9 @@ Status ContextParallel::gather_merge(int64_t n, float* out) {
   std::copy_n(out, rows * dv, send_.begin());
   std::copy(lse_.begin(), lse_.end(), send_.begin() + rows * dv);
   recv_.resize(per * static_cast<size_t>(N));
+  const auto t0 = std::chrono::steady_clock::now();
   LC_TRY(comm_.allgather(send_.data(), per * sizeof(float), recv_.data()));
+  stats_.t_comm += seconds_since(t0);
   // In rank order on every rank: the same bits everywhere.
   std::fill(out, out + rows * dv, 0.0f);
   std::fill(lse_.begin(), lse_.end(), kNegInf);
@@ -208,53 +228,87 @@ Status ContextParallel::gather_merge(int64_t n, float* out) {
   return ok_status();
 }
 
+void ContextParallel::ring_pieces(int j, int64_t* a, int64_t* b, int64_t* c, int64_t* d) const {
+  auto cut = [&](int i) { return cuts_[static_cast<size_t>(i)]; };
+  *a = cut(j);
+  *b = cut(j + 1);
+  if (p_.zigzag) {
+    const int late = 2 * comm_.size() - 1 - j;
+    *c = cut(late);
+    *d = cut(late + 1);
+  } else {
+    *c = *d = *b;
+  }
+}
+
 Status ContextParallel::ring_merge(int64_t il, int64_t n, const float* q, const float* k, const float* v,
                                    const int32_t* pos, float* out) {
   const KvCache& kv = ctx_.kv();
   const int64_t kd = kv.n_head_kv() * kv.head_dim(), vd = kv.n_head_kv() * kv.head_dim_v();
   const int N = comm_.size(), r = comm_.rank();
-  // A block on the wire: keys [m, kd], values [m, vd], positions [m] (int32 in float slots).
+  // A block on the wire: keys [m, kd], values [m, vd], positions [m] (int32 in float slots), in
+  // the order its rank evaluated them (the early piece, then the late one).
   auto floats_of = [&](int64_t m) { return static_cast<size_t>(m * (kd + vd + 1)); };
-  auto shard = [&](int j) { return cuts_[static_cast<size_t>(j + 1)] - cuts_[static_cast<size_t>(j)]; };
   send_.resize(floats_of(n));
   std::copy_n(k, n * kd, send_.begin());
   std::copy_n(v, n * vd, send_.begin() + n * kd);
   std::memcpy(send_.data() + n * (kd + vd), pos, static_cast<size_t>(n) * sizeof(int32_t));
+  int64_t a = 0, b = 0, c = 0, d = 0;
+  ring_pieces(r, &a, &b, &c, &d);
+  const int64_t own_early = b - a;
+  // Its own shard's causal pairs: each piece with itself, and the late piece with the early one.
+  if (il == 0) stats_.ring_pairs = own_early * (own_early + 1) / 2 + (n - own_early) * (n - own_early + 1) / 2 +
+                                   (n - own_early) * own_early;
   const int to = (r + 1) % N, from = (r - 1 + N) % N;
   for (int s = 1; s < N; ++s) {
     const int origin = (r - s + N) % N;  // whose block arrives in this step
-    const int64_t m = shard(origin);
+    ring_pieces(origin, &a, &b, &c, &d);
+    const int64_t m = (b - a) + (d - c);
     recv_.resize(floats_of(m));
+    const auto t0 = std::chrono::steady_clock::now();
     LC_TRY(comm_.sendrecv(send_.data(), send_.size() * sizeof(float), to, recv_.data(), recv_.size() * sizeof(float),
                           from));
+    stats_.t_comm += seconds_since(t0);
     std::swap(send_, recv_);  // what arrived goes on to the next rank in the next step
-    if (origin < r) {
-      const float* bk = send_.data();
-      const float* bv = bk + m * kd;
-      const auto* bp = reinterpret_cast<const int32_t*>(bv + m * vd);
-      LC_TRY(attend_block(il, n, q, pos, m, bk, bv, bp, out));
+    const float* bk = send_.data();
+    const float* bv = bk + m * kd;
+    const auto* bp = reinterpret_cast<const int32_t*>(bv + m * vd);
+    if (!p_.zigzag) {
+      if (origin < r) LC_TRY(attend_block(il, 0, n, q, pos, m, bk, bv, bp, out));
+    } else if (origin < r) {
+      // Its early piece precedes both of ours; its late piece follows both.
+      LC_TRY(attend_block(il, 0, n, q, pos, b - a, bk, bv, bp, out));
+    } else {
+      // Both its pieces lie between ours: our late piece sees all of it, our early piece none.
+      LC_TRY(attend_block(il, own_early, n - own_early, q, pos, m, bk, bv, bp, out));
     }
   }
   return ok_status();
 }
 
-Status ContextParallel::attend_block(int64_t il, int64_t n, const float* q, const int32_t* qpos, int64_t m,
-                                     const float* k, const float* v, const int32_t* kpos, float* out) {
+Status ContextParallel::attend_block(int64_t il, int64_t r0, int64_t n, const float* q, const int32_t* qpos,
+                                     int64_t m, const float* k, const float* v, const int32_t* kpos, float* out) {
+  if (n <= 0 || m <= 0) return ok_status();
   const AttnShape& sh = ctx_.attention().shape();
-  const int64_t rows = n * sh.n_head, dv = sh.head_dim_v;
+  const int64_t H = sh.n_head, dv = sh.head_dim_v, rows = n * H;
+  if (il == 0) stats_.ring_pairs += n * m;
   scratch_->clear();
   LC_TRY(scratch_->append(il, m, k, v, kpos));
   part_.resize(static_cast<size_t>(rows * dv));
-  LC_TRY(scratch_be_->forward(il, n, q, qpos, *scratch_, part_.data(), ctx_.pool()));
+  LC_TRY(scratch_be_->forward(il, n, q + r0 * H * sh.head_dim, qpos + r0, *scratch_, part_.data(), ctx_.pool()));
   const float* l2 = scratch_be_->partial_lse();
   if (l2 == nullptr) return make_error("--cp: the attention backend kept no log-sum-exp to merge with");
-  for (int64_t r = 0; r < rows; ++r) merge_row(out + r * dv, lse_[static_cast<size_t>(r)], part_.data() + r * dv, l2[r], dv);
+  float* o = out + r0 * H * dv;
+  float* l1 = lse_.data() + r0 * H;
+  for (int64_t i = 0; i < rows; ++i) merge_row(o + i * dv, l1[i], part_.data() + i * dv, l2[i], dv);
   return ok_status();
 }
 
 Status ContextParallel::share_logits(float* logits, int64_t n_vocab, bool have) {
-  const int root = comm_.size() - 1;  // the last rank always evaluates the call's last token
-  if (comm_.rank() == root && !have) return make_error("--cp: the last rank has no logits for the call's last token");
+  // The ring prompt's last token is on ring_root_; every later call's is on every rank.
+  const int root = ring_call_ ? ring_root_ : comm_.size() - 1;
+  if (comm_.rank() == root && !have)
+    return make_error(fmt::format("--cp: rank {} has no logits for the call's last token", root));
   const auto t0 = std::chrono::steady_clock::now();
   Status st = comm_.bcast(logits, static_cast<size_t>(n_vocab) * sizeof(float), root);
   stats_.t_comm += seconds_since(t0);

@@ -7,6 +7,14 @@
 //   with their log-sum-exps (the online softmax of the dense backend), so the result is causal
 //   attention over the whole prompt (Liu et al. 2023, "Ring Attention with Blockwise
 //   Transformers for Near-Infinite Context").
+//   split=contiguous: rank r holds the r-th of N equal runs. The causal mask leaves rank r
+//   r + 1 blocks of attention to do, so the last rank sets the pace.
+//   split=zigzag (the default): the prompt is cut into 2N pieces and rank r holds pieces r and
+//   2N - 1 - r, evaluated as one chunk. In a ring step, a block from an earlier rank j < r is
+//   seen by all of r's queries through its early piece only (its late piece comes after both
+//   of r's); a block from a later rank j > r is seen whole by r's late piece only. Either is
+//   half a block of work, so every rank does the same work in every step (the load-balanced
+//   split of Megatron-LM's context parallelism and of zhuzilin/ring-flash-attention).
 // star (approximate): Star Attention (Acharya et al. 2024, "Star Attention: Efficient LLM
 //   Inference over Long Sequences"). Phase 1: the context (the prompt without its query) is
 //   split into N blocks; every rank but the first evaluates its block after the anchor, the
@@ -38,6 +46,7 @@ enum class CpMode { kRing, kStar };
 
 struct CpParams {
   CpMode mode = CpMode::kRing;
+  bool zigzag = true;  // ring: split=zigzag (else contiguous shards)
   int64_t anchor = 0;  // star: tokens of the anchor block (0: the first context block, as the paper)
   std::string spec() const;
 };
@@ -47,7 +56,12 @@ Expected<CpParams> parse_cp(std::string_view spec);
 
 struct CpStats {
   int64_t shard_first = 0, shard_end = 0;  // this rank's tokens of the first prompt
-  double t_comm = 0;                       // seconds spent in ring steps and gathers
+  int64_t tail_first = 0, tail_end = 0;    // and its second run of them (zigzag), else empty
+  int64_t shard_tokens() const { return shard_end - shard_first + tail_end - tail_first; }
+  // Ring prompt: the (query, key) pairs this rank attended in one layer, its own shard's causal
+  // pairs and the other ranks' blocks' (the ranks' work; over all ranks, n (n + 1) / 2).
+  int64_t ring_pairs = 0;
+  double t_comm = 0;  // seconds in ring steps and gathers: the transfers and the waits for other ranks
   uint64_t bytes_sent = 0;
 };
 
@@ -75,10 +89,13 @@ class ContextParallel final : public SequenceParallel {
   Status ring_merge(int64_t il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos,
                     float* out);
   Status gather_merge(int64_t n, float* out);
-  // Attends the n queries over a block of m keys and values from another rank, and merges the
-  // partial result into (out, lse_).
-  Status attend_block(int64_t il, int64_t n, const float* q, const int32_t* qpos, int64_t m, const float* k,
-                      const float* v, const int32_t* kpos, float* out);
+  // Rows [r0, r0 + n) of the step's queries q (positions qpos) attend a block of m keys and
+  // values from another rank, all of them visible, and the partial result merges into rows
+  // [r0, r0 + n) of (out, lse_).
+  Status attend_block(int64_t il, int64_t r0, int64_t n, const float* q, const int32_t* qpos, int64_t m,
+                      const float* k, const float* v, const int32_t* kpos, float* out);
+  // Ring shard j's pieces: early [a, b) and late (zigzag) [c, d), else c = d.
+  void ring_pieces(int j, int64_t* a, int64_t* b, int64_t* c, int64_t* d) const;
 
   Comm& comm_;
   CpParams p_;
@@ -87,7 +104,10 @@ class ContextParallel final : public SequenceParallel {
   int64_t n_global_ = 0;      // tokens of the sequence so far (all ranks)
   bool broken_ = false;       // cut back in the middle: the shards no longer make a sequence
   bool ring_call_ = false;    // the call in progress is a ring prompt
-  std::vector<int64_t> cuts_; // ring: shard r is [cuts_[r], cuts_[r + 1]) of the prompt
+  // ring: contiguous: shard r is [cuts_[r], cuts_[r + 1]); zigzag: piece p is [cuts_[p],
+  // cuts_[p + 1]) of 2N, and rank r holds pieces r and 2N - 1 - r.
+  std::vector<int64_t> cuts_;
+  int ring_root_ = 0;         // the rank that evaluates the ring prompt's last token
   std::vector<float> lse_;    // [n, n_head] this rank's running log-sum-exp
   std::vector<float> send_, recv_, part_;
   std::unique_ptr<KvCache> scratch_;             // one remote block of one layer

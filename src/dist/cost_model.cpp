@@ -35,7 +35,7 @@ double star_prefill(const PrefillFit& f, const ScaleCase& c) {
 double ring_prefill(const PrefillFit& f, const ScaleCase& c, const Network& net) {
   const double N = c.hosts, B = c.tokens / N;
   if (c.hosts == 1) return one_host_prefill(f, c.tokens);
-  const double compute = f.seconds(B, B * B * (N - 0.5));
+  const double compute = f.seconds(B, c.zigzag ? B * B * N / 2 : B * B * (N - 0.5));
   const double comm = static_cast<double>(c.layers) * (N - 1) * net.message(B * c.wire_bytes_per_token);
   return compute + comm;
 }

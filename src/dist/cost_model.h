@@ -8,9 +8,11 @@
 //   T/N tokens) and then its block: 2B tokens and (2B)^2/2 pairs, B = T/N; no communication
 //   until the query, whose cost is ignored (a few tokens);
 // * ring, contiguous shards: rank r evaluates B tokens whose queries see B^2/2 pairs of its own
-//   and r*B^2 of earlier shards; the last rank is the slowest (B^2 (N - 1/2) pairs); in every
-//   layer N - 1 ring steps each send one shard's keys and values (B * bytes_per_token_layer),
-//   not overlapped with compute (as src/dist does);
+//   and r*B^2 of earlier shards; the last rank is the slowest (B^2 (N - 1/2) pairs);
+// * ring, zigzag shards (the default): every rank evaluates B tokens and T^2/(2N) = N B^2/2
+//   pairs, the same share;
+// * ring, both: in every layer N - 1 ring steps each send one shard's keys and values
+//   (B * bytes_per_token_layer), not overlapped with compute (as src/dist does);
 // * a message costs latency + bytes / bandwidth.
 #pragma once
 
@@ -40,6 +42,7 @@ struct ScaleCase {
   int hosts = 1;                    // N
   int64_t layers = 1;
   double wire_bytes_per_token = 0;  // keys + values + position of one token in one layer
+  bool zigzag = true;               // ring: the zigzag split (else contiguous shards)
 };
 
 double one_host_prefill(const PrefillFit& f, double tokens);

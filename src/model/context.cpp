@@ -411,15 +411,19 @@ Expected<bool> Context::decode_sharded() {
     return st.error();
   };
   bool have_logits = false;
+  std::vector<int32_t> step_tokens;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const ShardStep& st = plan.steps[i];
-    if (st.count < 1 || st.first < 0 || st.first + st.count > n || st.count > params_.n_batch)
-      return undo(make_error(fmt::format("sequence parallel: a step of {} tokens at {} does not fit a call of {} "
-                                         "with chunks of {}", st.count, st.first, n, params_.n_batch)));
-    if (st.store && n_past_ + st.count > params_.n_ctx)
+    const int64_t rows = st.count + st.tail_count;
+    if (st.count < 1 || st.first < 0 || st.first + st.count > n || rows > params_.n_batch || st.tail_count < 0 ||
+        (st.tail_count > 0 && (st.tail_first < st.first + st.count || st.tail_first + st.tail_count > n)))
+      return undo(make_error(fmt::format("sequence parallel: a step of {} + {} tokens at {} and {} does not fit a "
+                                         "call of {} with chunks of {}", st.count, st.tail_count, st.first,
+                                         st.tail_first, n, params_.n_batch)));
+    if (st.store && n_past_ + rows > params_.n_ctx)
       return undo(make_error(ErrorCode::kContextFull,
                              fmt::format("{} tokens do not fit: {} already in this process's context of {} "
-                                         "(raise --ctx-size)", st.count, n_past_, params_.n_ctx)));
+                                         "(raise --ctx-size)", rows, n_past_, params_.n_ctx)));
     if (st.drop_before > 0) {
       if (st.drop_before > n_past_ - n_before)
         return undo(make_error("sequence parallel: a step drops more tokens than the call stored"));
@@ -429,10 +433,13 @@ Expected<bool> Context::decode_sharded() {
       tokens_.erase(tokens_.begin() + static_cast<int64_t>(tokens_before),
                     tokens_.begin() + static_cast<int64_t>(tokens_before) + st.drop_before);
     }
-    const Logits w = call.which == Logits::kLast && st.first + st.count == n ? Logits::kLast : Logits::kNone;
-    if (Status s = forward_chunk(tokens.data() + st.first, st.count, w, logits_.data(), st.pos0, &st); !s)
-      return undo(s);
-    if (st.store) tokens_.insert(tokens_.end(), tokens.begin() + st.first, tokens.begin() + st.first + st.count);
+    step_tokens.assign(tokens.begin() + st.first, tokens.begin() + st.first + st.count);
+    step_tokens.insert(step_tokens.end(), tokens.begin() + st.tail_first,
+                       tokens.begin() + st.tail_first + st.tail_count);
+    const int64_t end = st.tail_count > 0 ? st.tail_first + st.tail_count : st.first + st.count;
+    const Logits w = call.which == Logits::kLast && end == n ? Logits::kLast : Logits::kNone;
+    if (Status s = forward_chunk(step_tokens.data(), rows, w, logits_.data(), st.pos0, &st); !s) return undo(s);
+    if (st.store) tokens_.insert(tokens_.end(), step_tokens.begin(), step_tokens.end());
     have_logits |= w == Logits::kLast;
   }
   if (call.which == Logits::kLast)
@@ -758,10 +765,13 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   float* x = x_.data();
   float* cur = cur_.data();
 
+  // A sequence-parallel step's second run of tokens (its tail) sits at its own positions.
+  const int64_t head = shard && shard->tail_count > 0 ? shard->count : n;
+  const int64_t tail_pos0 = shard ? pos0 + (shard->tail_first - shard->first) : 0;
   for (int64_t t = 0; t < n; ++t) {
     const TensorView& te = model_.tok_embd();
     kernels::dequantize_row(te.type, te.row(tokens[t]), x + t * E, E);
-    pos_[static_cast<size_t>(t)] = static_cast<int32_t>(pos0 + t);
+    pos_[static_cast<size_t>(t)] = static_cast<int32_t>(t < head ? pos0 + t : tail_pos0 + (t - head));
   }
 
   auto rows = [&](int64_t count, auto&& fn) { for_rows(*pool_, count, fn); };

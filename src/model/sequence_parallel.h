@@ -1,5 +1,5 @@
 // Context parallelism (src/dist): one sequence's cache spread over several processes, each
-// Context holding a contiguous shard of it. A Context with a SequenceParallel attached asks it
+// Context holding a shard of it (one or two runs of its tokens). A Context with a SequenceParallel attached asks it
 // how to run each decode call (which of the call's tokens this process evaluates, at which
 // positions, whether it stores their keys and values), and in every layer of a step that needs
 // it lets it merge the attention the other processes compute over their shards into this one's.
@@ -21,6 +21,10 @@ class Context;
 struct ShardStep {
   int64_t first = 0, count = 0;  // tokens [first, first + count) of the call
   int64_t pos0 = 0;              // the position of token `first` (the next ones follow)
+  // A second run of the call's tokens, [tail_first, tail_first + tail_count), evaluated after
+  // the first in the same chunk, at positions pos0 + (i - first) for its token i (a ring's
+  // zig-zag shard: an early and a late piece of the prompt). count + tail_count rows in all.
+  int64_t tail_first = 0, tail_count = 0;
   // Their keys and values go into this cache. Otherwise they are queries only: they attend
   // every token the cache holds (AttentionBackend::set_detached) and leave nothing behind.
   bool store = true;

@@ -61,10 +61,20 @@ TEST(DistCli, RingAndWholePrefixStarPrintTheOneProcessText) {
     const Result ring = sh(kMpirun + " -np " + np + " " + kBin + args + " --cp ring", &err);
     ASSERT_EQ(ring.code, 0) << err;
     EXPECT_EQ(ring.out, one.out) << np << " ranks";
-    // Every rank reports its shard.
-    for (int r = 0; r < std::stoi(np); ++r)
-      EXPECT_NE(err.find("cp ring: rank " + std::to_string(r) + "/" + np), std::string::npos) << err;
+    // Every rank reports its shard: two pieces of the prompt (zigzag, the default) and the
+    // attention pairs it did.
+    for (int r = 0; r < std::stoi(np); ++r) {
+      const std::string tag = "cp ring: rank " + std::to_string(r) + "/" + np;
+      const size_t at = err.find(tag + ": tokens [");
+      ASSERT_NE(at, std::string::npos) << err;
+      EXPECT_NE(err.find(") and [", at), std::string::npos) << err;
+      EXPECT_NE(err.find(tag + ": prefill attended "), std::string::npos) << err;
+    }
   }
+  const Result contiguous = sh(kMpirun + " -np 2 " + kBin + args + " --cp ring:split=contiguous", &err);
+  ASSERT_EQ(contiguous.code, 0) << err;
+  EXPECT_EQ(contiguous.out, one.out);
+  EXPECT_NE(err.find("cp ring:split=contiguous: rank 1/2: tokens ["), std::string::npos) << err;
   const Result star = sh(kMpirun + " -np 2 " + kBin + args + " --cp star:anchor=1000000", &err);
   ASSERT_EQ(star.code, 0) << err;
   EXPECT_EQ(star.out, one.out);
@@ -88,7 +98,14 @@ TEST(DistCli, ClearErrorsBeforeAndAfterMpiStarts) {
   // A prompt shorter than the ranks: every rank says so and the job ends.
   r = sh(kMpirun + " -np 4 " + kBin + " run -m " + kGoldenModel + " -p 'a b' -n 1 --cp ring -t 1", &err);
   EXPECT_NE(r.code, 0);
+  EXPECT_NE(err.find("fewer than the 8 pieces of the zigzag split over 4 ranks"), std::string::npos) << err;
+  r = sh(kMpirun + " -np 4 " + kBin + " run -m " + kGoldenModel + " -p 'a b' -n 1 --cp ring:split=contiguous -t 1",
+         &err);
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(err.find("fewer than the 4 ranks"), std::string::npos) << err;
+  r = run("run -p hello -n 1 --cp ring:split=striped");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("split must be zigzag or contiguous, not 'striped'"), std::string::npos) << r.out;
 }
 
 // results.jsonl without the fields that measure time or memory, line by line.

@@ -32,9 +32,14 @@ TEST(CostModel, SpeedUpsWhereOneKindOfWorkRemains) {
     // Star evaluates the anchor and the block: twice the tokens of a shard, and (2B)^2/2 pairs.
     EXPECT_NEAR(one_host_prefill(linear, c.tokens) / star_prefill(linear, c), N / 2.0, 1e-9);
     EXPECT_NEAR(one_host_prefill(pairs, c.tokens) / star_prefill(pairs, c), N * N / 4.0, 1e-6);
-    // Ring: a shard's tokens; the last rank's queries see B^2/2 + (N-1) B^2 pairs.
+    // Ring, zigzag: a shard's tokens, and 1/N of the pairs on every rank.
     EXPECT_NEAR(one_host_prefill(linear, c.tokens) / ring_prefill(linear, c, free_net), N, 1e-9);
-    EXPECT_NEAR(one_host_prefill(pairs, c.tokens) / ring_prefill(pairs, c, free_net), N * N / (2.0 * N - 1), 1e-6);
+    EXPECT_NEAR(one_host_prefill(pairs, c.tokens) / ring_prefill(pairs, c, free_net), N, 1e-6);
+    // Ring, contiguous: the last rank's queries see B^2/2 + (N-1) B^2 pairs.
+    ScaleCase cc = c;
+    cc.zigzag = false;
+    EXPECT_NEAR(one_host_prefill(linear, cc.tokens) / ring_prefill(linear, cc, free_net), N, 1e-9);
+    EXPECT_NEAR(one_host_prefill(pairs, cc.tokens) / ring_prefill(pairs, cc, free_net), N * N / (2.0 * N - 1), 1e-6);
     // The ring's messages: layers x (N - 1) steps of one shard's keys and values.
     const Network net{1e-5, 1e9};
     const double B = c.tokens / N;

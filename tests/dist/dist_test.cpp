@@ -92,19 +92,37 @@ std::vector<int32_t> greedy(Context& ctx, const std::vector<int32_t>& prompt, in
   return out;
 }
 
-class RingGolden : public ::testing::TestWithParam<const char*> {};
+// This rank's tokens of an n-token ring prompt under a split, written from the split's
+// definition: contiguous, the r-th of N runs; zigzag, pieces r and 2N - 1 - r of 2N.
+std::vector<int64_t> ring_shard(int64_t n, bool zigzag) {
+  const int64_t N = g_comm->size(), r = g_comm->rank();
+  std::vector<int64_t> ids;
+  auto piece = [&](int64_t j, int64_t pieces) {
+    for (int64_t i = n * j / pieces; i < n * (j + 1) / pieces; ++i) ids.push_back(i);
+  };
+  if (zigzag) {
+    piece(r, 2 * N);
+    piece(2 * N - 1 - r, 2 * N);
+  } else {
+    piece(r, N);
+  }
+  return ids;
+}
 
-// Ring prefill of llama.cpp's 256-token prompt P3: the last token's logits match llama.cpp's
-// (the golden F32 tolerance) and the one-process run's; then greedy decoding after P1 gives
-// llama.cpp's 64 tokens.
+class RingGolden : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+
+// Ring prefill of llama.cpp's 256-token prompt P3, under each split: the last token's logits
+// match llama.cpp's (the golden F32 tolerance) and the one-process run's; then greedy decoding
+// after P1 gives llama.cpp's 64 tokens.
 TEST_P(RingGolden, LogitsAndGreedyTokensMatchLlamaCppAndOneProcess) {
-  const std::string name = GetParam();
+  const std::string name = std::get<0>(GetParam()), mode = std::get<1>(GetParam());
+  const bool zigzag = mode.find("contiguous") == std::string::npos;
   auto model = Model::load(kGolden + "models/" + name + ".gguf");
   ASSERT_TRUE(model.has_value()) << model.error().message;
   const auto cj = read_json(kGolden + "cases/" + name + "/case.json");
   const auto p3 = cj["prompts"]["p3"]["ids"].get<std::vector<int32_t>>();
   const int64_t V = (*model)->hparams().n_vocab;
-  Distributed d = make_distributed(**model, "ring", 512);
+  Distributed d = make_distributed(**model, mode, 512);
   ASSERT_TRUE(d.ctx->decode(p3, Logits::kLast).is_ok());
   const auto ref = read_f32(kGolden + "cases/" + name + "/logits_p3.f32");
   ASSERT_EQ(ref.size(), p3.size() * static_cast<size_t>(V));
@@ -113,23 +131,30 @@ TEST_P(RingGolden, LogitsAndGreedyTokensMatchLlamaCppAndOneProcess) {
   ASSERT_TRUE(one.has_value());
   ASSERT_TRUE((*one)->decode(p3, Logits::kLast).is_ok());
   EXPECT_LE(max_abs_diff(d.ctx->logits(0), (*one)->logits(0), V), 1e-4) << name;
-  // This rank's cache holds its shard only.
+  // This rank's cache holds its shard only, in the order it evaluated it.
+  const auto shard = ring_shard(static_cast<int64_t>(p3.size()), zigzag);
   const CpStats& cs = d.cp->stats();
-  EXPECT_EQ(cs.shard_end - cs.shard_first, static_cast<int64_t>(p3.size()) * (g_comm->rank() + 1) / g_comm->size() -
-                                               static_cast<int64_t>(p3.size()) * g_comm->rank() / g_comm->size());
-  EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first);
+  EXPECT_EQ(cs.shard_tokens(), static_cast<int64_t>(shard.size()));
+  ASSERT_EQ(d.ctx->kv().n_tokens(0, 0), static_cast<int64_t>(shard.size()));
+  std::vector<int32_t> want_tokens;
+  for (int64_t i : shard) want_tokens.push_back(p3[static_cast<size_t>(i)]);
+  EXPECT_EQ(d.ctx->tokens(), want_tokens);
 
   const auto p1 = cj["prompts"]["p1"]["ids"].get<std::vector<int32_t>>();
   const auto gold = cj["greedy"]["ids"].get<std::vector<int32_t>>();
   EXPECT_EQ(greedy(*d.ctx, p1, static_cast<int64_t>(gold.size())), gold) << name;
   // Generated tokens are stored by the last rank only.
-  const int64_t shard = static_cast<int64_t>(p1.size()) * (g_comm->rank() + 1) / g_comm->size() -
-                        static_cast<int64_t>(p1.size()) * g_comm->rank() / g_comm->size();
   const int64_t stored = g_comm->rank() == g_comm->size() - 1 ? static_cast<int64_t>(gold.size()) : 0;
-  EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), shard + stored);
+  EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), static_cast<int64_t>(ring_shard(static_cast<int64_t>(p1.size()), zigzag).size()) + stored);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, RingGolden, ::testing::Values("llama_gqa_f32", "qwen2_bias_f32", "qwen3_qknorm_f32"));
+INSTANTIATE_TEST_SUITE_P(Models, RingGolden,
+                         ::testing::Combine(::testing::Values("llama_gqa_f32", "qwen2_bias_f32", "qwen3_qknorm_f32"),
+                                            ::testing::Values("ring", "ring:split=contiguous")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) +
+                                  (std::string(std::get<1>(info.param)) == "ring" ? "_zigzag" : "_contiguous");
+                         });
 
 const std::string kProjectModel = std::string(LONGCTX_MODELS) + "/longctx-2l.gguf";
 
@@ -260,6 +285,36 @@ TEST(RingQuest, EveryPageEqualsDenseAndFewPagesAreSparse) {
   EXPECT_EQ(got, tokens0);
 }
 
+// The ranks' shares of the ring prefill's attention, gathered: every causal (query, key) pair of
+// the prompt is attended by exactly one rank under either split (n (n + 1) / 2 in all). With
+// contiguous shards the last rank does the most (2N - 1 times the first's); zigzag gives every
+// rank the same share when the pieces are equal.
+TEST(RingSplit, ZigzagGivesEveryRankTheSameAttentionWork) {
+  const OneProcessP3 o = one_process_p3();
+  ASSERT_TRUE(o.model && !o.logits.empty());
+  const int64_t n = static_cast<int64_t>(o.p3.size()), N = g_comm->size();
+  ASSERT_EQ(n % (2 * N), 0) << "equal pieces";
+  for (const char* mode : {"ring", "ring:split=contiguous"}) {
+    Distributed d = make_distributed(*o.model, mode, 512);
+    EXPECT_EQ(greedy(*d.ctx, o.p3, 8), o.want) << mode;
+    EXPECT_LE(max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V), 1e-3) << mode;
+    const int64_t mine = d.cp->stats().ring_pairs;
+    std::vector<int64_t> all(static_cast<size_t>(N));
+    ASSERT_TRUE(g_comm->allgather(&mine, sizeof(mine), all.data()).is_ok());
+    int64_t sum = 0;
+    for (int64_t p : all) sum += p;
+    EXPECT_EQ(sum, n * (n + 1) / 2) << mode;
+    const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+    if (std::string(mode) == "ring") {
+      EXPECT_EQ(*lo, *hi) << mode;
+    } else {
+      const int64_t s = n / N;  // rank r: its own s (s + 1) / 2 and r blocks of s x s
+      EXPECT_EQ(all.front(), s * (s + 1) / 2);
+      EXPECT_EQ(all.back(), s * (s + 1) / 2 + (N - 1) * s * s);
+    }
+  }
+}
+
 TEST(Errors, ClearMessages) {
   auto model = Model::load(kGolden + "models/llama_gqa_f32.gguf");
   ASSERT_TRUE(model.has_value());
@@ -269,6 +324,13 @@ TEST(Errors, ClearMessages) {
     const Status st = d.ctx->decode(one_token, Logits::kLast);
     ASSERT_FALSE(st.is_ok());
     EXPECT_NE(st.message().find("fewer than the"), std::string::npos) << st.message();
+    // zigzag needs two tokens per rank; contiguous one.
+    const std::vector<int32_t> few(static_cast<size_t>(2 * g_comm->size() - 1), 1);
+    const Status st2 = d.ctx->decode(few, Logits::kLast);
+    ASSERT_FALSE(st2.is_ok());
+    EXPECT_NE(st2.message().find("zigzag"), std::string::npos) << st2.message();
+    Distributed c = make_distributed(**model, "ring:split=contiguous", 64);
+    EXPECT_TRUE(c.ctx->decode(few, Logits::kLast).is_ok());
   }
   {
     auto ctx = Context::create(**model, params(64, "dssa"));
@@ -289,6 +351,8 @@ TEST(Errors, ClearMessages) {
   }
   EXPECT_FALSE(parse_cp("tree").has_value());
   EXPECT_FALSE(parse_cp("ring:anchor=4").has_value());
+  EXPECT_NE(parse_cp("ring:split=striped").error().message.find("zigzag or contiguous"), std::string::npos);
+  EXPECT_FALSE(parse_cp("star:split=zigzag").has_value());
   EXPECT_NE(parse_cp("star:anchor=x").error().message.find("anchor"), std::string::npos);
 }
 

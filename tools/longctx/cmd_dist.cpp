@@ -65,7 +65,8 @@ int run_scale(const ScaleArgs& a) {
   for (const auto& [T, t] : pts)
     fmt::print("  measured T = {:.0f}: {:.3f} s, model {:.3f} s\n", T, t, dist::one_host_prefill(*fit, T));
   fmt::print("\n| tokens | hosts | one host s | star s | star speed-up | star / N | ring 10G s | ring 10G speed-up | "
-             "ring 100G s | ring 100G speed-up |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+             "ring 100G s | ring 100G speed-up | contiguous ring 100G speed-up |\n"
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   lc::report::Chart ch;
   ch.title = "Context-parallel prefill: modelled speed-up";
   ch.x_label = "hosts";
@@ -76,24 +77,30 @@ int run_scale(const ScaleArgs& a) {
     lc::report::Series star{fmt::format("star, {}", lc::report::length_label(static_cast<double>(T)))};
     lc::report::Series r10{fmt::format("ring 10G, {}", lc::report::length_label(static_cast<double>(T)))};
     lc::report::Series r100{fmt::format("ring 100G, {}", lc::report::length_label(static_cast<double>(T)))};
-    r10.dashed = r100.dashed = true;
+    lc::report::Series c100{
+        fmt::format("contiguous ring 100G, {}", lc::report::length_label(static_cast<double>(T)))};
+    r10.dashed = r100.dashed = c100.dashed = true;
     const double one = dist::one_host_prefill(*fit, static_cast<double>(T));
     for (int N : a.hosts) {
       dist::ScaleCase c = base;
       c.tokens = static_cast<double>(T);
       c.hosts = N;
+      dist::ScaleCase cc = c;
+      cc.zigzag = false;
       const double s = dist::star_prefill(*fit, c), g10 = dist::ring_prefill(*fit, c, net10),
-                   g100 = dist::ring_prefill(*fit, c, net100);
-      fmt::print("| {} | {} | {:.4g} | {:.4g} | {:.2f} | {:.2f} | {:.4g} | {:.2f} | {:.4g} | {:.2f} |\n",
+                   g100 = dist::ring_prefill(*fit, c, net100), c100_s = dist::ring_prefill(*fit, cc, net100);
+      fmt::print("| {} | {} | {:.4g} | {:.4g} | {:.2f} | {:.2f} | {:.4g} | {:.2f} | {:.4g} | {:.2f} | {:.2f} |\n",
                  lc::report::length_label(static_cast<double>(T)), N, one, s, one / s, one / s / N, g10, one / g10,
-                 g100, one / g100);
+                 g100, one / g100, one / c100_s);
       star.x.push_back(N), star.y.push_back(one / s);
       r10.x.push_back(N), r10.y.push_back(one / g10);
       r100.x.push_back(N), r100.y.push_back(one / g100);
+      c100.x.push_back(N), c100.y.push_back(one / c100_s);
     }
     ch.series.push_back(std::move(star));
     ch.series.push_back(std::move(r10));
     ch.series.push_back(std::move(r100));
+    ch.series.push_back(std::move(c100));
   }
   lc::report::Series ideal{"N (linear)"};
   ideal.dashed = true;

@@ -147,7 +147,8 @@ int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& 
   CommonOpts co = co_in;
   if (comm && cp_params.mode == lc::dist::CpMode::kRing) {
     // Ring attention evaluates each rank's shard in one forward chunk.
-    const int64_t shard = (static_cast<int64_t>(pr.tokens.size()) + comm->size() - 1) / comm->size();
+    // (+1: a zigzag shard's two pieces of n / 2N tokens each may round up together)
+    const int64_t shard = (static_cast<int64_t>(pr.tokens.size()) + comm->size() - 1) / comm->size() + 1;
     co.n_batch = std::clamp<int64_t>(shard, co.n_batch, 65536);
   }
   auto session = make_session(**model, co, qttt_spec);
@@ -208,10 +209,15 @@ int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& 
     // One line per rank, in rank order (each rank prints its own after the one before).
     for (int r = 0; r < comm->size(); ++r) {
       if (r == comm->rank())
-        fmt::print(stderr, "cp {}: rank {}/{}: tokens [{}, {}), KV {:.2f} MiB, peak RSS {:.1f} MiB, {:.3f} s in "
+        fmt::print(stderr, "cp {}: rank {}/{}: tokens [{}, {}){}, KV {:.2f} MiB, peak RSS {:.1f} MiB, {:.3f} s in "
                    "communication, {} bytes sent\n", cp_params.spec(), r, comm->size(), cs.shard_first,
-                   cs.shard_end, mib(static_cast<int64_t>(mem.in_use_bytes)), mib(lc::peak_rss_bytes()), cs.t_comm,
+                   cs.shard_end,
+                   cs.tail_end > cs.tail_first ? fmt::format(" and [{}, {})", cs.tail_first, cs.tail_end) : "",
+                   mib(static_cast<int64_t>(mem.in_use_bytes)), mib(lc::peak_rss_bytes()), cs.t_comm,
                    cs.bytes_sent);
+      if (r == comm->rank() && cs.ring_pairs > 0)
+        fmt::print(stderr, "cp {}: rank {}/{}: prefill attended {} (query, key) pairs per layer\n",
+                   cp_params.spec(), r, comm->size(), cs.ring_pairs);
       std::fflush(stderr);
       if (Status s = comm->barrier(); !s) return bail(s.message());
     }
@@ -748,8 +754,8 @@ int main(int argc, char** argv) {
   run->add_flag("--ignore-eos", run_ignore_eos, "keep generating after an end-of-generation token (as llama-cli)");
   CpOpts run_cp;
   run->add_option("--cp", run_cp.mode,
-                  "context parallelism over MPI, under `mpirun -np N`: ring (exact ring attention) or "
-                  "star[:anchor=N] (Star Attention); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
+                  "context parallelism over MPI, under `mpirun -np N`: ring[:split=zigzag|contiguous] (exact ring "
+                  "attention; zigzag balances the ranks' work) or star[:anchor=N] (Star Attention); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
   run->add_option("--cp-timeout", run_cp.timeout,
                   "seconds a rank waits for another before it ends the job with an error naming it")
       ->capture_default_str();
