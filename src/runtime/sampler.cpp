@@ -1,7 +1,11 @@
 #include "runtime/sampler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -18,7 +22,53 @@ Status validate(const SamplerParams& p) {
     return make_error("presence_penalty must be in [-2, 2]");
   if (!std::isfinite(p.frequency_penalty) || std::fabs(p.frequency_penalty) > 2)
     return make_error("frequency_penalty must be in [-2, 2]");
+  for (const auto& [id, b] : p.logit_bias) {
+    if (id < 0) return make_error(fmt::format("logit bias: token id {} is negative", id));
+    if (!(b == -std::numeric_limits<float>::infinity() || (std::isfinite(b) && std::fabs(b) <= 100)))
+      return make_error(fmt::format("logit bias of token {}: {} is not in [-100, 100] (or -inf to ban it)", id, b));
+  }
   return ok_status();
+}
+
+Status check_logit_bias_vocab(const SamplerParams& p, int32_t n_vocab) {
+  for (const auto& [id, b] : p.logit_bias)
+    if (id >= n_vocab)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("logit bias: token id {} is not in the vocabulary (ids 0 to {})", id, n_vocab - 1));
+  return ok_status();
+}
+
+Expected<std::pair<int32_t, float>> parse_logit_bias(std::string_view text) {
+  const size_t sign = text.find_first_of("+-", 1);
+  auto bad = [&] {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--logit-bias '{}': expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)",
+                                  text));
+  };
+  if (sign == std::string_view::npos || sign == 0) return bad();
+  const std::string id_text(text.substr(0, sign)), bias_text(text.substr(sign + 1));
+  if (id_text.find_first_not_of("0123456789") != std::string::npos || id_text.size() > 9 || bias_text.empty())
+    return bad();
+  float bias = 0;
+  if (bias_text == "inf") {
+    bias = std::numeric_limits<float>::infinity();
+  } else {
+    size_t used = 0;
+    try {
+      bias = std::stof(bias_text, &used);
+    } catch (const std::exception&) {
+      return bad();
+    }
+    if (used != bias_text.size() || !std::isfinite(bias) || bias_text[0] == '+' || bias_text[0] == '-') return bad();
+  }
+  if (text[sign] == '-') bias = -bias;
+  if (bias == std::numeric_limits<float>::infinity())
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("--logit-bias '{}': +inf is not a bias (use a "
+                                                               "bias of at most 100)", text));
+  if (std::fabs(bias) > 100 && bias != -std::numeric_limits<float>::infinity())
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--logit-bias '{}': the bias must be in [-100, 100] (or -inf to ban the token)", text));
+  return std::pair<int32_t, float>{std::stoi(id_text), bias};
 }
 
 int32_t argmax(const float* x, int32_t n) {
@@ -33,6 +83,8 @@ Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
 int32_t Sampler::sample(const float* logits, int32_t n_vocab, std::span<const int32_t> history) {
   cands_.resize(static_cast<size_t>(n_vocab));
   for (int32_t i = 0; i < n_vocab; ++i) cands_[static_cast<size_t>(i)] = {i, logits[i]};
+  for (const auto& [id, b] : p_.logit_bias)
+    if (id >= 0 && id < n_vocab) cands_[static_cast<size_t>(id)].logit += b;
 
   if (p_.repeat_penalty != 1.0f && p_.repeat_last_n > 0 && !history.empty()) {
     const size_t n = std::min(history.size(), static_cast<size_t>(p_.repeat_last_n));
@@ -66,6 +118,10 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, std::span<const in
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   size_t n = cands_.size();
+  // Every token banned: the lowest id (no distribution is left to draw from).
+  if (!p_.logit_bias.empty() && std::all_of(cands_.begin(), cands_.end(),
+                  [](const Cand& c) { return c.logit == -std::numeric_limits<float>::infinity(); }))
+    return 0;
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
     n = static_cast<size_t>(p_.top_k);
     std::partial_sort(cands_.begin(), cands_.begin() + static_cast<std::ptrdiff_t>(n), cands_.end(), by_logit);

@@ -1,10 +1,12 @@
-// Token sampling: repetition penalty, top-k, top-p, min-p, temperature, then a draw (or
-// argmax when temperature <= 0). The order follows llama.cpp's default sampler chain.
+// Token sampling: logit biases, repetition penalty, top-k, top-p, min-p, temperature, then a
+// draw (or argmax when temperature <= 0). The order follows llama.cpp's default sampler chain.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -22,9 +24,19 @@ struct SamplerParams {
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // 0: off
   int32_t repeat_last_n = 64;
   uint64_t seed = 0;
+  // OpenAI's logit_bias (llama.cpp's --logit-bias): bias added to a token's logit before
+  // anything else, in [-100, 100], or -infinity to ban the token. Ids at or past the model's
+  // vocabulary are refused by the callers, which know it.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 Status validate(const SamplerParams& p);
+
+// One --logit-bias value, llama.cpp's form: TOKEN_ID followed by +BIAS or -BIAS ("15043+1.5",
+// "29871-inf": a ban). Errors name the value.
+Expected<std::pair<int32_t, float>> parse_logit_bias(std::string_view text);
+// An error naming the first biased token id at or past n_vocab.
+Status check_logit_bias_vocab(const SamplerParams& p, int32_t n_vocab);
 
 class Sampler {
  public:

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 
 namespace lc::server {
@@ -78,6 +81,61 @@ bool content_text(const json& c, std::string& out, std::string& why) {
   return true;
 }
 
+// logit_bias: OpenAI's object {"TOKEN_ID": BIAS, ...} or llama.cpp's array [[TOKEN_ID, BIAS], ...];
+// BIAS a number in [-100, 100], or false to ban the token (llama.cpp). Entries replace the
+// server's defaults (--logit-bias) for the same token and add to them for others.
+bool parse_logit_bias(Reader& r, const json& v, int32_t n_vocab, SamplerParams& sp) {
+  std::vector<std::pair<int32_t, float>> mine;
+  auto add = [&](int64_t id, const json& b) {
+    if (id < 0 || id >= n_vocab)
+      return r.fail(fmt::format("'logit_bias': token id {} is not in the vocabulary (ids 0 to {})", id, n_vocab - 1));
+    float bias = 0;
+    if (b.is_boolean() && !b.get<bool>()) {
+      bias = -std::numeric_limits<float>::infinity();
+    } else if (b.is_number() && std::fabs(b.get<double>()) <= 100) {
+      bias = b.get<float>();
+    } else {
+      return r.fail(fmt::format("'logit_bias' of token {}: {} is not a number in [-100, 100] (or false to ban it)", id,
+                                b.dump()));
+    }
+    mine.emplace_back(static_cast<int32_t>(id), bias);
+    return true;
+  };
+  if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& k = it.key();
+      if (k.empty() || k.size() > 9 || k.find_first_not_of("0123456789") != std::string::npos)
+        return r.fail(fmt::format("'logit_bias': key '{}' is not a token id", k));
+      if (!add(std::stoll(k), it.value())) return false;
+    }
+  } else if (v.is_array()) {
+    for (const json& e : v) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer())
+        return r.fail("'logit_bias' as an array must hold [token id, bias] pairs");
+      if (!add(e[0].get<int64_t>(), e[1])) return false;
+    }
+  } else {
+    return r.fail("'logit_bias' must be an object of token id to bias (or an array of [token id, bias] pairs)");
+  }
+  std::erase_if(sp.logit_bias, [&](const auto& d) {
+    return std::any_of(mine.begin(), mine.end(), [&](const auto& m) { return m.first == d.first; });
+  });
+  // The same id twice in one request: the last one counts.
+  for (const auto& m : mine) {
+    std::erase_if(sp.logit_bias, [&](const auto& d) { return d.first == m.first; });
+    sp.logit_bias.push_back(m);
+  }
+  std::vector<bool> banned(static_cast<size_t>(n_vocab));
+  int64_t n_banned = 0;
+  for (const auto& [id, b] : sp.logit_bias)
+    if (b == -std::numeric_limits<float>::infinity() && id < n_vocab && !banned[static_cast<size_t>(id)]) {
+      banned[static_cast<size_t>(id)] = true;
+      ++n_banned;
+    }
+  if (n_banned >= n_vocab) return r.fail("'logit_bias' bans every token of the vocabulary");
+  return true;
+}
+
 }  // namespace
 
 std::string new_id(const char* prefix) {
@@ -140,7 +198,8 @@ bool parse_request(Endpoint ep, const json& body, const Tokenizer& tok, const Re
       if (x.empty()) return r.fail("'stop' has an empty string");
   }
   // What is not supported is refused, never ignored.
-  for (const char* key : {"tools", "functions", "tool_choice", "function_call", "suffix", "logit_bias"}) {
+  if (const json* lb = r.get("logit_bias"); lb && !parse_logit_bias(r, *lb, tok.n_vocab(), spec.sampling)) return false;
+  for (const char* key : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
     const json* v = r.get(key);
     if (v && !(v->is_array() && v->empty()) && !(v->is_object() && v->empty()) && !(v->is_string() && *v == "none"))
       return r.fail(fmt::format("'{}' is not supported by this server", key));

@@ -78,6 +78,22 @@ TEST(Cli, BadFlagIsAnError) {
   EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
   r = run("run -m " + kStories + " -n -5");
   EXPECT_NE(r.code, 0);
+  r = run("run -m " + kStories + " -p hi -n 1 --logit-bias 3+500");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--logit-bias '3+500': the bias must be in [-100, 100]"), std::string::npos) << r.out;
+  r = run("run -m " + kStories + " -p hi -n 1 --logit-bias 99999+1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("token id 99999 is not in the vocabulary"), std::string::npos) << r.out;
+}
+
+// --logit-bias against the definition: with +100 on one token every sampled token is that one
+// (token 300 of stories260K is " ha"); without it the text is another.
+TEST(Cli, LogitBiasForcesAToken) {
+  const Result r = run("run -m " + kStories + " -p 'Once upon a time' -n 5 --temp 1 --seed 3 -l 300+100");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("Once upon a time ha ha ha ha ha\n", 0), 0u) << r.out;
+  const Result plain = run("run -m " + kStories + " -p 'Once upon a time' -n 5 --temp 1 --seed 3");
+  EXPECT_NE(plain.out.rfind("Once upon a time ha ha ha ha ha\n", 0), 0u) << plain.out;
 }
 
 TEST(Cli, MissingAndHostileFiles) {

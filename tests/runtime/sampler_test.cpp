@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -48,6 +49,70 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesFollowFormula) {
   EXPECT_EQ(Sampler(p).sample(l.data(), 4, hist), 0);
   p.presence_penalty = 2.5f;
   EXPECT_FALSE(validate(p).is_ok());
+}
+
+// logit_bias (OpenAI's; llama.cpp's --logit-bias): logit + bias before anything else; -inf bans.
+TEST(Sampler, LogitBiasIsAddedFirstAndMinusInfinityBans) {
+  const float inf = std::numeric_limits<float>::infinity();
+  SamplerParams p;
+  p.temp = 0;
+  std::vector<float> l = {1.0f, 2.0f, 0.5f};
+  p.logit_bias = {{0, 1.5f}};  // 2.5 > 2
+  EXPECT_EQ(Sampler(p).sample(l.data(), 3, {}), 0);
+  p.logit_bias = {{0, 0.9f}};  // 1.9 < 2
+  EXPECT_EQ(Sampler(p).sample(l.data(), 3, {}), 1);
+  p.logit_bias = {{1, -inf}};
+  EXPECT_EQ(Sampler(p).sample(l.data(), 3, {}), 0);
+  p.logit_bias = {{0, -inf}, {1, -inf}, {2, -inf}};  // nothing left: the lowest id
+  EXPECT_EQ(Sampler(p).sample(l.data(), 3, {}), 0);
+  p.logit_bias = {{7, 50.0f}};  // past this vocabulary: no effect here (callers refuse it)
+  EXPECT_EQ(Sampler(p).sample(l.data(), 3, {}), 1);
+  // Drawn at temperature 0.8 with no filters: the frequencies are the softmax of the biased
+  // logits, and the banned token never comes.
+  p.temp = 0.8f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = 3;
+  p.logit_bias = {{1, -inf}, {2, 1.25f}};
+  Sampler s(p);
+  std::vector<double> want = {std::exp(1.0 / 0.8), 0.0, std::exp(1.75 / 0.8)};
+  const double z = want[0] + want[2];
+  std::vector<int> count(3);
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) count[static_cast<size_t>(s.sample(l.data(), 3, {}))]++;
+  EXPECT_EQ(count[1], 0);
+  EXPECT_NEAR(count[0] / double(n), want[0] / z, 0.006);
+  EXPECT_NEAR(count[2] / double(n), want[2] / z, 0.006);
+  // Range checks.
+  p.logit_bias = {{0, 101.0f}};
+  EXPECT_FALSE(validate(p).is_ok());
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(validate(p).is_ok());
+  p.logit_bias = {{0, std::nanf("")}};
+  EXPECT_FALSE(validate(p).is_ok());
+  p.logit_bias = {{0, -inf}, {2, -100.0f}};
+  EXPECT_TRUE(validate(p).is_ok());
+  EXPECT_TRUE(check_logit_bias_vocab(p, 3).is_ok());
+  EXPECT_FALSE(check_logit_bias_vocab(p, 2).is_ok());
+}
+
+TEST(Sampler, LogitBiasFlagParsesLlamaCppForm) {
+  auto a = parse_logit_bias("15043+1.5");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->first, 15043);
+  EXPECT_FLOAT_EQ(a->second, 1.5f);
+  auto b = parse_logit_bias("2-inf");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->second, -std::numeric_limits<float>::infinity());
+  auto c = parse_logit_bias("7-3");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FLOAT_EQ(c->second, -3.0f);
+  for (const char* bad : {"2+inf", "x+1", "3", "3+", "+3", "3+-1", "3-150", "3+1e", "-3+1", "3+nan"}) {
+    auto r = parse_logit_bias(bad);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_NE(r.error().message.find(bad), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(Sampler, FrequenciesFollowSoftmaxAtTemperature) {

@@ -311,6 +311,11 @@ TEST(Server, BadInputGetsOpenAiErrors) {
   expect_error(c.Post("/v1/completions", R"({"prompt": "a", "longctx": {"color": "red"}})", ct), 400, "color");
   expect_error(c.Post("/v1/completions", R"({"prompt": "a", "longctx": {"reader": "memagent"}})", ct), 400,
                "longctx.question");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "a", "logit_bias": {"99999": 1}})", ct), 400, "vocabulary");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "a", "logit_bias": {"5": 300}})", ct), 400, "[-100, 100]");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "a", "logit_bias": {"five": 1}})", ct), 400, "'five'");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "a", "logit_bias": [[5]]})", ct), 400, "pairs");
+  expect_error(c.Post("/v1/completions", R"({"prompt": "a", "logit_bias": 5})", ct), 400, "'logit_bias'");
   expect_error(c.Post("/detokenize", R"({"tokens": [-5]})", ct), 400, "token id");
   expect_error(c.Get("/v1/nothing"), 404, "no endpoint");
   // A body over --max-body (a 20 MiB prompt), and a prompt beyond the KV budget.
@@ -324,6 +329,54 @@ TEST(Server, BadInputGetsOpenAiErrors) {
   int status = 0;
   post(c, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 4}}, &status);
   EXPECT_EQ(status, 200);
+}
+
+// logit_bias against its definition on the model's own logits: banning the greedy first token
+// gives the best of the others, and a bias of 100 makes one token every token.
+TEST(Server, LogitBiasBansAndForcesTokens) {
+  const std::string prompt = story(2, 0);
+  const Tokenizer& tok = stories().tokenizer();
+  ContextParams cp;
+  cp.n_ctx = 512;
+  cp.n_threads = 1;
+  auto ctx = Context::create(stories(), cp);
+  ASSERT_TRUE(ctx.has_value());
+  ASSERT_TRUE((*ctx)->decode(tok.encode(prompt, true, true), Logits::kLast).is_ok());
+  const float* l = (*ctx)->logits(0);
+  const int32_t nv = tok.n_vocab();
+  int32_t first = 0, second = -1;
+  for (int32_t i = 1; i < nv; ++i)
+    if (l[i] > l[first]) first = i;
+  for (int32_t i = 0; i < nv; ++i)
+    if (i != first && (second < 0 || l[i] > l[second])) second = i;
+
+  TestServer srv;
+  auto c = srv.client();
+  int status = 0;
+  json r = post(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], tok.token_to_piece(first));
+  r = post(c, "/v1/completions",
+           {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logit_bias", {{std::to_string(first), false}}}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], tok.token_to_piece(second));
+  // llama.cpp's array form, and -100 (OpenAI's ban) on the chat endpoint's sampler too.
+  r = post(c, "/v1/completions",
+           {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"logit_bias", json::array({json::array({first, -100})})}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["choices"][0]["text"], tok.token_to_piece(second));
+  // +100 on one token, sampled at temperature 1: the only token that comes (mid-text, each
+  // token prints as its piece).
+  const int32_t x = tok.encode(" dog", false, false).at(0);
+  r = post(c, "/v1/completions",
+           {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 1}, {"seed", 5}, {"logit_bias", {{std::to_string(x), 100}}}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  std::string six;
+  for (int i = 0; i < 6; ++i) six += tok.token_to_piece(x);
+  EXPECT_EQ(r["choices"][0]["text"], six);
 }
 
 TEST(Server, ApiKeyIsRequiredWhenSet) {

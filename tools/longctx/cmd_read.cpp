@@ -42,6 +42,7 @@ int cmd_read(const ReadArgs& a) {
   // Without -m: the project's model trained on the readers' protocols.
   auto model = load_model_or_reader(a.co);
   if (!model) return fail(model.error().message);
+  if (lc::Status s = lc::check_logit_bias_vocab(*sp, (*model)->hparams().n_vocab); !s) return fail(s.message());
   auto ct = chat_template_for(**model, a.chat_template);
   if (!ct) return fail(ct.error().message);
   const lc::ChatTemplate tmpl = *ct;

@@ -41,6 +41,7 @@ int cmd_serve(const ServeArgs& a) {
   if (!model) return fail(model.error().message);
   auto sp = a.so.params();
   if (!sp) return fail(sp.error().message);
+  if (lc::Status s = lc::check_logit_bias_vocab(*sp, (*model)->hparams().n_vocab); !s) return fail(s.message());
   auto cp = a.co.ctx_params();
   if (!cp) return fail(cp.error().message);
   lc::server::EngineParams ep;

@@ -137,6 +137,7 @@ int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& 
   if (!sp) return bail(sp.error().message);
   auto model = load_model(co_in);
   if (!model) return bail(model.error().message);
+  if (lc::Status s = lc::check_logit_bias_vocab(*sp, (*model)->hparams().n_vocab); !s) return bail(s.message());
   const lc::Tokenizer& tok = (*model)->tokenizer();
   // --question: appended after the prompt (tokenised as one text); a query-agnostic press
   // compresses the prompt before the question is read, and qTTT trains on the prompt alone.
@@ -237,6 +238,7 @@ int cmd_chat(const CommonOpts& co, const SamplingOpts& so, const std::string& sy
   if (!sp) return fail(sp.error().message);
   auto model = load_model(co);
   if (!model) return fail(model.error().message);
+  if (lc::Status s = lc::check_logit_bias_vocab(*sp, (*model)->hparams().n_vocab); !s) return fail(s.message());
   const lc::Tokenizer& tok = (*model)->tokenizer();
   lc::ChatTemplate tmpl = lc::detect_chat_template((*model)->file(), tok);
   if (!tmpl_name.empty()) {

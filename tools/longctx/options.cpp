@@ -263,12 +263,19 @@ void SamplingOpts::add(CLI::App* app) {
   app->add_option("--repeat-penalty", p.repeat_penalty, "repetition penalty (1 = off)")->capture_default_str();
   app->add_option("--repeat-last-n", p.repeat_last_n, "tokens considered by the penalty")->capture_default_str();
   app->add_option("--seed", seed, "random seed (-1 = from the clock)")->capture_default_str();
+  app->add_option("-l,--logit-bias", logit_bias,
+                  "add BIAS to a token's logit before sampling: TOKEN_ID+BIAS or TOKEN_ID-BIAS, BIAS in [0, 100] or "
+                  "inf (TOKEN_ID-inf bans the token); repeatable");
 }
 
 lc::Expected<lc::SamplerParams> SamplingOpts::params() const {
   lc::SamplerParams q = p;
   q.seed = seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
                     : static_cast<uint64_t>(seed);
+  for (const std::string& b : logit_bias) {
+    LC_ASSIGN_OR_RETURN(auto pair, lc::parse_logit_bias(b));
+    q.logit_bias.push_back(pair);
+  }
   LC_TRY(lc::validate(q));
   return q;
 }

@@ -85,6 +85,7 @@ lc::Expected<LoadedTokenizer> load_tokenizer(const CommonOpts& o);
 struct SamplingOpts {
   lc::SamplerParams p;
   int64_t seed = -1;
+  std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID(+|-)BIAS, repeatable
   void add(CLI::App* app);
   lc::Expected<lc::SamplerParams> params() const;
 };

@@ -173,3 +173,33 @@ test('4 concurrent streams each equal the same request alone', async () => {
     assert.equal(together[i], alone[i], `prompt ${i} (${JSON.stringify(prompts[i])}) concurrent vs alone`);
   }
 });
+
+test('logit_bias through the client: +100 on one token makes it every token; false bans the greedy one', async () => {
+  const tk = await fetch(server.url + '/tokenize', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ content: 'Once upon a time', with_pieces: true }),
+  });
+  assert.equal(tk.status, 200);
+  const { tokens } = await tk.json();
+  const { id, piece } = tokens[tokens.length - 1];
+  const forced = await client.completions.create(
+    await completionRequest('The old lighthouse keeper said', { max_tokens: 4, temperature: 1, seed: 9, logit_bias: { [id]: 100 } }));
+  assert.equal(forced.choices[0].text, piece.repeat(4));
+  // Banning the greedy first token: the first token changes.
+  const greedy = await client.completions.create(await completionRequest('Once upon a time', { max_tokens: 1 }));
+  const first = await fetch(server.url + '/tokenize', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ content: 'Once upon a time' + greedy.choices[0].text, with_pieces: true }),
+  });
+  const all = (await first.json()).tokens;
+  const greedyId = all[all.length - 1].id;
+  assert.equal(all[all.length - 1].piece, greedy.choices[0].text, 'the greedy token is the text\'s last token');
+  const banned = await client.completions.create(
+    await completionRequest('Once upon a time', { max_tokens: 1, logit_bias: { [greedyId]: false } }));
+  assert.notEqual(banned.choices[0].text, greedy.choices[0].text);
+  await assert.rejects(
+    client.completions.create(await completionRequest('Once', { logit_bias: { 99999999: 1 } })),
+    (err) => err instanceof OpenAI.APIError && err.status === 400 && /vocabulary/.test(err.message));
+});
