@@ -91,8 +91,8 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   if (grow) p.n_ctx = kGrowingContext;
   if (p.n_ctx < 1 || p.n_ctx > (int64_t{1} << 31))
     return make_error(fmt::format("context size {} is out of range", p.n_ctx));
-  if (p.n_batch < 1 || p.n_batch > 65536)
-    return make_error(fmt::format("batch size {} is out of range [1, 65536]", p.n_batch));
+  if (p.n_batch < 1 || p.n_batch > kMaxBatch)
+    return make_error(fmt::format("batch size {} is out of range [1, {}]", p.n_batch, kMaxBatch));
   p.n_batch = std::min(p.n_batch, p.n_ctx);
   if (p.n_threads < 0 || p.n_threads > 1024)
     return make_error(fmt::format("thread count {} is out of range", p.n_threads));
@@ -157,17 +157,32 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
   LC_ASSIGN_OR_RETURN(c->press_, PressRunner::create(model, p, *c->backend_));
   if (c->press_) c->hooks_.push_back(c->press_.get());
   const size_t nb = static_cast<size_t>(p.n_batch);
+  c->sub_rows_ = std::min<int64_t>(p.n_batch, kLayerRows);
+  const size_t ns = static_cast<size_t>(c->sub_rows_);
   const int64_t q_dim = hp.n_head * hp.head_dim;
   const int64_t o_dim = hp.n_head * hp.head_dim_v;
+  const int64_t kv_row = hp.n_head_kv * (hp.head_dim + hp.head_dim_v);
+  // A chunk larger than the sub-chunks (a ring shard) is refused here, with its size, when its
+  // activations would not fit in the memory the machine has free.
+  const double chunk_bytes = static_cast<double>(nb) * static_cast<double>(hp.n_embd + q_dim + kv_row + o_dim) *
+                             sizeof(float);
+  if (nb > static_cast<size_t>(kLayerRows)) {
+    const double avail = static_cast<double>(available_memory_bytes());
+    if (avail > 0 && chunk_bytes > 0.9 * avail)
+      return make_error(ErrorCode::kContextFull,
+                        fmt::format("a forward chunk of {} tokens needs {:.0f} MiB of activations and {:.0f} MiB are "
+                                    "free: use a smaller batch (-b), or more ranks for a ring shard",
+                                    p.n_batch, chunk_bytes / (1 << 20), avail / (1 << 20)));
+  }
   try {
     c->x_.resize(nb * static_cast<size_t>(hp.n_embd));
-    c->cur_.resize(nb * static_cast<size_t>(std::max({hp.n_embd, q_dim, o_dim})));
+    c->cur_.resize(ns * static_cast<size_t>(std::max({hp.n_embd, q_dim, o_dim})));
     c->q_.resize(nb * static_cast<size_t>(q_dim));
     c->k_.resize(nb * static_cast<size_t>(hp.n_head_kv * hp.head_dim));
     c->v_.resize(nb * static_cast<size_t>(hp.n_head_kv * hp.head_dim_v));
     c->attn_.resize(nb * static_cast<size_t>(o_dim));
-    c->gate_.resize(nb * static_cast<size_t>(hp.n_ff));
-    c->up_.resize(nb * static_cast<size_t>(hp.n_ff));
+    c->gate_.resize(ns * static_cast<size_t>(hp.n_ff));
+    c->up_.resize(ns * static_cast<size_t>(hp.n_ff));
     c->pos_.resize(nb);
   } catch (const std::bad_alloc&) {
     return make_error(fmt::format("out of memory allocating activations for batch size {}",
@@ -579,6 +594,7 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
                 v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
   const Model& model = lead.model_;
   ThreadPool& pool = *lead.pool_;
+  const int64_t S = lead.sub_rows_;
   // The prefill chunk (decode_mixed): rows B .. B + P - 1 are tokens [pf_i, pf_i + P) of pf's
   // pending call, at positions pf->n_past_ + t. It fails alone (pf_live), as a decode row does.
   const int64_t P = pf ? pf_m : 0;
@@ -612,24 +628,29 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
   float* attn = lead.attn_.data();
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[static_cast<size_t>(il)];
-    rows(R, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
-    if (!any_wq && !pf_wq) {
-      const TensorView* w[3] = {&L.wq, &L.wk, &L.wv};
-      float* y[3] = {q, k, v};
-      kernels::matmul_multi(w, y, cur, R, pool);
-    } else {
+    for (int64_t s = 0; s < R; s += S) {  // rows [s, s + m) of the batch, normed into cur
+      const int64_t m = std::min(S, R - s);
+      rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
+      if (!any_wq && !pf_wq) {
+        const TensorView* w[3] = {&L.wq, &L.wk, &L.wv};
+        float* y[3] = {q + s * q_dim, k + s * k_dim, v + s * v_dim};
+        kernels::matmul_multi(w, y, cur, m, pool);
+        continue;
+      }
       // qTTT's trained W_q differs per sequence: the query rows go one by one.
       const TensorView* w[2] = {&L.wk, &L.wv};
-      float* y[2] = {k, v};
-      kernels::matmul_multi(w, y, cur, R, pool);
-      for (int64_t i = 0; i < B; ++i) {
+      float* y[2] = {k + s * k_dim, v + s * v_dim};
+      kernels::matmul_multi(w, y, cur, m, pool);
+      for (int64_t i = s; i < std::min(B, s + m); ++i) {
         const Context* c = ctxs[static_cast<size_t>(i)];
         const TensorView& wq = live[static_cast<size_t>(i)] && c->has_query_weights()
                                    ? c->wq_views_[static_cast<size_t>(il)] : L.wq;
-        kernels::matmul(wq, cur + i * E, 1, q + i * q_dim, pool);
+        kernels::matmul(wq, cur + (i - s) * E, 1, q + i * q_dim, pool);
       }
-      if (P > 0)
-        kernels::matmul(pf_wq ? pf->wq_views_[static_cast<size_t>(il)] : L.wq, cur + B * E, P, q + B * q_dim, pool);
+      const int64_t p0 = std::max(B, s);  // the prefill rows of this sub-chunk
+      if (p0 < s + m)
+        kernels::matmul(pf_wq ? pf->wq_views_[static_cast<size_t>(il)] : L.wq, cur + (p0 - s) * E, s + m - p0,
+                        q + p0 * q_dim, pool);
     }
     auto fail = [&](int64_t i, const Status& s) {  // the cache is cut back after the parallel part
       out[static_cast<size_t>(i)] = s;
@@ -688,13 +709,13 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
           !s)
         pf_live = false, pf_status = s;
     if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
-    finish_layer(hp, L, R, x, cur, attn, lead.gate_.data(), lead.up_.data(), pool);
+    for (int64_t s = 0; s < R; s += S)
+      finish_layer(hp, L, std::min(S, R - s), x + s * E, cur, attn + s * o_dim, lead.gate_.data(), lead.up_.data(),
+                   pool);
   }
   // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
   const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
   const int64_t O = B + pf_out_rows;
-  rows(B, [&](int64_t i) { kernels::rmsnorm(x + i * E, model.output_norm(), cur + i * E, E, hp.rms_eps); });
-  if (pf_out_rows) kernels::rmsnorm(x + (R - 1) * E, model.output_norm(), cur + B * E, E, hp.rms_eps);
   std::vector<float>& logits = lead.batch_logits_;  // kept between steps: no allocation per token
   try {
     logits.resize(static_cast<size_t>(O * hp.n_vocab));
@@ -708,7 +729,14 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
     if (pf_live) pf_live = false, pf_status = make_error("decode_batch: out of memory for the logits");
   }
   if (logits.size() == static_cast<size_t>(O * hp.n_vocab))
-    kernels::matmul(model.output(), cur, O, logits.data(), pool);
+    for (int64_t s = 0; s < O; s += S) {  // output row i is batch row i, the last one row R - 1
+      const int64_t m = std::min(S, O - s);
+      rows(m, [&](int64_t i) {
+        const int64_t r = s + i < B ? s + i : R - 1;
+        kernels::rmsnorm(x + r * E, model.output_norm(), cur + i * E, E, hp.rms_eps);
+      });
+      kernels::matmul(model.output(), cur, m, logits.data() + s * hp.n_vocab, pool);
+    }
   for (int64_t i = 0; i < B; ++i) {
     if (!live[static_cast<size_t>(i)]) continue;
     Context& c = *ctxs[static_cast<size_t>(i)];
@@ -775,28 +803,37 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   }
 
   auto rows = [&](int64_t count, auto&& fn) { for_rows(*pool_, count, fn); };
+  const int64_t q_dim = hp.n_head * hp.head_dim, k_dim = hp.n_head_kv * hp.head_dim,
+                v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
+  const int64_t S = sub_rows_;
 
   const bool store = shard == nullptr || shard->store;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
-    rows(n, [&](int64_t t) { kernels::rmsnorm(x + t * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
-    {
-      const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
-      float* y[3] = {q_.data(), k_.data(), v_.data()};
-      kernels::matmul_multi(w, y, cur, n, *pool_);
+    const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
+    for (int64_t s = 0; s < n; s += S) {
+      const int64_t m = std::min(S, n - s);
+      rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
+      float* y[3] = {q_.data() + s * q_dim, k_.data() + s * k_dim, v_.data() + s * v_dim};
+      kernels::matmul_multi(w, y, cur, m, *pool_);
     }
     LC_TRY(attend_rows(il, L, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(), *pool_, shard));
-    finish_layer(hp, L, n, x, cur, attn_.data(), gate_.data(), up_.data(), *pool_);
+    for (int64_t s = 0; s < n; s += S)
+      finish_layer(hp, L, std::min(S, n - s), x + s * E, cur, attn_.data() + s * o_dim, gate_.data(), up_.data(),
+                   *pool_);
   }
   if (store) n_past_ += n;
 
   if (which == Logits::kNone) return ok_status();
   const int64_t first = which == Logits::kAll ? 0 : n - 1;
   const int64_t n_out = n - first;
-  rows(n_out, [&](int64_t i) {
-    kernels::rmsnorm(x + (first + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
-  });
-  kernels::matmul(model_.output(), cur, n_out, logits, *pool_);
+  for (int64_t s = 0; s < n_out; s += S) {
+    const int64_t m = std::min(S, n_out - s);
+    rows(m, [&](int64_t i) {
+      kernels::rmsnorm(x + (first + s + i) * E, model_.output_norm(), cur + i * E, E, hp.rms_eps);
+    });
+    kernels::matmul(model_.output(), cur, m, logits + s * hp.n_vocab, *pool_);
+  }
   return ok_status();
 }
 

@@ -27,6 +27,9 @@
 
 namespace lc {
 
+// The largest forward chunk (ContextParams::n_batch): a ring shard is evaluated as one chunk.
+inline constexpr int64_t kMaxBatch = int64_t{1} << 20;
+
 struct ContextParams {
   // 0: the context grows as the input needs, bounded by kv_budget, or without one by 3/4 of the
   // memory available when the context is made; N: at most N tokens (an error beyond).
@@ -294,15 +297,20 @@ class Context {
   int64_t n_past_ = 0;
   int64_t n_outputs_ = 0;
 
-  // Activations for one chunk of at most n_batch tokens.
+  // Activations for one chunk of at most n_batch tokens. The work of a layer before and after
+  // its attention goes over sub-chunks of at most sub_rows_ rows (kLayerRows), so only the
+  // residual stream, q, k, v and the attention output grow with the chunk: a ring shard of a
+  // hundred thousand tokens is one chunk.
+  static constexpr int64_t kLayerRows = 512;
+  int64_t sub_rows_ = 0;  // min(n_batch, kLayerRows)
   Buffer<float> x_;      // [n_batch, n_embd] residual stream
-  Buffer<float> cur_;    // [n_batch, max(n_embd, q_dim)]
+  Buffer<float> cur_;    // [sub_rows, max(n_embd, q_dim)]
   Buffer<float> q_;      // [n_batch, n_head * head_dim]
   Buffer<float> k_;      // [n_batch, n_head_kv * head_dim]
   Buffer<float> v_;      // [n_batch, n_head_kv * head_dim_v]
   Buffer<float> attn_;   // [n_batch, n_head * head_dim_v]
-  Buffer<float> gate_;   // [n_batch, n_ff]
-  Buffer<float> up_;     // [n_batch, n_ff]
+  Buffer<float> gate_;   // [sub_rows, n_ff]
+  Buffer<float> up_;     // [sub_rows, n_ff]
   std::vector<int32_t> pos_;  // [n_batch]
   std::vector<float> logits_; // [n_outputs, n_vocab]
   std::vector<float> batch_logits_;  // decode_batch's [B, n_vocab] when this context leads a batch

@@ -277,6 +277,55 @@ TEST(DecodeBatch, PrefillChunkMergedIntoTheBatchPass) {
   }
 }
 
+// A chunk larger than the layer's sub-chunks (512 rows: the norms, projections and MLP go over
+// them, so that only x, q, k, v and the attention output grow with a chunk; a ring shard is one
+// chunk): every logit of a 1,300-token chunk, and a 1,200-row prefill merged with three decode
+// rows, equal the same tokens evaluated in 64-token chunks (whose path the golden tests check).
+TEST(DecodeBatch, ChunksLargerThanTheLayerSubChunksEqualSmallChunks) {
+  const int64_t nv = stories().hparams().n_vocab;
+  auto make_big = [](int64_t n_batch) {
+    ContextParams p;
+    p.n_ctx = 2048;
+    p.n_batch = n_batch;
+    p.n_threads = 2;
+    p.kv_block = 16;
+    auto c = Context::create(stories(), p);
+    EXPECT_TRUE(c.has_value()) << (c ? "" : c.error().message);
+    return std::move(*c);
+  };
+  const auto p = prompt(1300, 3);
+  auto big = make_big(1300), small = make_big(64);
+  ASSERT_TRUE(big->decode(p, Logits::kAll).is_ok());
+  ASSERT_TRUE(small->decode(p, Logits::kAll).is_ok());
+  for (int64_t t = 0; t < 1300; t += 1)
+    ASSERT_LE(max_abs_diff(big->logits(t), small->logits(t), nv), 1e-4) << "token " << t;
+
+  std::vector<std::unique_ptr<Context>> rows, rows_ref;
+  for (int64_t i = 0; i < 3; ++i) {
+    rows.push_back(make_big(1300));
+    rows_ref.push_back(make_big(64));
+    ASSERT_TRUE(rows.back()->decode(prompt(20 + i, i), Logits::kLast).is_ok());
+    ASSERT_TRUE(rows_ref.back()->decode(prompt(20 + i, i), Logits::kLast).is_ok());
+  }
+  auto pf = make_big(1300), pf_ref = make_big(64);
+  const auto q = prompt(1200, 5);
+  ASSERT_TRUE(pf->begin_decode(q, Logits::kLast).is_ok());
+  std::vector<Context*> ptrs, ptrs_ref;
+  for (size_t i = 0; i < rows.size(); ++i) ptrs.push_back(rows[i].get()), ptrs_ref.push_back(rows_ref[i].get());
+  const std::vector<int32_t> next = {7, 8, 9};
+  Context::MixedResult mr = Context::decode_mixed(ptrs, next, *pf, 0);
+  EXPECT_TRUE(mr.merged);
+  ASSERT_TRUE(mr.prefill.has_value()) << mr.prefill.error().message;
+  EXPECT_TRUE(*mr.prefill);  // the whole prompt in one pass
+  ASSERT_TRUE(pf_ref->decode(q, Logits::kLast).is_ok());
+  EXPECT_LE(max_abs_diff(pf->logits(0), pf_ref->logits(0), nv), 1e-4);
+  for (const Status& st : Context::decode_batch(ptrs_ref, next)) ASSERT_TRUE(st.is_ok()) << st.message();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_TRUE(mr.rows[i].is_ok()) << mr.rows[i].message();
+    EXPECT_LE(max_abs_diff(rows[i]->logits(0), rows_ref[i]->logits(0), nv), 1e-4) << i;
+  }
+}
+
 // What cannot share the pass runs as two (same results), and misuse is an error.
 TEST(DecodeBatch, MixedFallbackAndErrors) {
   const int64_t nv = stories().hparams().n_vocab;

@@ -103,3 +103,22 @@ TEST(ModelErrors, PromptLongerThanContext) {
 
 }  // namespace
 }  // namespace lc
+
+namespace lc {
+namespace {
+
+TEST(ModelErrors, BatchSizeOutOfRange) {
+  auto m = Model::load(kModels + "stories260K.gguf");
+  ASSERT_TRUE(m.has_value());
+  for (int64_t b : {int64_t{0}, kMaxBatch + 1}) {
+    ContextParams p;
+    p.n_ctx = kMaxBatch + 8;
+    p.n_batch = b;
+    auto ctx = Context::create(**m, p);
+    ASSERT_FALSE(ctx.has_value()) << b;
+    EXPECT_NE(ctx.error().message.find("batch size"), std::string::npos) << ctx.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace lc

@@ -150,7 +150,7 @@ int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& 
     // Ring attention evaluates each rank's shard in one forward chunk.
     // (+1: a zigzag shard's two pieces of n / 2N tokens each may round up together)
     const int64_t shard = (static_cast<int64_t>(pr.tokens.size()) + comm->size() - 1) / comm->size() + 1;
-    co.n_batch = std::clamp<int64_t>(shard, co.n_batch, 65536);
+    co.n_batch = std::clamp<int64_t>(shard, co.n_batch, lc::kMaxBatch);
   }
   auto session = make_session(**model, co, qttt_spec);
   if (!session) return bail(session.error().message);
