@@ -1,6 +1,7 @@
 #include <cmath>
 // Kernel throughput on the SmolLM2-135M shapes (n_embd 576, n_ff 1536, kv 192, vocab 49152):
-// matmul for each weight type at n_tokens = 1 (decode gemv) and 512 (prefill GEMM) with 1 and
+// matmul for each weight type at n_tokens = 1 (decode gemv), 4 (a batch of four decoding
+// sequences) and 512 (prefill GEMM) with 1 and
 // 2 threads, plus the row kernels. Counters: GFLOP/s (2 * n_in * n_out * n_tokens per call)
 // and weight bytes streamed per second (bytes/s = weight bytes * calls / s).
 //
@@ -138,7 +139,7 @@ int register_all() {
       // k-quants need rows of whole 256-blocks: the 576-wide matrices cannot be k-quants
       // (llama.cpp falls back to legacy types for them), so only 1536x576 runs for those.
       if (s.n_in % traits(t).block_size != 0) continue;
-      for (int64_t nt : {1, 512})
+      for (int64_t nt : {1, 4, 512})  // 4: a decode batch of four sequences (a server)
         for (int th : {1, 2}) {
           const bool flt = !traits(t).quantized;
           for (FloatGemm fg : {FloatGemm::kOwn, FloatGemm::kBlas}) {

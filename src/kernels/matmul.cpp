@@ -798,11 +798,19 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
         const uint8_t* gp = pk + static_cast<size_t>(g * nb) * P::kBytes;
         float* yg = y + g * kPackRows;
         int64_t t = p0;
+        // Full tiles, then the rest in tiles of 4, 2 and 1 tokens (a decode batch of a few
+        // sequences reads each group's weights once, not once per token).
         if constexpr (P::kQK == 256) {
           for (; t + kPackCols <= p1; t += kPackCols) packed_tile_k<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
+          if constexpr (kPackCols > 4)
+            for (; t + 4 <= p1; t += 4) packed_tile_k<P, 4>(gp, a, t, yg + t * n_out, n_out);
+          for (; t + 2 <= p1; t += 2) packed_tile_k<P, 2>(gp, a, t, yg + t * n_out, n_out);
           for (; t < p1; ++t) packed_tile_k<P, 1>(gp, a, t, yg + t * n_out, n_out);
         } else {
           for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
+          if constexpr (kPackCols > 4)
+            for (; t + 4 <= p1; t += 4) packed_tile<P, 4>(gp, a, t, yg + t * n_out, n_out);
+          for (; t + 2 <= p1; t += 2) packed_tile<P, 2>(gp, a, t, yg + t * n_out, n_out);
           for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out);
         }
       }
@@ -1088,6 +1096,9 @@ void packed_rows_f(const TensorView& w, const float* x, int64_t nt, int64_t o0, 
     float* yg = y + g * kPackRows;
     int64_t t = t0;
     for (; t + kPfCols <= t1; t += kPfCols) packed_tile_f<T, G, kPfCols>(gp, gs, x, n, t, yg + t * n_out, n_out);
+    if constexpr (kPfCols > 4)
+      for (; t + 4 <= t1; t += 4) packed_tile_f<T, G, 4>(gp, gs, x, n, t, yg + t * n_out, n_out);
+    for (; t + 2 <= t1; t += 2) packed_tile_f<T, G, 2>(gp, gs, x, n, t, yg + t * n_out, n_out);
     for (; t < t1; ++t) packed_tile_f<T, G, 1>(gp, gs, x, n, t, yg + t * n_out, n_out);
   };
   if (g1 > g0) {
