@@ -305,6 +305,7 @@ void Router::routes() {
         release(k, t, ok, now_seconds() - t0);
         if (ok) {
           res.status = r->status;
+          res.set_header("X-Longctx-Backend", b.url);  // which backend answered (not on streams)
           res.set_content(r->body, r->get_header_value("Content-Type"));
           return;
         }

@@ -27,6 +27,13 @@ const std::string kStories = kGolden + "models/stories260K.gguf";
 using lc_cli::Result;
 using lc_cli::run;
 
+// `longctx ARGS` exits with 1 and says `why`.
+void expect_error(const std::string& args, const std::string& why) {
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 1) << args;
+  EXPECT_NE(r.out.find(why), std::string::npos) << args << ": " << r.out;
+}
+
 std::string write_file(const std::string& name, const std::string& bytes) {
   const std::string path = testing::TempDir() + name;
   std::ofstream(path, std::ios::binary) << bytes;
@@ -78,12 +85,9 @@ TEST(Cli, BadFlagIsAnError) {
   EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
   r = run("run -m " + kStories + " -n -5");
   EXPECT_NE(r.code, 0);
-  r = run("run -m " + kStories + " -p hi -n 1 --logit-bias 3+500");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--logit-bias '3+500': the bias must be in [-100, 100]"), std::string::npos) << r.out;
-  r = run("run -m " + kStories + " -p hi -n 1 --logit-bias 99999+1");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("token id 99999 is not in the vocabulary"), std::string::npos) << r.out;
+  expect_error("run -m " + kStories + " -p hi -n 1 --logit-bias 3+500",
+               "--logit-bias '3+500': the bias must be in [-100, 100]");
+  expect_error("run -m " + kStories + " -p hi -n 1 --logit-bias 99999+1", "token id 99999 is not in the vocabulary");
 }
 
 // --logit-bias against the definition: with +100 on one token every sampled token is that one
@@ -240,15 +244,10 @@ TEST(Cli, BenchSpeedTimesEachBackendOverOneFill) {
   for (std::string line; std::getline(rows, line);) attn.insert(nlohmann::json::parse(line)["attn"].get<std::string>());
   EXPECT_EQ(attn, (std::set<std::string>{"dense", "infllm:sinks=128,local=128,block=128,topk=1",
                                          "lychee:block=64,sinks=64,local=256,budget=128,retrieval=1"}));
-  r = run("bench run -m " + kStories + " --task passkey -L 700 --budget 512 -o " + out + "x");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("runs the model's default attention"), std::string::npos) << r.out;
-  r = run("bench speed -m " + kStories + " -p 16 -n 2 -a nosuch");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("nosuch"), std::string::npos) << r.out;
-  r = run("bench speed -m " + kStories + " -p 16 -n 2 --fill-attn quest:page=0");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--fill-attn"), std::string::npos) << r.out;
+  expect_error("bench run -m " + kStories + " --task passkey -L 700 --budget 512 -o " + out + "x",
+               "runs the model's default attention");
+  expect_error("bench speed -m " + kStories + " -p 16 -n 2 -a nosuch", "nosuch");
+  expect_error("bench speed -m " + kStories + " -p 16 -n 2 --fill-attn quest:page=0", "--fill-attn");
 }
 
 // --interleave takes the repetitions in turns across the backends; a backend that evicts

@@ -123,6 +123,13 @@ TEST(Route, EveryPolicyRoutesEachRequestOnceAndAnswersAsTheBackend) {
     EXPECT_EQ(routed, 12) << policy;
     EXPECT_EQ(completed, 12) << policy;
     EXPECT_EQ(failed, 0) << policy;
+    // A non-streamed answer names the backend that gave it.
+    httplib::Client c("127.0.0.1", r.port);
+    auto one = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 1}}.dump(), "application/json");
+    ASSERT_TRUE(one) << policy;
+    const std::string via = one->get_header_value("X-Longctx-Backend");
+    EXPECT_TRUE(via == fmt::format("http://127.0.0.1:{}", b1.port) || via == fmt::format("http://127.0.0.1:{}", b2.port))
+        << policy << ": '" << via << "'";
   }
 }
 
