@@ -95,20 +95,20 @@ Status Comm::wait(void* requests, int n, const std::string& what, const int* pee
     if (done) return ok_status();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (waited > timeout_s_) {
-      // The peers whose message has not come: requests still open (MPI_Testall completes none
-      // unless all are done, so each is tested alone).
+      // The peers whose message has not come: receives still open (MPI_Testall completes none
+      // unless all are done, so each is tested alone). When every receive is in, the rank that
+      // never took a message sent to it (a stopped receiver holds a large send) is named.
       std::string who;
-      int n_missing = 0;
-      for (int i = 0; i < n; ++i) {
-        if (peers[i] < 0) continue;
-        int one = 0;
-        MPI_Test(&req[i], &one, MPI_STATUS_IGNORE);
-        if (!one) {
-          who += fmt::format("{}{}", n_missing ? ", " : "", peers[i]);
-          ++n_missing;
+      for (const bool sends : {false, true}) {
+        for (int i = 0; i < n; ++i) {
+          if ((peers[i] < 0) != sends) continue;
+          int one = 0;
+          MPI_Test(&req[i], &one, MPI_STATUS_IGNORE);
+          if (!one) who += fmt::format("{}{}", who.empty() ? "" : ", ", sends ? ~peers[i] : peers[i]);
         }
+        if (!who.empty()) break;
       }
-      if (n_missing == 0) who = "its peers";
+      if (who.empty()) who = "? (every message came)";
       return make_error(fmt::format("{} waited {:.0f} s (--cp-timeout) for rank {}: it died or hangs", what, waited,
                                     who));
     }
@@ -122,7 +122,7 @@ Status Comm::sendrecv(const void* send, size_t bytes, int to, void* recv, size_t
   LC_TRY(check_count(bytes, "ring step"));
   LC_TRY(check_count(rbytes, "ring step"));
   MPI_Request r[2];
-  const int peers[2] = {from, -1};  // only a missing receive names a peer: a send may wait on its receiver
+  const int peers[2] = {from, ~to};
   if (int rc = MPI_Irecv(recv, static_cast<int>(rbytes), MPI_BYTE, from, kTagRing, MPI_COMM_WORLD, &r[0]);
       rc != MPI_SUCCESS)
     return make_error(fmt::format("receive from rank {}: {}", from, mpi_error(rc)));
@@ -153,7 +153,7 @@ Status Comm::allgather(const void* send, size_t bytes, void* recv) {
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     req.emplace_back();
-    peers.push_back(-1);
+    peers.push_back(~j);
     if (int rc = MPI_Isend(send, static_cast<int>(bytes), MPI_BYTE, j, kTagGather, MPI_COMM_WORLD, &req.back());
         rc != MPI_SUCCESS)
       return make_error(fmt::format("gather: send to rank {}: {}", j, mpi_error(rc)));
@@ -170,7 +170,7 @@ Status Comm::bcast(void* buf, size_t bytes, int root) {
     for (int j = 0; j < size_; ++j) {
       if (j == root) continue;
       req.emplace_back();
-      peers.push_back(-1);
+      peers.push_back(~j);
       if (int rc = MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, j, kTagBcast, MPI_COMM_WORLD, &req.back());
           rc != MPI_SUCCESS)
         return make_error(fmt::format("broadcast: send to rank {}: {}", j, mpi_error(rc)));
@@ -213,7 +213,7 @@ Expected<std::vector<std::string>> Comm::gather_strings(const std::string& mine,
   } else {
     LC_TRY(check_count(mine.size(), "gather"));
     req.emplace_back();
-    peers.push_back(-1);
+    peers.push_back(~root);
     if (int rc = MPI_Isend(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, root, kTagGather, MPI_COMM_WORLD,
                            &req.back());
         rc != MPI_SUCCESS)

@@ -49,7 +49,8 @@ class Comm {
  private:
   Comm() = default;
   // Waits for the requests with the deadline; `what` names the operation in the error, and
-  // peers[i] the rank request i receives from (-1: a send), to name the ones that never came.
+  // peers[i] the rank request i receives from, or ~rank for a send to that rank, to name the
+  // ranks that never sent (or, when every message came, never took one).
   Status wait(void* requests, int n, const std::string& what, const int* peers);
 
   int rank_ = 0, size_ = 1;

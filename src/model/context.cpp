@@ -28,8 +28,8 @@ void for_rows(ThreadPool& pool, int64_t count, Fn&& fn) {
 
 // The rest of layer L after attention, over n rows of the residual stream x [n, n_embd]:
 // x += W_o attn; x += W_down swiglu(W_gate h, W_up h) with h = ffn_norm(x). cur, gate, up: scratch.
-void finish_layer(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
-                  float* gate, float* up, ThreadPool& pool) {
+void finish_rows(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
+                 float* gate, float* up, ThreadPool& pool) {
   const int64_t E = hp.n_embd;
   kernels::matmul(L.wo, attn, n, cur, pool);
   for_rows(pool, n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
@@ -44,6 +44,14 @@ void finish_layer(const HParams& hp, const LayerWeights& L, int64_t n, float* x,
   });
   kernels::matmul(L.w_down, gate, n, cur, pool);
   for_rows(pool, n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
+}
+
+// finish_rows over sub-chunks of at most `sub` rows: cur, gate and up hold `sub` rows.
+void finish_layer(const HParams& hp, const LayerWeights& L, int64_t n, int64_t sub, float* x, float* cur,
+                  const float* attn, float* gate, float* up, ThreadPool& pool) {
+  const int64_t E = hp.n_embd, o_dim = hp.n_head * hp.head_dim_v;
+  for (int64_t s = 0; s < n; s += sub)
+    finish_rows(hp, L, std::min(sub, n - s), x + s * E, cur, attn + s * o_dim, gate, up, pool);
 }
 
 LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<float>& freq_factors) {
@@ -426,7 +434,7 @@ Expected<bool> Context::decode_sharded() {
     return st.error();
   };
   bool have_logits = false;
-  std::vector<int32_t> step_tokens;
+  std::vector<int32_t>& step_tokens = shard_tokens_;  // kept between calls: no allocation per token
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const ShardStep& st = plan.steps[i];
     const int64_t rows = st.count + st.tail_count;
@@ -709,9 +717,7 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
           !s)
         pf_live = false, pf_status = s;
     if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
-    for (int64_t s = 0; s < R; s += S)
-      finish_layer(hp, L, std::min(S, R - s), x + s * E, cur, attn + s * o_dim, lead.gate_.data(), lead.up_.data(),
-                   pool);
+    finish_layer(hp, L, R, S, x, cur, attn, lead.gate_.data(), lead.up_.data(), pool);
   }
   // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
   const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
@@ -818,9 +824,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       kernels::matmul_multi(w, y, cur, m, *pool_);
     }
     LC_TRY(attend_rows(il, L, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(), *pool_, shard));
-    for (int64_t s = 0; s < n; s += S)
-      finish_layer(hp, L, std::min(S, n - s), x + s * E, cur, attn_.data() + s * o_dim, gate_.data(), up_.data(),
-                   *pool_);
+    finish_layer(hp, L, n, S, x, cur, attn_.data(), gate_.data(), up_.data(), *pool_);
   }
   if (store) n_past_ += n;
 

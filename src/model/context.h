@@ -303,6 +303,7 @@ class Context {
   // hundred thousand tokens is one chunk.
   static constexpr int64_t kLayerRows = 512;
   int64_t sub_rows_ = 0;  // min(n_batch, kLayerRows)
+  std::vector<int32_t> shard_tokens_;  // decode_sharded: one step's tokens
   Buffer<float> x_;      // [n_batch, n_embd] residual stream
   Buffer<float> cur_;    // [sub_rows, max(n_embd, q_dim)]
   Buffer<float> q_;      // [n_batch, n_head * head_dim]
