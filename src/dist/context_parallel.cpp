@@ -39,7 +39,10 @@ void merge_row(float* o1, float& l1, const float* o2, float l2, int64_t dv) {
 
 std::string CpParams::spec() const {
   if (mode == CpMode::kRing) return zigzag ? "ring" : "ring:split=contiguous";
-  return anchor > 0 ? fmt::format("star:anchor={}", anchor) : "star";
+  std::string s = "star";
+  if (anchor > 0) s += fmt::format(":anchor={}", anchor);
+  if (block > 0) s += fmt::format("{}block={}", anchor > 0 ? "," : ":", block);
+  return s;
 }
 
 Expected<CpParams> parse_cp(std::string_view text) {
@@ -60,9 +63,12 @@ Expected<CpParams> parse_cp(std::string_view text) {
     LC_TRY(spec.get_int("anchor", &p.anchor, 0, int64_t{1} << 30,
                         "tokens of the anchor block every rank but the first reads before its own block (0: the "
                         "first context block, as Star Attention does)"));
+    LC_TRY(spec.get_int("block", &p.block, 0, int64_t{1} << 30,
+                        "tokens per context block; the blocks are shared out in runs, each rank evaluating each of "
+                        "its blocks after the anchor (0: one block per rank)"));
   } else {
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("--cp: unknown mode '{}' (ring[:split=zigzag|contiguous] or star[:anchor=N])",
+                      fmt::format("--cp: unknown mode '{}' (ring[:split=zigzag|contiguous] or star[:anchor=A,block=B])",
                                   spec.name()));
   }
   LC_TRY(spec.finish());
@@ -171,9 +177,18 @@ Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("--cp star: the context has {} tokens (the prompt's {} less the query's {}), fewer "
                                   "than the {} ranks", D, n, q, N));
-  cuts_.assign(static_cast<size_t>(N + 1), 0);
-  for (int j = 0; j <= N; ++j) cuts_[static_cast<size_t>(j)] = D * j / N;
-  const int64_t a = cuts_[static_cast<size_t>(r)], b = cuts_[static_cast<size_t>(r + 1)];
+  // Context blocks: `block` tokens each (the last one shorter), or one per rank; rank r gets the
+  // run [nb r / N, nb (r + 1) / N) of the nb blocks.
+  const int64_t B = p_.block;
+  const int64_t nb = B > 0 ? (D + B - 1) / B : N;
+  if (nb < N)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("--cp {}: the context's {} tokens make {} block(s) of {}, fewer than the {} ranks "
+                                  "(use a smaller block)", p_.spec(), D, nb, B, N));
+  cuts_.assign(static_cast<size_t>(nb + 1), 0);
+  for (int64_t j = 0; j <= nb; ++j) cuts_[static_cast<size_t>(j)] = B > 0 ? std::min(j * B, D) : D * j / N;
+  const int64_t j0 = nb * r / N, j1 = nb * (r + 1) / N;
+  const int64_t a = cuts_[static_cast<size_t>(j0)], b = cuts_[static_cast<size_t>(j1)];
   auto local = [&](int64_t first, int64_t count, int64_t pos0) {
     for (int64_t i = 0; i < count; i += chunk) {
       ShardStep s;
@@ -183,11 +198,39 @@ Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
       plan.steps.push_back(s);
     }
   };
-  const int64_t anchor = r > 0 ? std::min(p_.anchor > 0 ? p_.anchor : cuts_[1], a) : 0;
-  local(0, anchor, 0);
-  local(a, b - a, a);
+  // Each block after the anchor (the first block has none), alone: before a block's first
+  // step the previous block's anchor is dropped and the previous block set aside; before the
+  // query's first step the last anchor is dropped and every block comes back.
+  const int64_t anchor_len = p_.anchor > 0 ? std::min(p_.anchor, D) : cuts_[1];
+  int64_t at = 0;                          // the call's stored tokens so far (ShardStep offsets)
+  int64_t prev_anchor = 0, prev_len = 0;   // the previous block's anchor and block
+  bool set_aside = false;
+  stats_.prefill_pairs = 0;
+  stats_.star_blocks = j1 - j0;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t first = cuts_[static_cast<size_t>(j)], len = cuts_[static_cast<size_t>(j + 1)] - first;
+    const int64_t anchor = j > 0 ? std::min(anchor_len, first) : 0;
+    const size_t step0 = plan.steps.size();
+    local(0, anchor, 0);
+    local(first, len, first);
+    if (j > j0) {
+      ShardStep& s = plan.steps[step0];
+      s.drop_first = at - prev_len - prev_anchor;
+      s.drop_count = prev_anchor;
+      s.hide_first = at - prev_len;
+      s.hide_count = prev_len;
+      set_aside = true;
+    }
+    at += anchor + len;
+    stats_.prefill_pairs += (anchor + len) * (anchor + len + 1) / 2;
+    prev_anchor = anchor;
+    prev_len = len;
+  }
+  const size_t q0 = plan.steps.size();
   for (int64_t i = D; i < n; i += chunk) plan.steps.push_back(global_step(i, std::min(chunk, n - i)));
-  plan.steps[static_cast<size_t>(plan.steps.size() - (n - D + chunk - 1) / chunk)].drop_before = anchor;
+  plan.steps[q0].drop_first = at - prev_len - prev_anchor;
+  plan.steps[q0].drop_count = prev_anchor;
+  plan.steps[q0].restore = set_aside;
   stats_.shard_first = a;
   stats_.shard_end = b;
   stats_.tail_first = stats_.tail_end = 0;
@@ -257,7 +300,7 @@ Status ContextParallel::ring_merge(int64_t il, int64_t n, const float* q, const 
   ring_pieces(r, &a, &b, &c, &d);
   const int64_t own_early = b - a;
   // Its own shard's causal pairs: each piece with itself, and the late piece with the early one.
-  if (il == 0) stats_.ring_pairs = own_early * (own_early + 1) / 2 + (n - own_early) * (n - own_early + 1) / 2 +
+  if (il == 0) stats_.prefill_pairs = own_early * (own_early + 1) / 2 + (n - own_early) * (n - own_early + 1) / 2 +
                                    (n - own_early) * own_early;
   const int to = (r + 1) % N, from = (r - 1 + N) % N;
   for (int s = 1; s < N; ++s) {
@@ -291,7 +334,7 @@ Status ContextParallel::attend_block(int64_t il, int64_t r0, int64_t n, const fl
   if (n <= 0 || m <= 0) return ok_status();
   const AttnShape& sh = ctx_.attention().shape();
   const int64_t H = sh.n_head, dv = sh.head_dim_v, rows = n * H;
-  if (il == 0) stats_.ring_pairs += n * m;
+  if (il == 0) stats_.prefill_pairs += n * m;
   scratch_->clear();
   LC_TRY(scratch_->append(il, m, k, v, kpos));
   part_.resize(static_cast<size_t>(rows * dv));

@@ -17,9 +17,10 @@
 //   split of Megatron-LM's context parallelism and of zhuzilin/ring-flash-attention).
 // star (approximate): Star Attention (Acharya et al. 2024, "Star Attention: Efficient LLM
 //   Inference over Long Sequences"). Phase 1: the context (the prompt without its query) is
-//   split into N blocks; every rank but the first evaluates its block after the anchor, the
-//   first block, and then drops the anchor's keys and values: local attention only, no
-//   communication. Phase 2: the query attends every rank's cache; each rank sends only its
+//   split into blocks, one per rank or `block` tokens each (the paper's block size), and each
+//   rank takes a run of them; every block but the first is evaluated after the anchor (the
+//   first block) and alone (the rank's earlier blocks set aside), and the anchor's keys and
+//   values are dropped: local attention only, no communication. Phase 2: the query attends every rank's cache; each rank sends only its
 //   partial output and log-sum-exp per head, and the merge is exact.
 // Decoding, in both: every rank runs the new token's forward pass; it attends each rank's shard
 // (dense, fixed, quest or quest_fast attention) and the partials merge as in phase 2. With
@@ -48,19 +49,22 @@ struct CpParams {
   CpMode mode = CpMode::kRing;
   bool zigzag = true;  // ring: split=zigzag (else contiguous shards)
   int64_t anchor = 0;  // star: tokens of the anchor block (0: the first context block, as the paper)
+  int64_t block = 0;   // star: tokens per context block (0: one block per rank)
   std::string spec() const;
 };
 
-// "ring", "star" or "star:anchor=N"; errors name the mode or key.
+// "ring[:split=zigzag|contiguous]" or "star[:anchor=A,block=B]"; errors name the mode or key.
 Expected<CpParams> parse_cp(std::string_view spec);
 
 struct CpStats {
   int64_t shard_first = 0, shard_end = 0;  // this rank's tokens of the first prompt
   int64_t tail_first = 0, tail_end = 0;    // and its second run of them (zigzag), else empty
   int64_t shard_tokens() const { return shard_end - shard_first + tail_end - tail_first; }
-  // Ring prompt: the (query, key) pairs this rank attended in one layer, its own shard's causal
-  // pairs and the other ranks' blocks' (the ranks' work; over all ranks, n (n + 1) / 2).
-  int64_t ring_pairs = 0;
+  // The first prompt's (query, key) pairs this rank attended in one layer. Ring: its own shard's
+  // causal pairs and the other ranks' blocks' (over all ranks, n (n + 1) / 2). Star, phase 1:
+  // each of its blocks after its anchor, T (T + 1) / 2 for T = anchor + block tokens.
+  int64_t prefill_pairs = 0;
+  int64_t star_blocks = 0;  // star: this rank's context blocks
   double t_comm = 0;  // seconds in ring steps and gathers: the transfers and the waits for other ranks
   uint64_t bytes_sent = 0;
 };

@@ -27,9 +27,9 @@ Expected<PrefillFit> PrefillFit::fit(const std::vector<std::pair<double, double>
 double one_host_prefill(const PrefillFit& f, double T) { return f.seconds(T, T * T / 2); }
 
 double star_prefill(const PrefillFit& f, const ScaleCase& c) {
-  const double B = c.tokens / c.hosts;
   if (c.hosts == 1) return one_host_prefill(f, c.tokens);
-  return f.seconds(2 * B, 2 * B * B);  // anchor + block: (2B)^2 / 2 pairs
+  const double k = c.star_blocks, B = c.tokens / (k * c.hosts);
+  return f.seconds(k * 2 * B, k * 2 * B * B);  // k times anchor + block: (2B)^2 / 2 pairs
 }
 
 double ring_prefill(const PrefillFit& f, const ScaleCase& c, const Network& net) {

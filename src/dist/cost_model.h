@@ -4,9 +4,10 @@
 // * one host's prefill of T tokens takes a*T + b*T^2 seconds (per-token work: the matrices;
 //   pairwise work: causal attention), a and b fitted by least squares to measured times;
 // * a rank's compute is the same function of the tokens and query-key pairs it handles;
-// * star (Acharya et al. 2024): every rank but the first evaluates the anchor (one block of
-//   T/N tokens) and then its block: 2B tokens and (2B)^2/2 pairs, B = T/N; no communication
-//   until the query, whose cost is ignored (a few tokens);
+// * star (Acharya et al. 2024): the context is cut into k blocks per host (B = T/(kN) tokens
+//   each); every rank but the first evaluates each of its k blocks after the anchor (the first
+//   block): 2kB tokens and k (2B)^2/2 pairs; no communication until the query, whose cost is
+//   ignored (a few tokens);
 // * ring, contiguous shards: rank r evaluates B tokens whose queries see B^2/2 pairs of its own
 //   and r*B^2 of earlier shards; the last rank is the slowest (B^2 (N - 1/2) pairs);
 // * ring, zigzag shards (the default): every rank evaluates B tokens and T^2/(2N) = N B^2/2
@@ -43,6 +44,7 @@ struct ScaleCase {
   int64_t layers = 1;
   double wire_bytes_per_token = 0;  // keys + values + position of one token in one layer
   bool zigzag = true;               // ring: the zigzag split (else contiguous shards)
+  int star_blocks = 1;              // star: context blocks per host (k)
 };
 
 double one_host_prefill(const PrefillFit& f, double tokens);

@@ -434,7 +434,21 @@ Expected<bool> Context::decode_sharded() {
     return st.error();
   };
   bool have_logits = false;
-  std::vector<int32_t>& step_tokens = shard_tokens_;  // kept between calls: no allocation per token
+  // Kept between calls (no allocation per generated token): one step's tokens, and the call's
+  // stored tokens the cache holds now, as (offset of the sequence index from n_before, token).
+  std::vector<int32_t>& step_tokens = shard_tokens_;
+  std::vector<std::pair<int64_t, int32_t>>& held = shard_held_;
+  held.clear();
+  std::vector<KvFragment> aside;  // set-aside tokens (ShardStep::hide_*), with their entries
+  std::vector<std::pair<int64_t, int32_t>> aside_held;
+  // Moves held's entries in [first, first + count) to `to` (or drops them).
+  auto take = [&](int64_t first, int64_t count, std::vector<std::pair<int64_t, int32_t>>* to) {
+    auto it = std::stable_partition(held.begin(), held.end(), [&](const auto& e) {
+      return e.first < first || e.first >= first + count;
+    });
+    if (to) to->insert(to->end(), it, held.end());
+    held.erase(it, held.end());
+  };
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const ShardStep& st = plan.steps[i];
     const int64_t rows = st.count + st.tail_count;
@@ -447,24 +461,45 @@ Expected<bool> Context::decode_sharded() {
       return undo(make_error(ErrorCode::kContextFull,
                              fmt::format("{} tokens do not fit: {} already in this process's context of {} "
                                          "(raise --ctx-size)", rows, n_past_, params_.n_ctx)));
-    if (st.drop_before > 0) {
-      if (st.drop_before > n_past_ - n_before)
-        return undo(make_error("sequence parallel: a step drops more tokens than the call stored"));
-      auto frag = kv_->extract(n_before, st.drop_before);
+    const int64_t stored = n_past_ - n_before;
+    for (const auto& [first, count] : {std::pair{st.drop_first, st.drop_count}, std::pair{st.hide_first, st.hide_count}})
+      if (count < 0 || (count > 0 && (first < 0 || first + count > stored)))
+        return undo(make_error(fmt::format("sequence parallel: a step drops or sets aside tokens [{}, {}) of the "
+                                           "{} the call stored", first, first + count, stored)));
+    if (st.drop_count > 0) {
+      auto frag = kv_->extract(n_before + st.drop_first, st.drop_count);
       if (!frag) return undo(frag.error());
-      // tokens_ lists what the cache holds: the dropped tokens leave it too.
-      tokens_.erase(tokens_.begin() + static_cast<int64_t>(tokens_before),
-                    tokens_.begin() + static_cast<int64_t>(tokens_before) + st.drop_before);
+      take(st.drop_first, st.drop_count, nullptr);
+    }
+    if (st.hide_count > 0) {
+      auto frag = kv_->extract(n_before + st.hide_first, st.hide_count);
+      if (!frag) return undo(frag.error());
+      aside.push_back(std::move(*frag));
+      take(st.hide_first, st.hide_count, &aside_held);
+    }
+    if (st.restore) {
+      for (const KvFragment& f : aside)
+        if (Status s = kv_->insert(f); !s) return undo(s);
+      aside.clear();
+      held.insert(held.end(), aside_held.begin(), aside_held.end());
+      aside_held.clear();
     }
     step_tokens.assign(tokens.begin() + st.first, tokens.begin() + st.first + st.count);
     step_tokens.insert(step_tokens.end(), tokens.begin() + st.tail_first,
                        tokens.begin() + st.tail_first + st.tail_count);
     const int64_t end = st.tail_count > 0 ? st.tail_first + st.tail_count : st.first + st.count;
     const Logits w = call.which == Logits::kLast && end == n ? Logits::kLast : Logits::kNone;
+    const int64_t seq0 = n_past_ - n_before;
     if (Status s = forward_chunk(step_tokens.data(), rows, w, logits_.data(), st.pos0, &st); !s) return undo(s);
-    if (st.store) tokens_.insert(tokens_.end(), step_tokens.begin(), step_tokens.end());
+    if (st.store)
+      for (int64_t j = 0; j < rows; ++j) held.emplace_back(seq0 + j, step_tokens[static_cast<size_t>(j)]);
     have_logits |= w == Logits::kLast;
   }
+  if (!aside.empty())
+    return undo(make_error("sequence parallel: a plan set tokens aside and never brought them back"));
+  // tokens_ lists what the cache holds, in sequence order.
+  std::sort(held.begin(), held.end());
+  for (const auto& e : held) tokens_.push_back(e.second);
   if (call.which == Logits::kLast)
     if (Status s = sp_->share_logits(logits_.data(), hp_.n_vocab, have_logits); !s) return undo(s);
   return true;
@@ -810,7 +845,7 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
 
   auto rows = [&](int64_t count, auto&& fn) { for_rows(*pool_, count, fn); };
   const int64_t q_dim = hp.n_head * hp.head_dim, k_dim = hp.n_head_kv * hp.head_dim,
-                v_dim = hp.n_head_kv * hp.head_dim_v, o_dim = hp.n_head * hp.head_dim_v;
+                v_dim = hp.n_head_kv * hp.head_dim_v;
   const int64_t S = sub_rows_;
 
   const bool store = shard == nullptr || shard->store;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -304,6 +305,7 @@ class Context {
   static constexpr int64_t kLayerRows = 512;
   int64_t sub_rows_ = 0;  // min(n_batch, kLayerRows)
   std::vector<int32_t> shard_tokens_;  // decode_sharded: one step's tokens
+  std::vector<std::pair<int64_t, int32_t>> shard_held_;  // decode_sharded: the call's held tokens
   Buffer<float> x_;      // [n_batch, n_embd] residual stream
   Buffer<float> cur_;    // [sub_rows, max(n_embd, q_dim)]
   Buffer<float> q_;      // [n_batch, n_head * head_dim]

@@ -29,9 +29,17 @@ struct ShardStep {
   // every token the cache holds (AttentionBackend::set_detached) and leave nothing behind.
   bool store = true;
   bool merge = false;  // SequenceParallel::merge_attention runs in every layer of this step
-  // Before this step, the first drop_before tokens the call's earlier steps stored leave the
-  // cache (Star Attention's anchor block, before the query reads the cache).
-  int64_t drop_before = 0;
+  // Before this step, in this order (offsets count the call's stored tokens in the order its
+  // steps stored them, dropped and set-aside ones included: the sequence indices from the call's
+  // first):
+  //  * [drop_first, drop_first + drop_count) leave the cache (Star Attention's anchor block,
+  //    once the block after it is evaluated);
+  //  * [hide_first, hide_first + hide_count) are set aside (a rank's earlier context blocks,
+  //    which its next block must not see);
+  //  * with restore, every token set aside comes back in its place.
+  int64_t drop_first = 0, drop_count = 0;
+  int64_t hide_first = 0, hide_count = 0;
+  bool restore = false;
 };
 
 struct ShardPlan {

@@ -78,6 +78,12 @@ TEST(DistCli, RingAndWholePrefixStarPrintTheOneProcessText) {
   const Result star = sh(kMpirun + " -np 2 " + kBin + args + " --cp star:anchor=1000000", &err);
   ASSERT_EQ(star.code, 0) << err;
   EXPECT_EQ(star.out, one.out);
+  // Blocks of 2 tokens, several per rank, each after its whole prefix: the one-process text too.
+  const Result blocks = sh(kMpirun + " -np 2 " + kBin + args + " --cp star:anchor=1000000,block=2", &err);
+  ASSERT_EQ(blocks.code, 0) << err;
+  EXPECT_EQ(blocks.out, one.out);
+  EXPECT_NE(err.find("cp star:anchor=1000000,block=2: rank 1/2: prefill attended "), std::string::npos) << err;
+  EXPECT_NE(err.find(" block(s)"), std::string::npos) << err;
 }
 
 TEST(DistCli, ClearErrorsBeforeAndAfterMpiStarts) {

@@ -32,6 +32,14 @@ TEST(CostModel, SpeedUpsWhereOneKindOfWorkRemains) {
     // Star evaluates the anchor and the block: twice the tokens of a shard, and (2B)^2/2 pairs.
     EXPECT_NEAR(one_host_prefill(linear, c.tokens) / star_prefill(linear, c), N / 2.0, 1e-9);
     EXPECT_NEAR(one_host_prefill(pairs, c.tokens) / star_prefill(pairs, c), N * N / 4.0, 1e-6);
+    // With k blocks per host (B = T/(kN)): k anchors and blocks, still twice a shard's tokens,
+    // and k (2B)^2/2 pairs, so k N^2/4 on pairs (2 at 2 hosts with k = 2).
+    for (int k : {2, 4}) {
+      ScaleCase ck = c;
+      ck.star_blocks = k;
+      EXPECT_NEAR(one_host_prefill(linear, ck.tokens) / star_prefill(linear, ck), N / 2.0, 1e-9);
+      EXPECT_NEAR(one_host_prefill(pairs, ck.tokens) / star_prefill(pairs, ck), k * N * N / 4.0, 1e-6);
+    }
     // Ring, zigzag: a shard's tokens, and 1/N of the pairs on every rank.
     EXPECT_NEAR(one_host_prefill(linear, c.tokens) / ring_prefill(linear, c, free_net), N, 1e-9);
     EXPECT_NEAR(one_host_prefill(pairs, c.tokens) / ring_prefill(pairs, c, free_net), N, 1e-6);

@@ -31,6 +31,7 @@ struct ScaleArgs {
   std::vector<std::string> prefill;  // "T:seconds"
   std::vector<int> hosts{1, 2, 4, 8, 16, 32, 64};
   std::vector<int64_t> lengths{int64_t{1} << 20, int64_t{10} << 20};
+  std::vector<int> star_blocks{1, 2};  // star: context blocks per host
   std::string out = "scale-model";
   double lat10 = 50e-6, lat100 = 5e-6;
 };
@@ -50,6 +51,8 @@ int run_scale(const ScaleArgs& a) {
   if (!fit) return fail(fit.error().message);
   for (int h : a.hosts)
     if (h < 1 || h > 1 << 20) return fail(fmt::format("--hosts: {} is out of range", h));
+  for (int k : a.star_blocks)
+    if (k < 1 || k > 1 << 20) return fail(fmt::format("--star-blocks: {} is out of range", k));
   auto model = load_model(a.co);
   if (!model) return fail(model.error().message);
   const auto& hp = (*model)->hparams();
@@ -64,9 +67,13 @@ int run_scale(const ScaleArgs& a) {
              fit->a, fit->b, pts.size(), base.layers, base.wire_bytes_per_token);
   for (const auto& [T, t] : pts)
     fmt::print("  measured T = {:.0f}: {:.3f} s, model {:.3f} s\n", T, t, dist::one_host_prefill(*fit, T));
-  fmt::print("\n| tokens | hosts | one host s | star s | star speed-up | star / N | ring 10G s | ring 10G speed-up | "
-             "ring 100G s | ring 100G speed-up | contiguous ring 100G speed-up |\n"
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  auto star_name = [](int k) { return k == 1 ? std::string("star") : fmt::format("star k={}", k); };
+  fmt::print("\n| tokens | hosts | one host s |");
+  for (int k : a.star_blocks) fmt::print(" {0} s | {0} speed-up | {0} / N |", star_name(k));
+  fmt::print(" ring 10G s | ring 10G speed-up | ring 100G s | ring 100G speed-up | contiguous ring 100G speed-up |\n"
+             "|---:|---:|---:|");
+  for (size_t i = 0; i < a.star_blocks.size(); ++i) fmt::print("---:|---:|---:|");
+  fmt::print("---:|---:|---:|---:|---:|\n");
   lc::report::Chart ch;
   ch.title = "Context-parallel prefill: modelled speed-up";
   ch.x_label = "hosts";
@@ -74,7 +81,10 @@ int run_scale(const ScaleArgs& a) {
   ch.log10_y = true;
   ch.log2_x = true;
   for (int64_t T : a.lengths) {
-    lc::report::Series star{fmt::format("star, {}", lc::report::length_label(static_cast<double>(T)))};
+    std::vector<lc::report::Series> stars;
+    for (int k : a.star_blocks)
+      stars.push_back(lc::report::Series{
+          fmt::format("{}, {}", star_name(k), lc::report::length_label(static_cast<double>(T)))});
     lc::report::Series r10{fmt::format("ring 10G, {}", lc::report::length_label(static_cast<double>(T)))};
     lc::report::Series r100{fmt::format("ring 100G, {}", lc::report::length_label(static_cast<double>(T)))};
     lc::report::Series c100{
@@ -87,17 +97,22 @@ int run_scale(const ScaleArgs& a) {
       c.hosts = N;
       dist::ScaleCase cc = c;
       cc.zigzag = false;
-      const double s = dist::star_prefill(*fit, c), g10 = dist::ring_prefill(*fit, c, net10),
-                   g100 = dist::ring_prefill(*fit, c, net100), c100_s = dist::ring_prefill(*fit, cc, net100);
-      fmt::print("| {} | {} | {:.4g} | {:.4g} | {:.2f} | {:.2f} | {:.4g} | {:.2f} | {:.4g} | {:.2f} | {:.2f} |\n",
-                 lc::report::length_label(static_cast<double>(T)), N, one, s, one / s, one / s / N, g10, one / g10,
-                 g100, one / g100, one / c100_s);
-      star.x.push_back(N), star.y.push_back(one / s);
+      const double g10 = dist::ring_prefill(*fit, c, net10), g100 = dist::ring_prefill(*fit, c, net100),
+                   c100_s = dist::ring_prefill(*fit, cc, net100);
+      fmt::print("| {} | {} | {:.4g} |", lc::report::length_label(static_cast<double>(T)), N, one);
+      for (size_t i = 0; i < a.star_blocks.size(); ++i) {
+        dist::ScaleCase sc = c;
+        sc.star_blocks = a.star_blocks[i];
+        const double s = dist::star_prefill(*fit, sc);
+        fmt::print(" {:.4g} | {:.2f} | {:.2f} |", s, one / s, one / s / N);
+        stars[i].x.push_back(N), stars[i].y.push_back(one / s);
+      }
+      fmt::print(" {:.4g} | {:.2f} | {:.4g} | {:.2f} | {:.2f} |\n", g10, one / g10, g100, one / g100, one / c100_s);
       r10.x.push_back(N), r10.y.push_back(one / g10);
       r100.x.push_back(N), r100.y.push_back(one / g100);
       c100.x.push_back(N), c100.y.push_back(one / c100_s);
     }
-    ch.series.push_back(std::move(star));
+    for (auto& st : stars) ch.series.push_back(std::move(st));
     ch.series.push_back(std::move(r10));
     ch.series.push_back(std::move(r100));
     ch.series.push_back(std::move(c100));
@@ -279,6 +294,9 @@ std::vector<RegisteredCommand> add_dist_commands(CLI::App* bench) {
   app->add_option("--prefill", a->prefill, "measured one-host prefill times, TOKENS:SECONDS, at least two lengths")
       ->delimiter(',')->required();
   app->add_option("--hosts", a->hosts, "host counts")->delimiter(',')->capture_default_str();
+  app->add_option("--star-blocks", a->star_blocks,
+                   "star: context blocks per host, one set of star columns each (--cp star:block=T/(kN))")
+      ->delimiter(',')->capture_default_str();
   app->add_option("-L,--length", a->lengths, "prompt lengths, e.g. 1M,10M")
       ->delimiter(',')->transform(token_length_value())->capture_default_str();
   app->add_option("--latency-10g", a->lat10, "seconds per message at 10 Gbit/s")->capture_default_str();

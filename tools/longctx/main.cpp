@@ -216,9 +216,10 @@ int cmd_run(const CommonOpts& co_in, const SamplingOpts& so, const std::string& 
                    cs.tail_end > cs.tail_first ? fmt::format(" and [{}, {})", cs.tail_first, cs.tail_end) : "",
                    mib(static_cast<int64_t>(mem.in_use_bytes)), mib(lc::peak_rss_bytes()), cs.t_comm,
                    cs.bytes_sent);
-      if (r == comm->rank() && cs.ring_pairs > 0)
-        fmt::print(stderr, "cp {}: rank {}/{}: prefill attended {} (query, key) pairs per layer\n",
-                   cp_params.spec(), r, comm->size(), cs.ring_pairs);
+      if (r == comm->rank() && cs.prefill_pairs > 0)
+        fmt::print(stderr, "cp {}: rank {}/{}: prefill attended {} (query, key) pairs per layer{}\n",
+                   cp_params.spec(), r, comm->size(), cs.prefill_pairs,
+                   cs.star_blocks > 0 ? fmt::format(" in {} block(s)", cs.star_blocks) : "");
       std::fflush(stderr);
       if (Status s = comm->barrier(); !s) return bail(s.message());
     }
@@ -757,7 +758,8 @@ int main(int argc, char** argv) {
   CpOpts run_cp;
   run->add_option("--cp", run_cp.mode,
                   "context parallelism over MPI, under `mpirun -np N`: ring[:split=zigzag|contiguous] (exact ring "
-                  "attention; zigzag balances the ranks' work) or star[:anchor=N] (Star Attention); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
+                  "attention; zigzag balances the ranks' work) or star[:anchor=A,block=B] (Star Attention; block: tokens per context "
+                  "block, several per rank); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
   run->add_option("--cp-timeout", run_cp.timeout,
                   "seconds a rank waits for another before it ends the job with an error naming it")
       ->capture_default_str();
