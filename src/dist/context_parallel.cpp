@@ -42,6 +42,7 @@ std::string CpParams::spec() const {
   std::string s = "star";
   if (anchor > 0) s += fmt::format(":anchor={}", anchor);
   if (block > 0) s += fmt::format("{}block={}", anchor > 0 ? "," : ":", block);
+  if (blocks > 0) s += fmt::format("{}blocks={}", anchor > 0 || block > 0 ? "," : ":", blocks);
   return s;
 }
 
@@ -66,9 +67,14 @@ Expected<CpParams> parse_cp(std::string_view text) {
     LC_TRY(spec.get_int("block", &p.block, 0, int64_t{1} << 30,
                         "tokens per context block; the blocks are shared out in runs, each rank evaluating each of "
                         "its blocks after the anchor (0: one block per rank)"));
+    LC_TRY(spec.get_int("blocks", &p.blocks, 0, int64_t{1} << 30,
+                        "context blocks of equal size, instead of block= (0: one block per rank)"));
+    if (p.block > 0 && p.blocks > 0)
+      return make_error(ErrorCode::kInvalidArgument, "--cp star: give block= (tokens per block) or blocks= (how "
+                                                     "many), not both");
   } else {
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("--cp: unknown mode '{}' (ring[:split=zigzag|contiguous] or star[:anchor=A,block=B])",
+                      fmt::format("--cp: unknown mode '{}' (ring[:split=zigzag|contiguous] or star[:anchor=A,block=B|blocks=K])",
                                   spec.name()));
   }
   LC_TRY(spec.finish());
@@ -177,16 +183,16 @@ Expected<ShardPlan> ContextParallel::plan(int64_t n, const DecodeCall& call) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("--cp star: the context has {} tokens (the prompt's {} less the query's {}), fewer "
                                   "than the {} ranks", D, n, q, N));
-  // Context blocks: `block` tokens each (the last one shorter), or one per rank; rank r gets the
-  // run [nb r / N, nb (r + 1) / N) of the nb blocks.
+  // Context blocks: `block` tokens each (the last one shorter), or `blocks` (else one per rank)
+  // of equal size; rank r gets the run [nb r / N, nb (r + 1) / N) of the nb blocks.
   const int64_t B = p_.block;
-  const int64_t nb = B > 0 ? (D + B - 1) / B : N;
-  if (nb < N)
+  const int64_t nb = B > 0 ? (D + B - 1) / B : p_.blocks > 0 ? p_.blocks : N;
+  if (nb < N || nb > D)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("--cp {}: the context's {} tokens make {} block(s) of {}, fewer than the {} ranks "
-                                  "(use a smaller block)", p_.spec(), D, nb, B, N));
+                      fmt::format("--cp {}: the context's {} tokens make {} block(s), {} the {} ranks", p_.spec(), D,
+                                  nb, nb < N ? "fewer than" : "more than its tokens; or fewer than", N));
   cuts_.assign(static_cast<size_t>(nb + 1), 0);
-  for (int64_t j = 0; j <= nb; ++j) cuts_[static_cast<size_t>(j)] = B > 0 ? std::min(j * B, D) : D * j / N;
+  for (int64_t j = 0; j <= nb; ++j) cuts_[static_cast<size_t>(j)] = B > 0 ? std::min(j * B, D) : D * j / nb;
   const int64_t j0 = nb * r / N, j1 = nb * (r + 1) / N;
   const int64_t a = cuts_[static_cast<size_t>(j0)], b = cuts_[static_cast<size_t>(j1)];
   auto local = [&](int64_t first, int64_t count, int64_t pos0) {

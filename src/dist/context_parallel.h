@@ -17,7 +17,8 @@
 //   split of Megatron-LM's context parallelism and of zhuzilin/ring-flash-attention).
 // star (approximate): Star Attention (Acharya et al. 2024, "Star Attention: Efficient LLM
 //   Inference over Long Sequences"). Phase 1: the context (the prompt without its query) is
-//   split into blocks, one per rank or `block` tokens each (the paper's block size), and each
+//   split into blocks, one per rank, `block` tokens each (the paper's block size) or `blocks`
+//   of equal size, and each
 //   rank takes a run of them; every block but the first is evaluated after the anchor (the
 //   first block) and alone (the rank's earlier blocks set aside), and the anchor's keys and
 //   values are dropped: local attention only, no communication. Phase 2: the query attends every rank's cache; each rank sends only its
@@ -49,11 +50,12 @@ struct CpParams {
   CpMode mode = CpMode::kRing;
   bool zigzag = true;  // ring: split=zigzag (else contiguous shards)
   int64_t anchor = 0;  // star: tokens of the anchor block (0: the first context block, as the paper)
-  int64_t block = 0;   // star: tokens per context block (0: one block per rank)
+  int64_t block = 0;   // star: tokens per context block (0: blocks=, else one block per rank)
+  int64_t blocks = 0;  // star: context blocks of equal size (0: block=, else one per rank)
   std::string spec() const;
 };
 
-// "ring[:split=zigzag|contiguous]" or "star[:anchor=A,block=B]"; errors name the mode or key.
+// "ring[:split=zigzag|contiguous]" or "star[:anchor=A,block=B|blocks=K]"; errors name the mode or key.
 Expected<CpParams> parse_cp(std::string_view spec);
 
 struct CpStats {

@@ -258,16 +258,18 @@ TEST(Star, SeveralBlocksPerRankAreEachEvaluatedAloneAfterTheAnchor) {
   ASSERT_TRUE(o.model && !o.logits.empty());
   const int64_t N = g_comm->size(), r = g_comm->rank(), D = 240, B = 40, nb = 6;
   const int64_t j0 = nb * r / N, j1 = nb * (r + 1) / N;
-  for (const bool whole : {true, false}) {
-    Distributed d = make_distributed(*o.model, whole ? "star:anchor=100000,block=40" : "star:block=40", 64);
+  for (const std::string mode : {"star:anchor=100000,block=40", "star:anchor=100000,blocks=6", "star:block=40",
+                                 "star:blocks=6"}) {
+    const bool whole = mode.find("anchor") != std::string::npos;
+    Distributed d = make_distributed(*o.model, mode, 64);
     d.cp->set_query_tokens(16);
     const auto got = greedy(*d.ctx, o.p3, 8);
     const double diff = max_abs_diff(d.ctx->logits(0), o.logits.data(), o.V);
     if (whole) {
-      EXPECT_EQ(got, o.want);
-      EXPECT_LE(diff, 1e-3);
+      EXPECT_EQ(got, o.want) << mode;
+      EXPECT_LE(diff, 1e-3) << mode;
     } else {
-      EXPECT_GT(diff, 1e-3);
+      EXPECT_GT(diff, 1e-3) << mode;
     }
     const CpStats& cs = d.cp->stats();
     EXPECT_EQ(cs.shard_first, j0 * B);
@@ -284,7 +286,7 @@ TEST(Star, SeveralBlocksPerRankAreEachEvaluatedAloneAfterTheAnchor) {
     EXPECT_EQ(d.ctx->kv().n_tokens(0, 0), cs.shard_end - cs.shard_first + extra);
   }
   // Fewer blocks than ranks is an error that says so.
-  Distributed d = make_distributed(*o.model, "star:block=1000", 64);
+  Distributed d = make_distributed(*o.model, g_comm->size() == 2 ? "star:block=1000" : "star:blocks=3", 64);
   d.cp->set_query_tokens(16);
   const Status st = d.ctx->decode(o.p3, Logits::kLast);
   ASSERT_FALSE(st.is_ok());
@@ -408,6 +410,8 @@ TEST(Errors, ClearMessages) {
   EXPECT_NE(parse_cp("star:block=-1").error().message.find("block"), std::string::npos);
   EXPECT_EQ(parse_cp("star:block=4096")->spec(), "star:block=4096");
   EXPECT_EQ(parse_cp("star:block=4096,anchor=8")->spec(), "star:anchor=8,block=4096");
+  EXPECT_EQ(parse_cp("star:blocks=4")->spec(), "star:blocks=4");
+  EXPECT_NE(parse_cp("star:block=8,blocks=4").error().message.find("not both"), std::string::npos);
 }
 
 }  // namespace

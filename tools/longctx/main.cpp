@@ -758,8 +758,8 @@ int main(int argc, char** argv) {
   CpOpts run_cp;
   run->add_option("--cp", run_cp.mode,
                   "context parallelism over MPI, under `mpirun -np N`: ring[:split=zigzag|contiguous] (exact ring "
-                  "attention; zigzag balances the ranks' work) or star[:anchor=A,block=B] (Star Attention; block: tokens per context "
-                  "block, several per rank); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
+                  "attention; zigzag balances the ranks' work) or star[:anchor=A,block=B|blocks=K] (Star Attention; block: tokens per "
+                  "context block, blocks: how many, several per rank); each rank holds 1/N of the prompt's KV cache (docs/scale-out.md)");
   run->add_option("--cp-timeout", run_cp.timeout,
                   "seconds a rank waits for another before it ends the job with an error naming it")
       ->capture_default_str();
