@@ -391,7 +391,7 @@ TEST(AttentionSparse, TruncateKeepsSummariesBelowAndRebuildsAbove) {
   std::copy(other.v.begin() + cut * a.Hkv * a.dv, other.v.end(), b.v.begin() + cut * a.Hkv * a.dv);
   const RopeTable rt = test_rope(64, true);
   for (const char* spec : {"quest_fast:budget=64,page=8,dense_layers=0",
-                           "infllm:sinks=8,local=64,block=32,reps=4,topk=2,chunk=50",
+                           "infllm:sinks=8,local=64,block=32,reps=4,topk=2,chunk=50,repr=qsum",
                            "dssa:switch=0,block=32,kernel=16,stride=8,topk=2,sinks=8,local=64"}) {
     const auto cfg = kv_config(a, 16, rt);
     auto r = run_seq(a, spec, cfg, {50});
