@@ -244,8 +244,9 @@ class InfLlmBackend final : public ExecBackend {
     if (end <= first) return;
     const int64_t per_head = (end - first + kScoreKeys - 1) / kScoreKeys;
     pool.parallel_for(Hkv * per_head, [&](int64_t b, int64_t e, int) {
-      thread_local std::vector<float> kbuf;
+      thread_local std::vector<float> kbuf, pbuf;
       kbuf.resize(static_cast<size_t>(kScoreKeys * d));
+      pbuf.resize(static_cast<size_t>(kScoreKeys));
       for (int64_t unit = b; unit < e; ++unit) {
         const int64_t hk = unit / per_head, j0 = first + (unit % per_head) * kScoreKeys;
         const int64_t j1 = std::min(end, j0 + kScoreKeys);
@@ -258,9 +259,11 @@ class InfLlmBackend final : public ExecBackend {
           for (int64_t h = hk * g; h < (hk + 1) * g; ++h) {
             const float* qv = ctx.var[0].q + (t * H + h) * d;
             const float l = ctx.lse[t * H + h];
+            if (hi <= lo) continue;
+            for (int64_t j = lo; j < hi; ++j) pbuf[static_cast<size_t>(j - lo)] = attn::dot(qv, kbuf.data() + (j - j0) * d, d);
+            kernels::exp_sub_sum(pbuf.data(), hi - lo, l);
             float* sc = hs.score.data() + (h - hk * g);
-            for (int64_t j = lo; j < hi; ++j)
-              sc[(j - base) * g] += std::exp(attn::dot(qv, kbuf.data() + (j - j0) * d, d) - l);
+            for (int64_t j = lo; j < hi; ++j) sc[(j - base) * g] += pbuf[static_cast<size_t>(j - lo)];
           }
         }
       }
