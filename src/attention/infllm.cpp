@@ -260,7 +260,7 @@ class InfLlmBackend final : public ExecBackend {
             const float* qv = ctx.var[0].q + (t * H + h) * d;
             const float l = ctx.lse[t * H + h];
             if (hi <= lo) continue;
-            for (int64_t j = lo; j < hi; ++j) pbuf[static_cast<size_t>(j - lo)] = attn::dot(qv, kbuf.data() + (j - j0) * d, d);
+            kernels::dot_rows_f32(qv, kbuf.data() + (lo - j0) * d, hi - lo, d, pbuf.data());
             kernels::exp_sub_sum(pbuf.data(), hi - lo, l);
             float* sc = hs.score.data() + (h - hk * g);
             for (int64_t j = lo; j < hi; ++j) sc[(j - base) * g] += pbuf[static_cast<size_t>(j - lo)];
