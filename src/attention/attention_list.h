@@ -51,5 +51,11 @@ LC_ATTENTION(fixed,
 LC_ATTENTION(lychee,
              "LycheeDecode: retrieval heads attend fully and pick top-k blocks for the others",
              "\"LycheeDecode\", ICLR 2026 submission (seeds/002): hybrid-head sparse decoding")
+LC_ATTENTION(vslash,
+             "vertical-slash sparse prefill as SpecKV runs it: a whole-prompt call reads a band of recent tokens "
+             "and the vertical tokens its last queries attend most; other calls are dense",
+             "Jiang et al., \"MInference 1.0: Accelerating Pre-filling for Long-Context LLMs via Dynamic Sparse "
+             "Attention\", NeurIPS 2024; as configured by Galim et al., \"Draft-based Approximate Inference for "
+             "LLMs\", arXiv 2506.08373, 2025")
 
 #undef LC_ATTENTION
