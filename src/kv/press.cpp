@@ -254,6 +254,7 @@ class ScoredPress final : public KvPress {
   int64_t n_obs() const override { return scorer_->n_obs(); }
   AttentionObserver* observer() override { return scorer_->observer(); }
   int64_t lookahead() const override { return scorer_->lookahead(); }
+  std::string prefill_attention(int64_t window) const override { return scorer_->prefill_attention(window); }
   Status check_backend(const AttentionCaps& attn) const override {
     // The observer recomputes DENSE attention over the held tokens at their stored positions:
     // exact for dense and naive, not for a backend that attends a subset (quest, infllm, dssa,

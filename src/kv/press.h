@@ -178,6 +178,10 @@ class PressScorer {
   // 0: none; > 0: that many; kLookaheadAnswer: the request's answer budget. n_obs() counts the
   // prompt's observation queries only; the lookahead queries come on top (PressContext).
   virtual int64_t lookahead() const { return 0; }
+  // SpecKV's sparse prefill (prefill=sparse): the attention spec the prompt and the draft's
+  // answer are evaluated with, in one pass, given the scoring window (the last n_obs prompt
+  // tokens and the answer's); "": the prompt is prefilled by the context's own backend.
+  virtual std::string prefill_attention(int64_t window) const { (void)window; return ""; }
   // Non-null: feed it the real attention of every forward pass (H2O).
   virtual AttentionObserver* observer() { return nullptr; }
   virtual Status score(const PressContext& c, int64_t il, const PressShape& shape, PressScores& s) = 0;
@@ -199,6 +203,8 @@ class KvPress {
   // SpecKV: draft tokens to look ahead with before the after-prefill compression (0: none;
   // kLookaheadAnswer: the request's answer budget; see PressScorer::lookahead).
   virtual int64_t lookahead() const { return 0; }
+  // SpecKV's sparse prefill: see PressScorer::prefill_attention.
+  virtual std::string prefill_attention(int64_t window) const { (void)window; return ""; }
   // SpecPC: non-null when the press compresses the prompt before prefill (with a draft model).
   virtual const PromptCompression* prompt_compression() const { return nullptr; }
   // KVzip: non-null when the press scores by context reconstruction (kv/press_kvzip.h): the

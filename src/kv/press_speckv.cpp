@@ -33,13 +33,22 @@ namespace {
 
 class SpecKv final : public PressScorer {
  public:
-  SpecKv(int64_t obs, int64_t lookahead, int64_t kernel, bool max_pool, bool reduce_max)
-      : obs_(obs), lookahead_(lookahead), kernel_(kernel), max_pool_(max_pool), reduce_max_(reduce_max) {}
+  SpecKv(int64_t obs, int64_t lookahead, int64_t kernel, bool max_pool, bool reduce_max, bool sparse,
+         int64_t vertical, int64_t slash)
+      : obs_(obs), lookahead_(lookahead), kernel_(kernel), max_pool_(max_pool), reduce_max_(reduce_max),
+        sparse_(sparse), vertical_(vertical), slash_(slash) {}
+  std::string prefill_attention(int64_t window) const override {
+    if (!sparse_) return "";
+    return fmt::format("vslash:vertical={},slash={},obs={},kernel={},pool={},reduce={}", vertical_, slash_, window,
+                       kernel_, max_pool_ ? "max" : "avg", reduce_max_ ? "max" : "mean");
+  }
   std::string name() const override { return "speckv"; }
   std::string params() const override {
-    return fmt::format("obs={},lookahead={},kernel={},pool={}", obs_,
-                       lookahead_ == kLookaheadAnswer ? std::string("answer") : std::to_string(lookahead_), kernel_,
-                       max_pool_ ? "max" : "avg");
+    std::string s = fmt::format("obs={},lookahead={},kernel={},pool={}", obs_,
+                                lookahead_ == kLookaheadAnswer ? std::string("answer") : std::to_string(lookahead_),
+                                kernel_, max_pool_ ? "max" : "avg");
+    if (sparse_) s += fmt::format(",prefill=sparse,vertical={},slash={}", vertical_, slash_);
+    return s;
   }
   // The prompt's observation queries; the lookahead queries come on top (PressContext).
   int64_t n_obs() const override { return obs_; }
@@ -116,7 +125,8 @@ class SpecKv final : public PressScorer {
 
  private:
   int64_t obs_, lookahead_, kernel_;
-  bool max_pool_, reduce_max_;
+  bool max_pool_, reduce_max_, sparse_;
+  int64_t vertical_, slash_;
 };
 
 }  // namespace
@@ -149,7 +159,22 @@ Expected<std::unique_ptr<PressScorer>> make_speckv(Args& a, const PressShape&) {
                                                 "how the attention of a KV head's query heads and observation queries "
                                                 "becomes one row: max or mean over group x queries jointly, before "
                                                 "the pooling"));
-  return std::unique_ptr<PressScorer>(std::make_unique<SpecKv>(obs, la, kernel, pool == "max", red == "max"));
+  LC_ASSIGN_OR_RETURN(std::string prefill, a.choice("prefill", "dense", {"dense", "sparse"},
+                                                    "dense: the prompt is prefilled by the context's attention and the "
+                                                    "draft's answer runs after it; sparse (the authors' code): the "
+                                                    "prompt and the answer in one pass (-b at least their length) with "
+                                                    "the vertical-slash attention above vertical + slash tokens, then "
+                                                    "the answer and the last prompt token are cropped and that token "
+                                                    "evaluated again over the compressed cache"));
+  LC_ASSIGN_OR_RETURN(int64_t vertical, a.integer("vertical", 2048, 1, int64_t{1} << 30,
+                                                  "prefill=sparse: vertical tokens (prefill_vertical_size), tokens"));
+  LC_ASSIGN_OR_RETURN(int64_t slash, a.integer("slash", 2048, 0, int64_t{1} << 30,
+                                               "prefill=sparse: the band of recent keys (prefill_window_size, a "
+                                               "multiple of 64), tokens"));
+  if (slash % 64 != 0)
+    return make_error(fmt::format("kv press {}: slash={}: expected a multiple of 64", a.name(), slash));
+  return std::unique_ptr<PressScorer>(std::make_unique<SpecKv>(obs, la, kernel, pool == "max", red == "max",
+                                                               prefill == "sparse", vertical, slash));
 }
 
 }  // namespace lc::press

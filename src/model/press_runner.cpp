@@ -89,6 +89,9 @@ Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt,
                                   std::optional<std::vector<int32_t>>& replace) {
   const bool agnostic = !press_->schedule().query_aware;
   active_ = !agnostic || call.context_part || !context_done_;
+  if (active_ && ctx.n_past() == 0 && press_->lookahead() != 0 && press_->schedule().covers(PressPhase::kPrefill) &&
+      !press_->prefill_attention(1).empty())
+    return sparse_begin(ctx, prompt, call, replace);
   if (!press_->prompt_compression() || !active_ || ctx.n_past() != 0) return ok_status();
   if (call.which == Logits::kAll)
     return make_error("kv press specpc evaluates only the prompt tokens it selects: the logits of every prompt "
@@ -101,7 +104,10 @@ Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt,
   return ok_status();
 }
 
-void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int64_t n) { window_.push(il, q, pos, n); }
+void PressRunner::on_queries(int64_t il, const float* q, const int32_t* pos, int64_t n) {
+  if (sparse_.active && il == 0 && sparse_.first_chunk < 0) sparse_.first_chunk = n;
+  window_.push(il, q, pos, n);
+}
 
 // H2O: the attention these queries just paid, accumulated on the press side (positions are the
 // sequence indices here).
@@ -126,6 +132,7 @@ Status PressRunner::after_chunk(Context& ctx) { return active_ ? compress(ctx, P
 Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
   n_generated_ = 0;
   if (!active_) return ok_status();
+  if (sparse_.active) return sparse_finish(ctx);
   LC_TRY(compress(ctx, PressPhase::kChunk));
   if (kvzip_ && press_->schedule().covers(PressPhase::kPrefill)) {
     LC_TRY(kvzip_compress(ctx));
@@ -139,11 +146,13 @@ Status PressRunner::after_prompt(Context& ctx, const DecodeCall& call) {
 }
 
 Status PressRunner::after_token(Context& ctx) {
+  if (in_recompute_) return ok_status();  // the last prompt token, evaluated again (sparse_finish)
   if (press_->schedule().decode_due(++n_generated_)) return compress(ctx, PressPhase::kDecode);
   return ok_status();
 }
 
 void PressRunner::on_truncate(int64_t n) {
+  if (keep_window_) return;  // sparse_finish's own cuts
   if (observer_) observer_->truncate(n);
   window_.clear();  // the observation window restarts with the next tokens
   context_done_ = false;
@@ -218,6 +227,92 @@ Status PressRunner::lookahead_compress(Context& ctx) {
   if (st) lookahead_run_ = lookahead_n_;
   window_ = saved;
   std::vector<float>().swap(lookahead_keys_);  // up to n_layer x n_head_kv x lookahead keys
+  return st;
+}
+
+// SpecKV's sparse prefill as the authors' code runs it (speckv.py, llama_util.py): the draft
+// answers the prompt first; the target evaluates prompt + answer in one pass, each layer with the
+// vertical-slash attention (vslash: sparse above vertical + slash tokens) whose vertical tokens the
+// window (the last obs prompt tokens and the answer) chooses; the press scores with the same
+// window; the answer and the last prompt token are cropped, and that token is evaluated again
+// over the compressed cache, whose logits start the answer.
+Status PressRunner::sparse_begin(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
+                                 std::optional<std::vector<int32_t>>& replace) {
+  if (call.which == Logits::kAll)
+    return make_error(fmt::format("--kv-press {}: prefill=sparse evaluates the prompt with the draft's answer; the "
+                                  "logits of every prompt token (perplexity) are not kept", press_->spec()));
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t want = press_->lookahead() == kLookaheadAnswer
+                           ? (answer_tokens_ >= 0 ? answer_tokens_ : kLookaheadNoAnswer)
+                           : press_->lookahead();
+  const int64_t la = std::min(want, ctx.n_ctx() - P);
+  lookahead_run_ = 0;
+  if (la <= 0) return ok_status();  // no room for an answer: the prompt alone, compressed after it
+  std::vector<int32_t> drafted;
+  {
+    ScopedTimer timer{t_press_};
+    LC_ASSIGN_OR_RETURN(drafted, draft_->generate(std::vector<int32_t>(prompt.begin(), prompt.end()), la, 0, true));
+  }
+  const int64_t n = P + static_cast<int64_t>(drafted.size());
+  if (n > ctx.n_batch())
+    return make_error(fmt::format("--kv-press {}: prefill=sparse evaluates the prompt and the draft's answer ({} "
+                                  "tokens) in one forward pass: give -b {} or more (or prefill=dense)",
+                                  press_->spec(), n, n));
+  lookahead_n_ = static_cast<int64_t>(drafted.size());
+  sparse_ = SparsePrefill{true, P, -1, prompt[static_cast<size_t>(P - 1)], ctx.attention().spec()};
+  if (Status st = ctx.set_attention(press_->prefill_attention(press_->n_obs() + lookahead_n_)); !st) {
+    sparse_ = SparsePrefill{};
+    return st;
+  }
+  window_.grow(press_->n_obs() + lookahead_n_);
+  std::vector<int32_t> all(prompt.begin(), prompt.end());
+  all.insert(all.end(), drafted.begin(), drafted.end());
+  replace = std::move(all);
+  return ok_status();
+}
+
+Status PressRunner::sparse_finish(Context& ctx) {
+  const int64_t P = sparse_.prompt, la = lookahead_n_;
+  const SparsePrefill sp = sparse_;
+  sparse_ = SparsePrefill{};
+  LC_TRY(ctx.set_attention(sp.attn));
+  if (sp.first_chunk != P + la || ctx.n_past() != P + la)
+    return make_error(fmt::format("--kv-press {}: prefill=sparse: the prompt and the answer ({} tokens) were not "
+                                  "evaluated in one forward pass ({} in the first)", press_->spec(), P + la,
+                                  sp.first_chunk));
+  const KvCache& kv = ctx.kv();
+  const int64_t Hkv = kv.n_head_kv(), d = kv.head_dim();
+  Status st = ok_status();
+  {
+    ScopedTimer timer{t_press_};
+    // The answer's keys, as the scores' softmax needs them once the answer has left the cache.
+    lookahead_keys_.assign(static_cast<size_t>(n_layer_ * Hkv * la * d), 0.0f);
+    for (int64_t il = 0; il < n_layer_ && st; ++il)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t nh = kv.n_tokens(il, h);
+        const int32_t* idx = kv.seq_index(il, h);
+        if (nh < la || idx[nh - la] != P || idx[nh - 1] != P + la - 1) {
+          st = make_error(fmt::format("--kv-press {}: layer {} head {} does not hold the answer as its newest tokens",
+                                      press_->spec(), il, h));
+          break;
+        }
+        kv.read_keys(il, h, nh - la, la, lookahead_keys_.data() + (il * Hkv + h) * la * d);
+      }
+  }
+  keep_window_ = true;  // the window (prompt and answer queries) outlives the cuts
+  if (st) ctx.truncate(P);
+  if (st) st = compress(ctx, PressPhase::kPrefill, la);
+  if (st) lookahead_run_ = la;
+  std::vector<float>().swap(lookahead_keys_);
+  window_.drop_newest(la);  // the answer's queries; then the last prompt token's, evaluated again
+  window_.drop_newest(1);
+  if (st) ctx.truncate(P - 1);
+  keep_window_ = false;
+  if (st) {
+    in_recompute_ = true;
+    st = ctx.decode(std::span<const int32_t>(&sp.last, 1), Logits::kLast);
+    in_recompute_ = false;
+  }
   return st;
 }
 

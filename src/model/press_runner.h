@@ -66,6 +66,13 @@ class PressRunner final : public ForwardHooks {
   // keys lookahead_keys_ holds.
   Status compress(Context& ctx, PressPhase phase, int64_t n_lookahead = 0);
   Status lookahead_compress(Context& ctx);
+  // SpecKV's sparse prefill (prefill=sparse): the draft answers before the prompt, which is
+  // evaluated with the answer in one pass (sparse_begin, from before_prompt); after it the
+  // answer is cropped, the press compresses, and the last prompt token is evaluated again over
+  // the compressed cache (sparse_finish, from after_prompt).
+  Status sparse_begin(Context& ctx, std::span<const int32_t> prompt, const DecodeCall& call,
+                      std::optional<std::vector<int32_t>>& replace);
+  Status sparse_finish(Context& ctx);
   // KVzip: runs the reconstruction prompts through the model, then compresses.
   Status kvzip_compress(Context& ctx);
   // During the lookahead's forward: copies the keys layer il just stored for its n tokens.
@@ -90,6 +97,16 @@ class PressRunner final : public ForwardHooks {
   int64_t lookahead_n_ = 0, lookahead_seq0_ = 0;
   std::vector<int64_t> lookahead_done_;
   std::string lookahead_error_;  // a copy that went wrong (reported after the forward)
+  // SpecKV's sparse prefill in progress: the prompt's length and last token, the context's own
+  // attention, the tokens layer 0 saw in the pass's first forward (one chunk), and guards for the cuts and the
+  // evaluation of the last prompt token that sparse_finish makes.
+  struct SparsePrefill {
+    bool active = false;
+    int64_t prompt = 0, first_chunk = -1;
+    int32_t last = 0;  // the prompt's last token
+    std::string attn;
+  } sparse_;
+  bool keep_window_ = false, in_recompute_ = false;
   double t_press_ = 0;
   std::vector<int32_t> prompt_kept_;
   // KVzip (kv/press_kvzip.h): the press's reconstruction side, its prompts' token ids, and the

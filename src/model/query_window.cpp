@@ -30,6 +30,17 @@ void QueryWindow::grow(int64_t width) {
   width_ = width;
 }
 
+void QueryWindow::drop_newest(int64_t k) {
+  k = std::min(k, n_);
+  if (k <= 0) return;
+  for (int64_t il = 0; il < n_layer_; ++il) {
+    float* buf = q_.data() + il * width_ * row_;
+    std::memmove(buf + k * row_, buf, static_cast<size_t>((width_ - k) * row_) * sizeof(float));
+  }
+  std::memmove(pos_.data() + k, pos_.data(), static_cast<size_t>(width_ - k) * sizeof(int32_t));
+  n_ -= k;
+}
+
 // Right-aligned: the newest query is always last, so the press reads the latest tokens
 // whatever the chunking.
 void QueryWindow::push(int64_t il, const float* q, const int32_t* pos, int64_t n) {

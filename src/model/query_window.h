@@ -23,6 +23,8 @@ class QueryWindow {
   void grow(int64_t width);
   int64_t size() const { return n_; }  // queries held (at most width)
   void clear() { n_ = 0; }
+  // Forgets the newest k queries (k <= size()): the ones before them become the newest.
+  void drop_newest(int64_t k);
   // Layer il's queries of n new tokens at positions pos (the positions are taken with layer 0).
   void push(int64_t il, const float* q, const int32_t* pos, int64_t n);
   // The last m <= size() queries of layer il, oldest first: [m, row]; their positions: [m].

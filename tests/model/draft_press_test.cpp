@@ -114,18 +114,36 @@ std::vector<int32_t> greedy(const Model& m, const std::vector<int32_t>& prompt, 
 // the window with a causal softmax over EVERY key before them, the answer's included; max over
 // the group's query heads x queries jointly, then max-pooled (kernel 7); the window and the
 // best (kept - obs) stay. [layer][KV head] -> kept sequence indices. *n_la: the answer's length.
+// one_pass_attn (the sparse prefill's oracle): the prompt and the answer run as one call with this
+// attention, whose obs= is the window's size (the spec ends with "obs=").
 std::vector<std::vector<std::vector<int32_t>>> speckv_kept(const Models& m, const std::vector<int32_t>& ids,
-                                                           int64_t obs, int64_t la, int64_t kept, int64_t* n_la) {
+                                                           int64_t obs, int64_t la, int64_t kept, int64_t* n_la,
+                                                           const std::string& one_pass_attn = "") {
   const int64_t P = static_cast<int64_t>(ids.size()), H = 8, row = H * 16;
   const auto drafted = la > 0 ? greedy(*m.draft, ids, la, true) : std::vector<int32_t>();
   const int64_t A = static_cast<int64_t>(drafted.size());
   *n_la = A;
-  auto ref = make_ctx(*m.target, "");
+  std::unique_ptr<Context> ref;
+  if (one_pass_attn.empty()) {
+    ref = make_ctx(*m.target, "");
+  } else {
+    ContextParams cp{512, 512, 1};
+    cp.attn = one_pass_attn + std::to_string(obs + A);
+    auto c = Context::create(*m.target, cp);
+    EXPECT_TRUE(c.has_value()) << cp.attn;
+    ref = std::move(*c);
+  }
   QueryRecorder rec(4, row, obs + A);
   ref->attach_hooks(&rec);
-  EXPECT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
-  if (A > 0) {
-    EXPECT_TRUE(ref->decode(drafted, Logits::kNone).is_ok());
+  if (one_pass_attn.empty()) {
+    EXPECT_TRUE(ref->decode(ids, Logits::kNone).is_ok());
+    if (A > 0) {
+      EXPECT_TRUE(ref->decode(drafted, Logits::kNone).is_ok());
+    }
+  } else {
+    std::vector<int32_t> all = ids;
+    all.insert(all.end(), drafted.begin(), drafted.end());
+    EXPECT_TRUE(ref->decode(all, Logits::kNone).is_ok());
   }
   EXPECT_EQ(rec.window().size(), obs + A);
   std::vector<std::vector<std::vector<int32_t>>> out(4);
@@ -170,6 +188,61 @@ TEST(DraftPress, SpecKvKeepsWhatTheLookaheadQueriesAttend) {
   EXPECT_GT(A, 0);
   for (int64_t il = 0; il < 4; ++il)
     for (int64_t h = 0; h < 2; ++h) EXPECT_EQ(seq_of(c->kv(), il, h), want[static_cast<size_t>(il)][static_cast<size_t>(h)]) << il << " " << h;
+}
+
+// prefill=sparse, the authors' flow: the draft answers first; the prompt and the answer run as one
+// pass with the vertical-slash attention (sparse above vertical + slash tokens); the same window
+// scores; the answer and the last prompt token are cropped and that token evaluated again. The
+// oracle runs the unpressed model over prompt + answer in one call with the same attention (vslash
+// has its own oracle test) and recomputes the kept sets in double. With the defaults (2048 + 2048)
+// the 260-token pass is dense, so the kept sets are the dense ones; with vertical=64,slash=64 it
+// is sparse from layer 1 on, and some layer keeps another set.
+TEST(DraftPress, SpecKvSparsePrefillIsTheAuthorsOnePass) {
+  Models m;
+  const auto ids = prompt_ids("p3");  // 256 tokens
+  const int64_t P = 256, obs = 16, la = 4;
+  std::vector<std::vector<std::vector<int32_t>>> got_dense;
+  for (const bool sparse : {false, true}) {
+    const std::string knobs = sparse ? ",vertical=64,slash=64" : "";
+    auto c = make_ctx(*m.target, "speckv:ratio=0.5,obs=16,lookahead=4,prefill=sparse" + knobs, m.draft.get(), 512);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->decode(ids, Logits::kLast).is_ok());
+    EXPECT_EQ(c->n_past(), P);
+    EXPECT_EQ(c->tokens(), ids);
+    EXPECT_EQ(c->attention().spec().rfind("dense", 0), 0u) << c->attention().spec();  // the context's own, back
+    int64_t A = 0;
+    const auto want = speckv_kept(m, ids, obs, la, 128, &A,
+                                  std::string("vslash:vertical=") + (sparse ? "64,slash=64" : "2048,slash=2048") +
+                                      ",kernel=7,pool=max,reduce=max,obs=");
+    EXPECT_EQ(c->press_runner()->lookahead_run(), A);
+    EXPECT_GT(A, 0);
+    std::vector<std::vector<std::vector<int32_t>>> got(4);
+    for (int64_t il = 0; il < 4; ++il)
+      for (int64_t h = 0; h < 2; ++h) {
+        got[static_cast<size_t>(il)].push_back(seq_of(c->kv(), il, h));
+        EXPECT_EQ(got[static_cast<size_t>(il)].back(), want[static_cast<size_t>(il)][static_cast<size_t>(h)])
+            << sparse << " " << il << " " << h;
+      }
+    if (!sparse) {
+      // Dense pass: the authors' kept sets are the dense flow's (prefill=dense).
+      int64_t A2 = 0;
+      EXPECT_EQ(got, speckv_kept(m, ids, obs, la, 128, &A2));
+      got_dense = got;
+    } else {
+      EXPECT_NE(got, got_dense);
+    }
+    // Decoding goes on from the last prompt token evaluated over the compressed cache.
+    const float* lg = c->logits(0);
+    const int32_t next = static_cast<int32_t>(std::max_element(lg, lg + 512) - lg);
+    ASSERT_TRUE(c->decode(std::span<const int32_t>(&next, 1), Logits::kLast).is_ok());
+    EXPECT_EQ(c->n_past(), P + 1);
+  }
+  // The pass must be one forward chunk.
+  auto small = make_ctx(*m.target, "speckv:ratio=0.5,obs=16,lookahead=4,prefill=sparse", m.draft.get(), 64);
+  ASSERT_TRUE(small);
+  const Status st = small->decode(ids, Logits::kLast);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("-b 260"), std::string::npos) << st.message();
 }
 
 // lookahead=answer (the default): the draft looks ahead by the request's answer budget
