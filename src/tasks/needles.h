@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,14 @@ struct NiahWording {
   std::string head, question, answer_prefix;
 };
 NiahWording niah_single_wording(const std::string& type, const std::string& query);
+
+// RULER's variable tracking (tasks_ruler.cpp): the instruction, the question and answer prefix
+// of the value's chain, n distinct names of `letters` upper-case letters (not in `used`, and
+// added to it), and the chain's statements ("VAR A = value", then "VAR B = VAR A " ...).
+std::string vt_head();
+std::string vt_question(const std::string& value);
+std::string vt_answer_prefix(size_t num_v, const std::string& value);
+std::vector<std::string> vt_names(Rng& rng, size_t n, int letters, std::set<std::string>& used);
+std::vector<std::string> vt_chain(const std::vector<std::string>& vars, const std::string& value);
 
 }  // namespace lc::tasks

@@ -158,7 +158,9 @@ Expected<std::vector<Layout>> make_niah(const PromptRenderer& /*r*/, const Sampl
   return std::vector<Layout>{lay};
 }
 
-namespace {
+}  // namespace lc::tasks::detail
+
+namespace lc::tasks {
 
 // RULER's variable-tracking template and answer prefix (constants.py, 'variable_tracking').
 std::string vt_head() {
@@ -190,6 +192,12 @@ std::vector<std::string> vt_chain(const std::vector<std::string>& vars, const st
   for (size_t j = 1; j < vars.size(); ++j) c.push_back("VAR " + vars[j] + " = VAR " + vars[j - 1] + " ");
   return c;
 }
+
+}  // namespace lc::tasks
+
+namespace lc::tasks::detail {
+
+namespace {
 
 // Block positions of the chain's statements: RULER's sorted(random.sample(range(n), k)), and
 // statement j goes right before block p_j. Fewer than k blocks (lengths RULER does not run):

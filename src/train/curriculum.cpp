@@ -36,7 +36,8 @@ const std::vector<CurriculumTask>& default_mix() {
 bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n == "sculptor_answer"; }
 
 bool is_reader_task(const std::string& n) {
-  return n == "mem_update" || n == "mem_answer" || n == "map_answer" || is_sculptor_task(n);
+  return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || n == "vt_update" ||
+         n == "vt_answer" || is_sculptor_task(n);
 }
 
 bool is_own_task(const std::string& n) {
@@ -89,7 +90,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_answer, map_answer, sculptor_search, sculptor_answer)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_answer, map_answer, sculptor_search, sculptor_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -340,8 +341,18 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               only when the chunk does not hold it) or another key's sentence. The new memory:
 //               the queried sentence when the chunk holds it, else the previous memory when it
 //               holds it, else "No previous memory": the relevant sentence, copied and carried.
+//   mem_carry   (memagent_update) the memory holds the queried sentence and the chunk does not
+//               (0-2 other keys' needles, the essay three times in four): the reply is the
+//               memory, copied. mem_update's carry case alone, where a long read's memory
+//               decays: a read of N chunks copies its memory about N/2 times.
 //   mem_answer  (memagent_final) a memory with the queried sentence, sometimes next to another
 //               key's; the reply is \boxed{VALUE}.
+//   vt_update   (memagent_update) RULER's variable tracking (one chain of 4 hops, noise
+//               sentences): the memory holds the chain's first k statements (k in 0..5; "No
+//               previous memory" for 0), the chunk the next 0-2, each on a line of its own; the
+//               new memory is the first k + new statements, one a line.
+//   vt_answer   (memagent_final) a memory of the chain's first 1-5 statements (all five half the
+//               time); the reply is \boxed{the variables, in chain order, space-separated}.
 //   map_answer  (mapreduce_map) chunk with the queried needle or not; the reply is the value or
 //               "none".
 // The chunk (noise sentences or essay, RULER's haystacks, the needles at RULER's depths) gets
@@ -371,6 +382,7 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     const std::string key = fresh(false), value = fresh(true);
     return Fact{value, tasks::needle_sentence(type, key, value)};
   };
+  if (task == "vt_update" || task == "vt_answer") return vt_task(task, len, rng, tokens, targets);
   Fact q;
   std::string question;
   if (passkey) {
@@ -396,8 +408,9 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     return encode_reply(prompt, "\\boxed{" + q.value + "}", len, tokens, targets);
   }
 
-  const bool update = task == "mem_update";
-  const bool present = tasks::uniform(rng, 0, 1) == 1;
+  const bool carry = task == "mem_carry";
+  const bool update = task == "mem_update" || carry;
+  const bool present = !carry && tasks::uniform(rng, 0, 1) == 1;
   std::vector<tasks::Insert> inserts;
   if (present) inserts.push_back({0, q.sentence});
   for (int64_t i = tasks::uniform(rng, 0, 2); i > 0; --i) inserts.push_back({0, other().sentence});
@@ -406,14 +419,14 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   std::string memory = kNoMemory, reply;
   if (update) {
     // 0: no memory yet, 1: the queried sentence (from an earlier chunk), 2: another key's.
-    const int64_t m = present ? 2 * tasks::uniform(rng, 0, 1) : tasks::uniform(rng, 0, 2);
+    const int64_t m = carry ? 1 : present ? 2 * tasks::uniform(rng, 0, 1) : tasks::uniform(rng, 0, 2);
     if (m == 1) memory = q.sentence;
     if (m == 2) memory = other().sentence;
     reply = present ? q.sentence : m == 1 ? memory : kNoMemory;
   } else {
     reply = present ? q.value : "none";
   }
-  const bool essay = !passkey && tasks::uniform(rng, 0, 1) == 1;
+  const bool essay = !passkey && (carry ? tasks::uniform(rng, 0, 3) != 0 : tasks::uniform(rng, 0, 1) == 1);
   const std::vector<std::string>* words = nullptr;
   size_t start = 0;
   if (essay) {
@@ -424,11 +437,6 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     start = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(tasks::noise_sentences().size()) - 1));
   }
   const readers::Template& t = update ? mem_update_ : map_;
-  auto prompt_of = [&](const std::string& chunk, const std::string& mem) {
-    std::map<std::string, std::string> v = {{"problem", question}, {"chunk", chunk}};
-    if (update) v["memory"] = mem;
-    return render_.text(readers::render(t, v), t.prefix);
-  };
   auto chunk_of = [&](int64_t units) {  // essay words or noise sentences, with the needles
     std::vector<std::string> hay;
     if (essay) {
@@ -439,17 +447,37 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     }
     return tasks::assemble(hay, inserts, " ", false, nullptr);
   };
-  auto n_tokens = [&](const std::string& text) { return static_cast<int64_t>(tok_.encode(text, true, false).size()); };
-  // The reader's chunk size at a window of len tokens.
-  const int64_t base = n_tokens(prompt_of("", ""));
-  const int64_t chunk_cap = update ? std::min(len * 5000 / 8192, len - base - 2 * (len * 1024 / 8192)) : len - base - 32;
-  const int64_t empty = n_tokens(prompt_of("", memory) + reply);  // the sequence (less EOS) without a chunk
-  int64_t needles_only = n_tokens(prompt_of(chunk_of(0), memory) + reply);
   // Distractors are dropped (the last first) until the needles fit.
-  while (needles_only > len && inserts.size() > (present ? 1u : 0u)) {
+  auto drop = [&] {
+    if (inserts.size() <= (present ? 1u : 0u)) return false;
     inserts.pop_back();
-    needles_only = n_tokens(prompt_of(chunk_of(0), memory) + reply);
-  }
+    return true;
+  };
+  return fit_step(task, len, t, question, update ? &memory : nullptr, reply, chunk_of, drop, tokens, targets);
+}
+
+// A reader step's sequence, its chunk as long as the reader would make it at a window of len
+// tokens (memagent: 5000/8192 of the window, at most what is left after the template, the
+// question and twice its memory cap of 1024/8192; mapreduce: what is left after the template,
+// the question and 32 answer tokens), with the most haystack (chunk_of's units) that fits.
+Expected<CurriculumSample> Curriculum::fit_step(const std::string& task, int64_t len, const readers::Template& t,
+                                                const std::string& question, const std::string* memory,
+                                                const std::string& reply,
+                                                const std::function<std::string(int64_t)>& chunk_of,
+                                                const std::function<bool()>& drop, int32_t* tokens,
+                                                int32_t* targets) const {
+  auto prompt_of = [&](const std::string& chunk, const std::string& mem) {
+    std::map<std::string, std::string> v = {{"problem", question}, {"chunk", chunk}};
+    if (memory) v["memory"] = mem;
+    return render_.text(readers::render(t, v), t.prefix);
+  };
+  const std::string mem = memory ? *memory : std::string();
+  auto n_tokens = [&](const std::string& text) { return static_cast<int64_t>(tok_.encode(text, true, false).size()); };
+  const int64_t base = n_tokens(prompt_of("", ""));
+  const int64_t chunk_cap = memory ? std::min(len * 5000 / 8192, len - base - 2 * (len * 1024 / 8192)) : len - base - 32;
+  const int64_t empty = n_tokens(prompt_of("", mem) + reply);  // the sequence (less EOS) without a chunk
+  int64_t needles_only = n_tokens(prompt_of(chunk_of(0), mem) + reply);
+  while (needles_only > len && drop()) needles_only = n_tokens(prompt_of(chunk_of(0), mem) + reply);
   // Where the reader would leave no room for a chunk, the sample is drawn again longer; at the
   // longest length (where that cannot be), and where the needles alone pass the reader's
   // chunk, the chunk gets what is left.
@@ -460,10 +488,49 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   int64_t lo = 0, hi = limit - empty + 1;
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (n_tokens(prompt_of(chunk_of(mid), memory) + reply) <= limit) lo = mid;
+    if (n_tokens(prompt_of(chunk_of(mid), mem) + reply) <= limit) lo = mid;
     else hi = mid;
   }
-  return encode_reply(prompt_of(chunk_of(lo), memory), reply, len, tokens, targets);
+  return encode_reply(prompt_of(chunk_of(lo), mem), reply, len, tokens, targets);
+}
+
+// MemAgent on RULER's variable tracking (vt_update, vt_answer; the question is RULER's, as the
+// bench gives it to a reader: the text after the context).
+Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t len, tasks::Rng& rng, int32_t* tokens,
+                                               int32_t* targets) const {
+  static const std::string kNoMemory = "No previous memory";  // readers/memagent.cpp
+  constexpr size_t kHops = 4;
+  std::set<std::string> used;
+  const std::vector<std::string> vars = tasks::vt_names(rng, kHops + 1, 5, used);
+  const std::string value = std::to_string(tasks::uniform(rng, 10000, 99998));
+  const std::vector<std::string> chain = tasks::vt_chain(vars, value);
+  const std::string question = trim(tasks::vt_question(value));
+  auto lines = [&](size_t n) {  // the chain's first n statements, one a line
+    return n == 0 ? kNoMemory : trim(tasks::join({chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n)}, "\n"));
+  };
+  if (task == "vt_answer") {
+    const size_t k = tasks::uniform(rng, 0, 1) ? chain.size() : static_cast<size_t>(tasks::uniform(rng, 1, kHops));
+    const std::string prompt =
+        render_.text(readers::render(mem_final_, {{"problem", question}, {"memory", lines(k)}}), mem_final_.prefix);
+    return encode_reply(prompt, "\\boxed{" + tasks::join({vars.begin(), vars.begin() + static_cast<std::ptrdiff_t>(k)}, " ") + "}",
+                        len, tokens, targets);
+  }
+  const size_t k = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(chain.size())));
+  const size_t fresh = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(std::min<size_t>(2, chain.size() - k))));
+  std::vector<tasks::Insert> inserts;
+  std::vector<double> depths;
+  for (size_t j = 0; j < fresh; ++j) depths.push_back(100.0 * tasks::uniform01(rng));
+  std::sort(depths.begin(), depths.end());  // the chain's order, as in the document
+  for (size_t j = 0; j < fresh; ++j) inserts.push_back({depths[j], chain[k + j]});
+  const std::string memory = lines(k), reply = lines(k + fresh);
+  const size_t start = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(tasks::noise_sentences().size()) - 1));
+  auto chunk_of = [&](int64_t units) {
+    const auto& noise = tasks::noise_sentences();
+    std::vector<std::string> hay;
+    for (int64_t i = 0; i < units; ++i) hay.push_back(noise[(start + static_cast<size_t>(i)) % noise.size()]);
+    return tasks::assemble(hay, inserts, " ", true, nullptr);
+  };
+  return fit_step(task, len, mem_update_, question, &memory, reply, chunk_of, [] { return false; }, tokens, targets);
 }
 
 // The Sculptor reader's text protocol (readers/sculptor.cpp, protocol=text, the shipped model's:

@@ -15,8 +15,13 @@
 //               sentence, or another key's; the reply (the new memory) is the queried needle
 //               sentence when the chunk holds it, else the previous memory when it holds it,
 //               else "No previous memory";
+//   mem_carry   memagent_update's carry case alone: the memory holds the queried sentence, the
+//               chunk does not (other keys' needles at most); the reply is the memory;
 //   mem_answer  memagent_final: a memory holding the queried needle sentence (and sometimes
 //               another key's); the reply is \boxed{VALUE};
+//   vt_update   memagent_update on RULER's variable tracking: the memory holds the chain's first
+//               statements, the chunk the next 0-2; the reply adds them, one a line;
+//   vt_answer   memagent_final on a memory of the chain's statements: \boxed{the variables};
 //   map_answer  mapreduce_map: the chunk holds the queried needle or not; the reply is the
 //               value, or "none";
 //   sculptor_search  sculptor_text (Sculptor's first message, text protocol; {fragments} drawn
@@ -38,11 +43,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tasks/tasks.h"
+#include "tasks/text.h"
 #include "core/status.h"
 #include "readers/templates.h"
 #include "tokenizer/tokenizer.h"
@@ -53,7 +60,8 @@ namespace lc::train {
 
 struct CurriculumTask {
   std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
-                     // "mem_update", "mem_answer", "map_answer", "sculptor_search", "sculptor_answer"
+                     // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_answer", "map_answer",
+                     // "sculptor_search", "sculptor_answer"
   double weight = 1;
 };
 
@@ -114,9 +122,18 @@ class Curriculum {
   Expected<CurriculumSample> recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
-  // The reader protocol tasks: "mem_update", "mem_answer", "map_answer".
+  // The reader protocol tasks: "mem_update", "mem_carry", "mem_answer", "map_answer".
   Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                          int32_t* targets) const;
+  // MemAgent on variable tracking: "vt_update", "vt_answer".
+  Expected<CurriculumSample> vt_task(const std::string& task, int64_t len, tasks::Rng& rng, int32_t* tokens,
+                                     int32_t* targets) const;
+  // A reader step (memory: memagent's update, with that memory; null: mapreduce's map) with the
+  // reader's chunk; drop() takes a distractor out when the needles alone do not fit.
+  Expected<CurriculumSample> fit_step(const std::string& task, int64_t len, const readers::Template& t,
+                                      const std::string& question, const std::string* memory, const std::string& reply,
+                                      const std::function<std::string(int64_t)>& chunk_of,
+                                      const std::function<bool()>& drop, int32_t* tokens, int32_t* targets) const;
   // The Sculptor reader's text protocol: "sculptor_search", "sculptor_answer".
   Expected<CurriculumSample> sculptor_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                            int32_t* targets) const;

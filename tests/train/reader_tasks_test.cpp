@@ -13,6 +13,7 @@
 #include <optional>
 #include <utility>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -265,6 +266,131 @@ TEST(ReaderTasks, MemUpdateCarriesTheRelevantSentence) {
   EXPECT_GT(st.passkey, 0);
   EXPECT_GT(st.uuid, 0);
   EXPECT_GT(st.number, 0);
+}
+
+// mem_carry: the memory holds the queried sentence, the section does not; the reply is the
+// memory as it was. The essay is the haystack more often than the noise sentences.
+TEST(ReaderTasks, MemCarryCopiesTheMemory) {
+  const readers::Template t = load_template("memagent_update", {"problem", "memory", "chunk"});
+  Stats st;
+  int essay = 0, noise = 0;
+  for_samples("mem_carry", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
+    auto section = between(s.prompt, "<section>\n", "\n</section>");
+    ASSERT_TRUE(problem && memory && section) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    const Query q = query_of(*problem, st);
+    const auto in_memory = find_needle(*memory, q);
+    ASSERT_TRUE(in_memory) << *memory;
+    EXPECT_EQ(in_memory->sentence, *memory);
+    EXPECT_FALSE(find_needle(*section, q)) << *section;
+    EXPECT_EQ(s.reply, *memory);
+    st.distractors += count(*section, "One of the special magic") > 0;
+    if (!q.passkey) ++(section->find("The grass is green.") == std::string::npos ? essay : noise);
+    const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
+    EXPECT_LE(chunk_tokens, max_len * 5000 / 8192 + 8);
+  });
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_GT(st.passkey, 0);
+  EXPECT_GT(essay, noise);
+  EXPECT_GT(noise, 0);
+}
+
+// RULER's variable-tracking statements in a text, in order: (variable, right-hand side).
+std::vector<std::pair<std::string, std::string>> vt_statements(const std::string& text) {
+  static const std::regex re("VAR ([A-Z]{5}) = (VAR ([A-Z]{5})|([0-9]{5}))");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it)
+    out.emplace_back((*it)[1].str(), (*it)[3].matched ? (*it)[3].str() : (*it)[4].str());
+  return out;
+}
+
+std::string vt_value(const std::string& problem) {
+  static const std::regex re("Question: Find all variables that are assigned the value ([0-9]{5}) in the text above\\.");
+  std::smatch m;
+  EXPECT_TRUE(std::regex_match(problem, m, re)) << problem;
+  return m.size() > 1 ? m[1].str() : "";
+}
+
+// vt_update: the new memory is every statement of the memory and the section that follows the
+// chain from the question's value, in order, one a line (RULER's text, its trailing spaces
+// inside the memory kept), or "No previous memory" while there is none.
+TEST(ReaderTasks, VtUpdateFollowsTheChain) {
+  const readers::Template t = load_template("memagent_update", {"problem", "memory", "chunk"});
+  int fresh = 0, none_new = 0, empty_memory = 0, full = 0, samples = 0;
+  for_samples("vt_update", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
+    ++samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
+    auto section = between(s.prompt, "<section>\n", "\n</section>");
+    ASSERT_TRUE(problem && memory && section) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    std::set<std::string> tracked = {vt_value(*problem)};
+    std::vector<std::string> kept;
+    auto follow = [&](const std::string& text) {
+      int n = 0;
+      for (const auto& [var, rhs] : vt_statements(text)) {
+        EXPECT_TRUE(tracked.count(rhs)) << "a statement off the chain: " << var << " = " << rhs;
+        tracked.insert(var);
+        kept.push_back(std::isdigit(static_cast<unsigned char>(rhs[0])) ? "VAR " + var + " = " + rhs
+                                                                        : "VAR " + var + " = VAR " + rhs + " ");
+        ++n;
+      }
+      return n;
+    };
+    if (*memory == "No previous memory") ++empty_memory;
+    else EXPECT_GT(follow(*memory), 0) << *memory;
+    full += kept.size() == 5;
+    const int n_new = follow(*section);
+    ++(n_new > 0 ? fresh : none_new);
+    // Each new statement sits on a line of its own in the section.
+    for (const auto& [var, rhs] : vt_statements(*section)) {
+      const size_t at = section->find("VAR " + var + " = ");
+      EXPECT_TRUE(at == 0 || (*section)[at - 1] == '\n') << *section;
+      const size_t eol = section->find('\n', at);
+      static const std::regex line("VAR [A-Z]{5} = (VAR [A-Z]{5} |[0-9]{5})");
+      EXPECT_TRUE(std::regex_match(section->substr(at, eol == std::string::npos ? std::string::npos : eol - at), line))
+          << *section;
+    }
+    std::string expected;
+    for (const std::string& k : kept) expected += (expected.empty() ? "" : "\n") + k;
+    while (!expected.empty() && expected.back() == ' ') expected.pop_back();
+    EXPECT_EQ(s.reply, kept.empty() ? "No previous memory" : expected) << s.prompt;
+    EXPECT_LE(kept.size(), 5u);
+    const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
+    EXPECT_LE(chunk_tokens, max_len * 5000 / 8192 + 8);
+  });
+  EXPECT_GT(fresh, samples / 5);
+  EXPECT_GT(none_new, samples / 5);
+  EXPECT_GT(empty_memory, 0);
+  EXPECT_GT(full, 0);
+}
+
+// vt_answer: the memory holds the chain's first statements; the reply boxes their variables in
+// chain order.
+TEST(ReaderTasks, VtAnswerBoxesTheVariables) {
+  const readers::Template t = load_template("memagent_final", {"problem", "memory"});
+  int whole = 0, part = 0;
+  for_samples("vt_answer", [&](const Seq& s, int64_t, const Tokenizer&) {
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
+    ASSERT_TRUE(problem && memory) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}}));
+    std::string tracked = vt_value(*problem), names;
+    const auto st = vt_statements(*memory);
+    ASSERT_FALSE(st.empty()) << *memory;
+    for (const auto& [var, rhs] : st) {
+      EXPECT_EQ(rhs, tracked);
+      tracked = var;
+      names += (names.empty() ? "" : " ") + var;
+    }
+    ++(st.size() == 5 ? whole : part);
+    EXPECT_EQ(s.reply, "\\boxed{" + names + "}");
+  });
+  EXPECT_GT(whole, 0);
+  EXPECT_GT(part, 0);
 }
 
 // mem_answer: the memory holds the queried sentence; the reply is \boxed{value}.
