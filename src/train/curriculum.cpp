@@ -37,7 +37,7 @@ bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n
 
 bool is_reader_task(const std::string& n) {
   return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || n == "vt_update" ||
-         n == "vt_answer" || is_sculptor_task(n);
+         n == "vt_answer" || n == "smooth_note" || n == "smooth_answer" || is_sculptor_task(n);
 }
 
 bool is_own_task(const std::string& n) {
@@ -90,7 +90,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_answer, map_answer, sculptor_search, sculptor_answer)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_answer, map_answer, smooth_note, smooth_answer, sculptor_search, sculptor_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -131,6 +131,8 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
     LC_ASSIGN_OR_RETURN(c->mem_update_, src.load("memagent_update", {"problem", "memory", "chunk"}));
     LC_ASSIGN_OR_RETURN(c->mem_final_, src.load("memagent_final", {"problem", "memory"}));
     LC_ASSIGN_OR_RETURN(c->map_, src.load("mapreduce_map", {"problem", "chunk"}));
+    LC_ASSIGN_OR_RETURN(c->smooth_read_, src.load("smooth_read", {"problem", "summary", "chunk"}));
+    LC_ASSIGN_OR_RETURN(c->smooth_final_, src.load("smooth_final", {"problem", "summary"}));
     LC_ASSIGN_OR_RETURN(c->sculptor_text_, src.load("sculptor_text", {"problem", "fragments", "fragment_tokens"}));
   }
   for (int32_t id = 0; id < tok.n_vocab(); ++id) {  // pieces of text, for "repeat"
@@ -355,6 +357,11 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               time); the reply is \boxed{the variables, in chain order, space-separated}.
 //   map_answer  (mapreduce_map) chunk with the queried needle or not; the reply is the value or
 //               "none".
+//   smooth_note (smooth_read) chunk with the queried needle or not; the notes so far are "none
+//               yet", another key's sentence or the queried one (only when the chunk does not
+//               hold it), as "[chunk] entry" lines; the reply is the queried sentence, or "none".
+//   smooth_answer (smooth_final) notes holding the queried sentence among 0-2 other keys';
+//               the reply is \boxed{VALUE}.
 // The chunk (noise sentences or essay, RULER's haystacks, the needles at RULER's depths) gets
 // what the reader would give it in a window of the sequence's length: memagent 5000/8192 of
 // it, at most what is left after the template, the question and twice its memory cap
@@ -408,7 +415,28 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     return encode_reply(prompt, "\\boxed{" + q.value + "}", len, tokens, targets);
   }
 
+  // Smooth Reading's notes as the reader shows them: "[chunk] entry" lines in reading order.
+  auto notes_of = [&](const std::vector<std::string>& entries) {
+    if (entries.empty()) return std::string("none yet");
+    std::vector<int64_t> at;
+    for (size_t i = 0; i < entries.size(); ++i) at.push_back(tasks::uniform(rng, 1, 400));
+    std::sort(at.begin(), at.end());
+    std::string out;
+    for (size_t i = 0; i < entries.size(); ++i)
+      out += fmt::format("{}[{}] {}", out.empty() ? "" : "\n", at[i] + static_cast<int64_t>(i), entries[i]);
+    return out;
+  };
+  if (task == "smooth_answer") {
+    std::vector<std::string> entries = {q.sentence};
+    for (int64_t i = tasks::uniform(rng, 0, 2); i > 0; --i)
+      entries.insert(entries.begin() + tasks::uniform(rng, 0, static_cast<int64_t>(entries.size())), other().sentence);
+    const std::string prompt = render_.text(
+        readers::render(smooth_final_, {{"problem", question}, {"summary", notes_of(entries)}}), smooth_final_.prefix);
+    return encode_reply(prompt, "\\boxed{" + q.value + "}", len, tokens, targets);
+  }
+
   const bool carry = task == "mem_carry";
+  const bool smooth = task == "smooth_note";
   const bool update = task == "mem_update" || carry;
   const bool present = !carry && tasks::uniform(rng, 0, 1) == 1;
   std::vector<tasks::Insert> inserts;
@@ -416,13 +444,18 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   for (int64_t i = tasks::uniform(rng, 0, 2); i > 0; --i) inserts.push_back({0, other().sentence});
   const std::vector<double> depths = tasks::needle_depths(rng, -1, inserts.size());
   for (size_t i = 0; i < inserts.size(); ++i) inserts[i].depth = depths[i];
-  std::string memory = kNoMemory, reply;
+  std::string memory = kNoMemory, notes, reply;
   if (update) {
     // 0: no memory yet, 1: the queried sentence (from an earlier chunk), 2: another key's.
     const int64_t m = carry ? 1 : present ? 2 * tasks::uniform(rng, 0, 1) : tasks::uniform(rng, 0, 2);
     if (m == 1) memory = q.sentence;
     if (m == 2) memory = other().sentence;
     reply = present ? q.sentence : m == 1 ? memory : kNoMemory;
+  } else if (smooth) {
+    // Notes so far: none, another key's sentence, or (from an earlier chunk) the queried one.
+    const int64_t m = present ? 2 * tasks::uniform(rng, 0, 1) : tasks::uniform(rng, 0, 2);
+    notes = notes_of(m == 0 ? std::vector<std::string>{} : std::vector<std::string>{m == 1 ? q.sentence : other().sentence});
+    reply = present ? q.sentence : "none";
   } else {
     reply = present ? q.value : "none";
   }
@@ -436,7 +469,6 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   } else {
     start = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(tasks::noise_sentences().size()) - 1));
   }
-  const readers::Template& t = update ? mem_update_ : map_;
   auto chunk_of = [&](int64_t units) {  // essay words or noise sentences, with the needles
     std::vector<std::string> hay;
     if (essay) {
@@ -453,28 +485,34 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     inserts.pop_back();
     return true;
   };
-  return fit_step(task, len, t, question, update ? &memory : nullptr, reply, chunk_of, drop, tokens, targets);
+  return fit_step(task, len, update ? Step::kMemAgent : smooth ? Step::kSmooth : Step::kMap, question,
+                  smooth ? notes : memory, reply, chunk_of, drop, tokens, targets);
 }
 
 // A reader step's sequence, its chunk as long as the reader would make it at a window of len
 // tokens (memagent: 5000/8192 of the window, at most what is left after the template, the
 // question and twice its memory cap of 1024/8192; mapreduce: what is left after the template,
-// the question and 32 answer tokens), with the most haystack (chunk_of's units) that fits.
-Expected<CurriculumSample> Curriculum::fit_step(const std::string& task, int64_t len, const readers::Template& t,
-                                                const std::string& question, const std::string* memory,
+// the question and 32 answer tokens; smooth: what is left after the template, the question, the
+// notes' cap of a quarter of the window and a 64-token entry), with the most haystack
+// (chunk_of's units) that fits.
+Expected<CurriculumSample> Curriculum::fit_step(const std::string& task, int64_t len, Step step,
+                                                const std::string& question, const std::string& mem,
                                                 const std::string& reply,
                                                 const std::function<std::string(int64_t)>& chunk_of,
                                                 const std::function<bool()>& drop, int32_t* tokens,
                                                 int32_t* targets) const {
-  auto prompt_of = [&](const std::string& chunk, const std::string& mem) {
+  const readers::Template& t = step == Step::kMemAgent ? mem_update_ : step == Step::kMap ? map_ : smooth_read_;
+  auto prompt_of = [&](const std::string& chunk, const std::string& state) {
     std::map<std::string, std::string> v = {{"problem", question}, {"chunk", chunk}};
-    if (memory) v["memory"] = mem;
+    if (step == Step::kMemAgent) v["memory"] = state;
+    if (step == Step::kSmooth) v["summary"] = state;
     return render_.text(readers::render(t, v), t.prefix);
   };
-  const std::string mem = memory ? *memory : std::string();
   auto n_tokens = [&](const std::string& text) { return static_cast<int64_t>(tok_.encode(text, true, false).size()); };
   const int64_t base = n_tokens(prompt_of("", ""));
-  const int64_t chunk_cap = memory ? std::min(len * 5000 / 8192, len - base - 2 * (len * 1024 / 8192)) : len - base - 32;
+  const int64_t chunk_cap = step == Step::kMemAgent ? std::min(len * 5000 / 8192, len - base - 2 * (len * 1024 / 8192))
+                            : step == Step::kMap    ? len - base - 32
+                                                    : len - base - len / 4 - 64;  // smooth: notes, entry
   const int64_t empty = n_tokens(prompt_of("", mem) + reply);  // the sequence (less EOS) without a chunk
   int64_t needles_only = n_tokens(prompt_of(chunk_of(0), mem) + reply);
   while (needles_only > len && drop()) needles_only = n_tokens(prompt_of(chunk_of(0), mem) + reply);
@@ -530,7 +568,7 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
     for (int64_t i = 0; i < units; ++i) hay.push_back(noise[(start + static_cast<size_t>(i)) % noise.size()]);
     return tasks::assemble(hay, inserts, " ", true, nullptr);
   };
-  return fit_step(task, len, mem_update_, question, &memory, reply, chunk_of, [] { return false; }, tokens, targets);
+  return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets);
 }
 
 // The Sculptor reader's text protocol (readers/sculptor.cpp, protocol=text, the shipped model's:

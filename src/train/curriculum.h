@@ -22,6 +22,11 @@
 //   vt_update   memagent_update on RULER's variable tracking: the memory holds the chain's first
 //               statements, the chunk the next 0-2; the reply adds them, one a line;
 //   vt_answer   memagent_final on a memory of the chain's statements: \boxed{the variables};
+//   smooth_note smooth_read: the chunk holds the queried needle or not, the notes so far are
+//               "none yet", another key's sentence or the queried one; the reply is the queried
+//               sentence when the chunk holds it, else "none";
+//   smooth_answer smooth_final: notes holding the queried sentence (and sometimes others');
+//               the reply is \boxed{VALUE};
 //   map_answer  mapreduce_map: the chunk holds the queried needle or not; the reply is the
 //               value, or "none";
 //   sculptor_search  sculptor_text (Sculptor's first message, text protocol; {fragments} drawn
@@ -61,7 +66,7 @@ namespace lc::train {
 struct CurriculumTask {
   std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
                      // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_answer", "map_answer",
-                     // "sculptor_search", "sculptor_answer"
+                     // "smooth_note", "smooth_answer", "sculptor_search", "sculptor_answer"
   double weight = 1;
 };
 
@@ -122,16 +127,19 @@ class Curriculum {
   Expected<CurriculumSample> recall(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> quiz(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   Expected<CurriculumSample> copy(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
-  // The reader protocol tasks: "mem_update", "mem_carry", "mem_answer", "map_answer".
+  // The reader protocol tasks: "mem_update", "mem_carry", "mem_answer", "map_answer",
+  // "smooth_note", "smooth_answer".
   Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                          int32_t* targets) const;
   // MemAgent on variable tracking: "vt_update", "vt_answer".
   Expected<CurriculumSample> vt_task(const std::string& task, int64_t len, tasks::Rng& rng, int32_t* tokens,
                                      int32_t* targets) const;
-  // A reader step (memory: memagent's update, with that memory; null: mapreduce's map) with the
-  // reader's chunk; drop() takes a distractor out when the needles alone do not fit.
-  Expected<CurriculumSample> fit_step(const std::string& task, int64_t len, const readers::Template& t,
-                                      const std::string& question, const std::string* memory, const std::string& reply,
+  // A reader step (memagent's update with memory `state`, mapreduce's map, or smooth's round
+  // with notes `state`) with the reader's chunk; drop() takes a distractor out when the needles
+  // alone do not fit.
+  enum class Step { kMemAgent, kMap, kSmooth };
+  Expected<CurriculumSample> fit_step(const std::string& task, int64_t len, Step step, const std::string& question,
+                                      const std::string& state, const std::string& reply,
                                       const std::function<std::string(int64_t)>& chunk_of,
                                       const std::function<bool()>& drop, int32_t* tokens, int32_t* targets) const;
   // The Sculptor reader's text protocol: "sculptor_search", "sculptor_answer".
@@ -157,7 +165,7 @@ class Curriculum {
   std::vector<int32_t> text_tokens_; // the plain text
   std::vector<int32_t> plain_ids_;   // vocabulary pieces that are text (not control, not a lone byte)
   // The readers' templates, loaded when a reader task is in the mix.
-  readers::Template mem_update_, mem_final_, map_, sculptor_text_;
+  readers::Template mem_update_, mem_final_, map_, smooth_read_, smooth_final_, sculptor_text_;
 };
 
 }  // namespace lc::train

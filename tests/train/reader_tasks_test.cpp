@@ -440,6 +440,86 @@ TEST(ReaderTasks, MapAnswerGivesTheValueOrNone) {
   EXPECT_GT(st.uuid, 0);
 }
 
+// Smooth Reading's notes: "none yet", or "[chunk] entry" lines with ascending chunk numbers.
+std::vector<std::string> parse_notes(const std::string& notes) {
+  std::vector<std::string> out;
+  if (notes == "none yet") return out;
+  static const std::regex line("\\[([0-9]+)\\] (.*)");
+  std::istringstream in(notes);
+  long last = 0;
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(l, m, line)) << notes;
+    if (m.size() < 3) continue;
+    const long at = std::stol(m[1].str());
+    EXPECT_GT(at, last) << notes;
+    last = at;
+    out.push_back(m[2].str());
+  }
+  return out;
+}
+
+// smooth_note: the note is the queried needle sentence when the section holds it, else "none"
+// (whatever the notes so far hold).
+TEST(ReaderTasks, SmoothNoteCopiesTheSentenceOrSaysNone) {
+  const readers::Template t = load_template("smooth_read", {"problem", "summary", "chunk"});
+  Stats st;
+  for_samples("smooth_note", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto notes = between(s.prompt, "<notes>\n", "\n</notes>");
+    auto section = between(s.prompt, "<section>\n", "\n</section>");
+    ASSERT_TRUE(problem && notes && section) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"summary", *notes}, {"chunk", *section}}));
+    const Query q = query_of(*problem, st);
+    const auto in_chunk = find_needle(*section, q);
+    const std::vector<std::string> entries = parse_notes(*notes);
+    bool queried_in_notes = false;
+    for (const std::string& e : entries) queried_in_notes |= find_needle(e, q).has_value();
+    if (entries.empty()) ++st.no_memory;
+    else ++(queried_in_notes ? st.from_memory : st.other_memory);
+    if (in_chunk && queried_in_notes) ADD_FAILURE() << "the queried needle is both in the notes and in the chunk";
+    ++(in_chunk ? st.in_chunk : st.not_in_chunk);
+    EXPECT_EQ(s.reply, in_chunk ? in_chunk->sentence : "none") << s.prompt;
+    st.distractors += count(*section, "One of the special magic") > (in_chunk && !q.passkey ? 1u : 0u);
+    // The section leaves the reader's notes (a quarter of the window) and entry (64) free.
+    const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
+    EXPECT_LE(chunk_tokens, max_len - max_len / 4 - 64);
+  });
+  EXPECT_GT(st.in_chunk, st.samples / 5);
+  EXPECT_GT(st.not_in_chunk, st.samples / 5);
+  EXPECT_GT(st.from_memory, 0);
+  EXPECT_GT(st.no_memory, 0);
+  EXPECT_GT(st.other_memory, 0);
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_GT(st.passkey, 0);
+}
+
+// smooth_answer: the notes hold the queried sentence (sometimes among others); the reply is
+// \boxed{value}.
+TEST(ReaderTasks, SmoothAnswerBoxesTheValue) {
+  const readers::Template t = load_template("smooth_final", {"problem", "summary"});
+  Stats st;
+  for_samples("smooth_answer", [&](const Seq& s, int64_t, const Tokenizer&) {
+    ++st.samples;
+    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+    auto notes = between(s.prompt, "<notes>\n", "\n</notes>");
+    ASSERT_TRUE(problem && notes) << s.prompt;
+    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"summary", *notes}}));
+    const Query q = query_of(*problem, st);
+    std::optional<Found> f;
+    const std::vector<std::string> entries = parse_notes(*notes);
+    for (const std::string& e : entries)
+      if (auto g = find_needle(e, q)) f = g;
+    ASSERT_TRUE(f) << s.prompt;
+    st.two_in_memory += entries.size() > 1;
+    EXPECT_EQ(s.reply, "\\boxed{" + f->value + "}");
+  });
+  EXPECT_GT(st.two_in_memory, 0);
+  EXPECT_LT(st.two_in_memory, st.samples);
+  EXPECT_GT(st.passkey, 0);
+}
+
 // ---- Sculptor (text protocol): sculptor_search, sculptor_answer ----
 
 // The queried key, from the problem: the word or UUID key of a RULER question, "pass key".
