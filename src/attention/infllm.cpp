@@ -130,7 +130,8 @@ class InfLlmBackend final : public ExecBackend {
       // The blocks formed before this sub-chunk get their representatives, and, when there are
       // more than topk, their relevance to its queries.
       pool.parallel_for(Hkv, [&](int64_t b, int64_t e, int) {
-        std::vector<float> qs(static_cast<size_t>(d)), kbuf;
+        thread_local std::vector<float> qs, kbuf;  // per worker, kept between forwards
+        qs.resize(static_cast<size_t>(d));
         for (int64_t hk = b; hk < e; ++hk) {
           HeadState& hs = heads_[static_cast<size_t>(il * Hkv + hk)];
           while (hs.n_rep < n_mem) make_representative(kv, il, hk, hs, rt, g, kbuf);

@@ -140,13 +140,7 @@ class VslashBackend final : public ExecBackend {
     // Pooled along the sequence (zero padding; probabilities are >= 0, so 0 is also the
     // max-pool identity), then the top `vertical`, ties to the lower token.
     std::vector<float> pooled(static_cast<size_t>(n_pre));
-    const int64_t half = kernel_ / 2;
-    for (int64_t j = 0; j < n_pre; ++j) {
-      float acc = 0.0f;
-      for (int64_t i = std::max<int64_t>(0, j - half); i <= std::min(n_pre - 1, j + half); ++i)
-        acc = max_pool_ ? std::max(acc, agg[static_cast<size_t>(i)]) : acc + agg[static_cast<size_t>(i)];
-      pooled[static_cast<size_t>(j)] = max_pool_ ? acc : acc / static_cast<float>(kernel_);
-    }
+    kernels::pool_seq(agg.data(), n_pre, kernel_, max_pool_, 1.0f, pooled.data());
     const int64_t k = std::min(vertical_, n_pre);
     out.resize(static_cast<size_t>(n_pre));
     std::iota(out.begin(), out.end(), 0);

@@ -76,6 +76,11 @@ void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps
 void softmax_inplace(float* x, int64_t n);
 // x[i] = exp(x[i] - m) for i < n; returns the sum (online-softmax tiles).
 float exp_sub_sum(float* x, int64_t n, float m);
+// Pooling along the sequence with zero padding, as SnapKV's and SpecKV's scoring (and MInference's
+// vertical choice) pool a window's attention: out[j] = scale x (the max of a[i], or their sum
+// divided by `kernel`) over i in [j - kernel/2, j + kernel/2] within [0, n). a must be >= 0 for
+// max pooling (0 is then the identity, as the zero padding).
+void pool_seq(const float* a, int64_t n, int64_t kernel, bool max_pool, float scale, float* out);
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up
 float dot_f32(const float* a, const float* b, int64_t n);
 // out[j] = q . k[j] for j < nk; k: [nk, d] contiguous rows. Four rows at a time share each

@@ -1,4 +1,5 @@
 // Element-wise and row kernels on contiguous f32.
+#include <algorithm>
 #include <cmath>
 
 #include "core/tensor.h"
@@ -63,6 +64,16 @@ void rmsnorm(const float* x, const float* weight, float* y, int64_t n, float eps
   for (i = 0; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(weight + i)));
   for (; i < n; ++i) y[i] = (x[i] * scale) * weight[i];
+}
+
+void pool_seq(const float* a, int64_t n, int64_t kernel, bool max_pool, float scale, float* out) {
+  const int64_t half = kernel / 2;
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = std::max<int64_t>(0, j - half); i <= std::min(n - 1, j + half); ++i)
+      acc = max_pool ? std::max(acc, a[i]) : acc + a[i];
+    out[j] = max_pool ? acc * scale : acc * scale / static_cast<float>(kernel);
+  }
 }
 
 float exp_sub_sum(float* x, int64_t n, float m) {

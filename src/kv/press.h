@@ -205,6 +205,8 @@ class KvPress {
   virtual int64_t lookahead() const { return 0; }
   // SpecKV's sparse prefill: see PressScorer::prefill_attention.
   virtual std::string prefill_attention(int64_t window) const { (void)window; return ""; }
+  // Whether the prompt is prefilled with prefill_attention() (SpecKV's prefill=sparse).
+  bool sparse_prefill() const { return !prefill_attention(1).empty(); }
   // SpecPC: non-null when the press compresses the prompt before prefill (with a draft model).
   virtual const PromptCompression* prompt_compression() const { return nullptr; }
   // KVzip: non-null when the press scores by context reconstruction (kv/press_kvzip.h): the

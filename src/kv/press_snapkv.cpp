@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/kernels.h"
 #include "kv/press_impl.h"
 
 namespace lc::press {
@@ -48,13 +49,7 @@ class SnapKv final : public PressScorer {
         const float inv_w = c.n_obs > 0 ? 1.0f / static_cast<float>(c.n_obs) : 0.0f;
         auto& r = out.by_query_head[static_cast<size_t>(hq)];
         r.assign(static_cast<size_t>(n), FLT_MAX);
-        const int64_t half = kernel_ / 2;
-        for (int64_t j = 0; j < n_pre; ++j) {
-          float acc = 0.0f;  // probabilities are >= 0: 0 is also the max-pool identity
-          for (int64_t i = std::max<int64_t>(0, j - half); i <= std::min(n_pre - 1, j + half); ++i)
-            acc = max_pool_ ? std::max(acc, a[static_cast<size_t>(i)]) : acc + a[static_cast<size_t>(i)];
-          r[static_cast<size_t>(j)] = max_pool_ ? acc * inv_w : acc * inv_w / static_cast<float>(kernel_);
-        }
+        kernels::pool_seq(a.data(), n_pre, kernel_, max_pool_, inv_w, r.data());
       }
     });
     return ok_status();

@@ -26,6 +26,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/kernels.h"
 #include "kv/press_impl.h"
 
 namespace lc::press {
@@ -112,13 +113,7 @@ class SpecKv final : public PressScorer {
         for (float& x : a) x /= static_cast<float>(g * c.n_obs);
       auto& r = out.by_kv_head[static_cast<size_t>(h)];
       r.assign(static_cast<size_t>(n), FLT_MAX);
-      const int64_t half = kernel_ / 2;
-      for (int64_t j = 0; j < n_pre; ++j) {
-        float acc = 0.0f;  // probabilities are >= 0: 0 is also the max-pool identity
-        for (int64_t i = std::max<int64_t>(0, j - half); i <= std::min(n_pre - 1, j + half); ++i)
-          acc = max_pool_ ? std::max(acc, a[static_cast<size_t>(i)]) : acc + a[static_cast<size_t>(i)];
-        r[static_cast<size_t>(j)] = max_pool_ ? acc : acc / static_cast<float>(kernel_);
-      }
+      kernels::pool_seq(a.data(), n_pre, kernel_, max_pool_, 1.0f, r.data());
     });
     return ok_status();
   }

@@ -90,7 +90,7 @@ Status PressRunner::before_prompt(Context& ctx, std::span<const int32_t> prompt,
   const bool agnostic = !press_->schedule().query_aware;
   active_ = !agnostic || call.context_part || !context_done_;
   if (active_ && ctx.n_past() == 0 && press_->lookahead() != 0 && press_->schedule().covers(PressPhase::kPrefill) &&
-      !press_->prefill_attention(1).empty())
+      press_->sparse_prefill())
     return sparse_begin(ctx, prompt, call, replace);
   if (!press_->prompt_compression() || !active_ || ctx.n_past() != 0) return ok_status();
   if (call.which == Logits::kAll)
