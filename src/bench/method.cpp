@@ -40,7 +40,7 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     if (part.empty()) continue;
     const size_t eq = part.find('=');
     if (eq == std::string_view::npos)
-      return make_error(fmt::format("method '{}': expected key=value parts (rope=, attn=, press=, qttt=, reader=, name=) separated by ';'",
+      return make_error(fmt::format("method '{}': expected key=value parts (rope=, attn=, press=, qttt=, reader=, model=, name=) separated by ';'",
                                     text));
     const std::string key(part.substr(0, eq));
     const std::string val(part.substr(eq + 1));
@@ -50,10 +50,13 @@ Expected<MethodSetting> parse_method(std::string_view text) {
     else if (key == "qttt") m.qttt = val;
     else if (key == "reader") m.reader = val;
     else if (key == "name") m.name = val;
+    else if (key == "model") m.model = val;
     else
-      return make_error(fmt::format("method '{}': unknown key '{}' (rope, attn, press, qttt, reader, name)",
+      return make_error(fmt::format("method '{}': unknown key '{}' (rope, attn, press, qttt, reader, model, name)",
                                     text, key));
   }
+  if (m.model.empty() && text.find("model=") != std::string_view::npos)
+    return make_error(fmt::format("method '{}': model= needs a GGUF path", text));
   return m;
 }
 

@@ -26,11 +26,14 @@ struct MethodSetting {
   // A reading agent (src/readers, "memagent:chunk=..."); "none": the prompt is read whole.
   // With a reader, rope, attention and press apply inside each of its model calls.
   std::string reader = "none";
+  // A GGUF path: the setting runs on that model only (added to the run's models when missing);
+  // empty: on every model of the run.
+  std::string model;
   bool has_reader() const;
   std::string label() const;   // name, or the non-default specs joined by " + ", or "baseline"
 };
 
-// "rope=yarn:factor=8;attn=dense;press=none;qttt=steps=8,lr=1e-3,span=128;reader=memagent;name=yarn8"
+// "rope=yarn:factor=8;attn=dense;press=none;qttt=steps=8,lr=1e-3,span=128;reader=memagent;model=M.gguf;name=yarn8"
 // (any subset, ';'-separated).
 Expected<MethodSetting> parse_method(std::string_view text);
 // The setting's qTTT parameters (steps == 0: off).

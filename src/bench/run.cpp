@@ -88,12 +88,13 @@ Status apply_config_json(const json& j, RunConfig& cfg) {
             else if (k == "qttt") s.qttt = v;
             else if (k == "reader") s.reader = v;
             else if (k == "name") s.name = v;
+            else if (k == "model") s.model = v;
             else
-              return make_error(
-                  fmt::format("config: unknown method field \"{}\" (rope, attn, press, qttt, reader, name)", k));
+              return make_error(fmt::format(
+                  "config: unknown method field \"{}\" (rope, attn, press, qttt, reader, model, name)", k));
           }
         } else {
-          return make_error("config: a method is an object {rope, attn, press, qttt, reader, name} or a string");
+          return make_error("config: a method is an object {rope, attn, press, qttt, reader, model, name} or a string");
         }
         cfg.methods.push_back(s);
       }
@@ -607,6 +608,27 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       if (!labels.insert(m.label()).second)
         return make_error(fmt::format("bench run: two method settings are both called '{}'", m.label()));
   }
+  // A setting pinned to a model (model=) runs on that model only; its model joins the run.
+  auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code e1, e2;
+    const fs::path pa = fs::weakly_canonical(a, e1), pb = fs::weakly_canonical(b, e2);
+    return e1 || e2 ? a == b : pa == pb;
+  };
+  auto runs_on = [&](const MethodSetting& m, const ModelRef& r) {
+    return m.model.empty() || (!r.image && same_file(m.model, r.path));
+  };
+  for (const auto& m : cfg.methods) {
+    if (m.model.empty()) continue;
+    if (!fs::is_regular_file(m.model))
+      return make_error(ErrorCode::kIo, fmt::format("bench run: method {}: model {} is not a file", m.label(), m.model));
+    bool listed = false;
+    for (const auto& r : cfg.models) listed = listed || runs_on(m, r);
+    if (!listed) cfg.models.push_back({"", m.model, nullptr, 0});
+  }
+  // A model no setting runs on (the default model, when every setting names its own) is left out.
+  std::erase_if(cfg.models, [&](const ModelRef& r) {
+    return std::none_of(cfg.methods.begin(), cfg.methods.end(), [&](const MethodSetting& m) { return runs_on(m, r); });
+  });
   LC_ASSIGN_OR_RETURN(std::vector<std::string> tasks, tasks::expand_task_names(cfg.tasks));
   std::sort(cfg.lengths.begin(), cfg.lengths.end());
   cfg.lengths.erase(std::unique(cfg.lengths.begin(), cfg.lengths.end()), cfg.lengths.end());
@@ -657,7 +679,10 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       for (int d : depths)
         for (int64_t i = 0; i < cfg.samples; ++i) cells.push_back({t, len, d, i});
     }
-  const int64_t total_all = static_cast<int64_t>(cells.size() * cfg.methods.size() * cfg.models.size());
+  int64_t pairs = 0;  // (model, setting) pairs that run
+  for (const auto& r : cfg.models)
+    for (const auto& m : cfg.methods) pairs += runs_on(m, r);
+  const int64_t total_all = static_cast<int64_t>(cells.size()) * pairs;
   // This rank's share: places r, r + N, ...
   const int64_t total = distributed ? (total_all - shard.rank + shard.size - 1) / shard.size : total_all;
   int64_t order = -1;  // the place of the sample in the run's order
@@ -689,6 +714,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
     const tasks::PromptRenderer renderer(model->tokenizer(), tmpl);
     // Every setting is tried on this model before any work, so that a bad spec fails now.
     for (const MethodSetting& method : cfg.methods) {
+      if (!runs_on(method, mref)) continue;
       ContextParams pp;
       pp.n_ctx = cfg.lengths.front();
       pp.n_batch = 16;
@@ -707,6 +733,7 @@ Expected<RunReport> run_matrix(const RunConfig& cfg_in) {
       }
     }
     for (const MethodSetting& method : cfg.methods) {
+      if (!runs_on(method, mref)) continue;
       const std::string mlabel = method.label();
       ContextParams cp;  // rope and attention come from the method setting
       cp.n_ctx = cfg.n_ctx < 0 ? cfg.lengths.back() : cfg.n_ctx;

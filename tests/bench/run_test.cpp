@@ -323,6 +323,49 @@ TEST(BenchRun, ReadersRunThroughTheMatrix) {
   fs::remove_all(out);
 }
 
+// model=: a setting runs on its own model only, which joins the run; a model that no setting runs
+// on is left out; a missing file fails before any work.
+TEST(BenchRun, MethodsPinnedToAModelRunOnItOnly) {
+  const std::string other = std::string(LONGCTX_TEST_DATA) + "/../../models/longctx-2l.gguf";
+  const std::string out = fresh_dir("pinned");
+  RunConfig c = small(out);
+  c.tasks = {"passkey"};
+  c.lengths = {512};
+  c.samples = 1;
+  auto pinned = parse_method("name=pinned;model=" + other);
+  ASSERT_TRUE(pinned.has_value()) << pinned.error().message;
+  EXPECT_EQ(pinned->model, other);
+  EXPECT_FALSE(parse_method("model=;name=x").has_value());
+  c.methods = {MethodSetting{"plain", "gguf", "", "none"}, *pinned};
+  auto rep = run_matrix(c);
+  ASSERT_TRUE(rep.has_value()) << rep.error().message;
+  std::multiset<std::string> ran;
+  for (const auto& l : lines(out + "/results.jsonl")) {
+    json j = json::parse(l);
+    ran.insert(j["model"].get<std::string>() + " " + j["method"].get<std::string>());
+  }
+  EXPECT_EQ(ran, (std::multiset<std::string>{"stories260K.gguf plain", "longctx-2l.gguf plain",
+                                              "longctx-2l.gguf pinned"}));
+  fs::remove_all(out);
+
+  // Every setting pinned elsewhere: the run's own model is not loaded.
+  c.methods = {*pinned};
+  rep = run_matrix(c);
+  ASSERT_TRUE(rep.has_value()) << rep.error().message;
+  const auto ls = lines(out + "/results.jsonl");
+  ASSERT_EQ(ls.size(), 1u);
+  EXPECT_EQ(json::parse(ls[0])["model"], "longctx-2l.gguf");
+  fs::remove_all(out);
+
+  auto missing = parse_method("name=gone;model=/no/such/model.gguf");
+  ASSERT_TRUE(missing.has_value());
+  c.methods = {*missing};
+  rep = run_matrix(c);
+  ASSERT_FALSE(rep.has_value());
+  EXPECT_NE(rep.error().message.find("/no/such/model.gguf"), std::string::npos) << rep.error().message;
+  fs::remove_all(out);
+}
+
 TEST(BenchRun, ConfigFile) {
   RunConfig c;
   json j = {{"models", {"a.gguf", "b.gguf"}},

@@ -56,7 +56,7 @@ struct MethodOpts {
     app->add_option("--rope", rope, "RoPE scaling spec(s), e.g. gguf, yarn:factor=8 (repeat the flag for several)");
     app->add_option("--attn", attn, "attention backend spec(s), e.g. dense");
     app->add_option("--kv-press", press, "KV press spec(s), e.g. none, snapkv:ratio=0.5 (" + press_flag_help() + ")");
-    app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;qttt=..;reader=..;name=..' (repeatable)");
+    app->add_option("--method", method, "a whole setting: 'rope=..;attn=..;press=..;qttt=..;reader=..;model=M.gguf;name=..' (repeatable; model= runs it on that model only)");
     app->add_option("--budget", budget,
                     "equal budgets: set every method's attention backend to read this many keys per query head "
                     "when decoding (a multiple of 256, >= 512; docs/attention.md, \"Equal budgets\"); dense stays dense");
