@@ -349,8 +349,8 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               decays: a read of N chunks copies its memory about N/2 times.
 //   mem_answer  (memagent_final) a memory with the queried sentence, sometimes next to another
 //               key's; the reply is \boxed{VALUE}.
-//   vt_update   (memagent_update) RULER's variable tracking (one chain of 4 hops, noise
-//               sentences): the memory holds the chain's first k statements (k in 0..5; "No
+//   vt_update   (memagent_update) RULER's variable tracking (one chain of 4 hops, RULER's noise
+//               blocks one a line): the memory holds the chain's first k statements (k in 0..5; "No
 //               previous memory" for 0), the chunk the next 0-2, each on a line of its own; the
 //               new memory is the first k + new statements, one a line.
 //   vt_answer   (memagent_final) a memory of the chain's first 1-5 statements (all five half the
@@ -562,11 +562,16 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
   for (size_t j = 0; j < fresh; ++j) inserts.push_back({depths[j], chain[k + j]});
   const std::string memory = lines(k), reply = lines(k + fresh);
   const size_t start = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(tasks::noise_sentences().size()) - 1));
+  // RULER's variable-tracking document: the noise block once a line, each statement on a line of
+  // its own between blocks; the chunk opens inside a block (at sentence `start`), as a reader's
+  // chunk cut from the document's tokens does.
+  const std::string first = tasks::join({tasks::noise_sentences().begin() + static_cast<std::ptrdiff_t>(start),
+                                         tasks::noise_sentences().end()},
+                                        " ");
   auto chunk_of = [&](int64_t units) {
-    const auto& noise = tasks::noise_sentences();
     std::vector<std::string> hay;
-    for (int64_t i = 0; i < units; ++i) hay.push_back(noise[(start + static_cast<size_t>(i)) % noise.size()]);
-    return tasks::assemble(hay, inserts, " ", true, nullptr);
+    for (int64_t i = 0; i < units; ++i) hay.push_back(i == 0 ? first : tasks::noise_block());
+    return tasks::assemble(hay, inserts, "\n", true, nullptr);
   };
   return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets);
 }

@@ -346,6 +346,17 @@ TEST(ReaderTasks, VtUpdateFollowsTheChain) {
     const int n_new = follow(*section);
     ++(n_new > 0 ? fresh : none_new);
     // Each new statement sits on a line of its own in the section.
+    // RULER's document: noise blocks one a line (the first may open mid-block), statements
+    // between them.
+    static const std::string kBlock = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+    std::istringstream lines_in(*section);
+    bool first_block = true;
+    for (std::string l; std::getline(lines_in, l);) {
+      if (l.rfind("VAR ", 0) == 0) continue;
+      if (first_block) EXPECT_TRUE(l.size() <= kBlock.size() && kBlock.compare(kBlock.size() - l.size(), l.size(), l) == 0) << l;
+      else EXPECT_EQ(l, kBlock);
+      first_block = false;
+    }
     for (const auto& [var, rhs] : vt_statements(*section)) {
       const size_t at = section->find("VAR " + var + " = ");
       EXPECT_TRUE(at == 0 || (*section)[at - 1] == '\n') << *section;
