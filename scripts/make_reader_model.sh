@@ -10,9 +10,7 @@
 #   R4  7,000 steps at lr 7e-4 from R3: the memory carried through a chunk without the needle
 #       (mem_carry, where long reads decayed), memagent on variable tracking (vt_update,
 #       vt_answer) and Smooth Reading's notes and answer (smooth_note, smooth_answer), beside
-#       the R3 mix;
-#   R5  3,000 steps at lr 5e-4 from R4, weighted towards vt_update (R4 copied a hop when made to
-#       start a new line, but ended the memory after its first statement).
+#       the R3 mix.
 # Then copies the result to models/longctx-2l-reader.gguf and scores it with every reader.
 #   scripts/make_reader_model.sh          # THREADS=2 OUT=out/make-reader BUILD=build-rel
 # Each stage resumes from its checkpoint if the script is interrupted and run again.
@@ -48,10 +46,8 @@ stage r3 "$OUT/r2.gguf" 5000 7e-4 0.05 \
   mem_update=5,mem_answer=1,map_answer=4,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1
 stage r4 "$OUT/r3.gguf" 7000 7e-4 0.05 \
   mem_update=4,mem_carry=3,mem_answer=1,vt_update=4,vt_answer=1.5,map_answer=2,smooth_note=3,smooth_answer=1,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1
-stage r5 "$OUT/r4.gguf" 3000 5e-4 0.05 \
-  vt_update=6,vt_answer=1,mem_update=2,mem_carry=2,mem_answer=0.5,map_answer=1,smooth_note=1.5,smooth_answer=0.5,sculptor_search=0.3,sculptor_answer=0.3,niah_single_1=0.2,niah_multikey_1=0.3,passkey=0.1,vt=0.2,text=0.1
 echo "make_reader_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
-cp "$OUT/r5.gguf" models/longctx-2l-reader.gguf
+cp "$OUT/r4.gguf" models/longctx-2l-reader.gguf
 "$LC" bench run -m models/longctx-2l-reader.gguf --task niah_single_1 niah_single_2 niah_multikey_1 passkey \
   -L 4K --samples 20 --reader memagent --reader mapreduce --reader sculptor -t "$THREADS" \
   --out-dir "$OUT/eval-4k" --no-plots

@@ -351,9 +351,8 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               key's; the reply is \boxed{VALUE}.
 //   vt_update   (memagent_update) RULER's variable tracking (one chain of 4 hops, RULER's noise
 //               blocks one a line): the memory holds the chain's first k statements (k in 0..5; "No
-//               previous memory" for 0), the chunk nothing new half the time, else the next 1
-//               to 5 - k statements, each on a line of its own; the new memory is the first k +
-//               new statements, one a line.
+//               previous memory" for 0), the chunk the next 0-2, each on a line of its own; the
+//               new memory is the first k + new statements, one a line.
 //   vt_answer   (memagent_final) a memory of the chain's first 1-5 statements (all five half the
 //               time); the reply is \boxed{the variables, in chain order, space-separated}.
 //   map_answer  (mapreduce_map) chunk with the queried needle or not; the reply is the value or
@@ -555,11 +554,7 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
                         len, tokens, targets);
   }
   const size_t k = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(chain.size())));
-  // Half the chunks hold nothing new (most of a long read's do); the others 1 to all of the rest
-  // (a short document's chunk may hold several hops).
-  const size_t fresh = k == chain.size() || tasks::uniform(rng, 0, 1) == 0
-                           ? 0
-                           : static_cast<size_t>(tasks::uniform(rng, 1, static_cast<int64_t>(chain.size() - k)));
+  const size_t fresh = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(std::min<size_t>(2, chain.size() - k))));
   std::vector<tasks::Insert> inserts;
   std::vector<double> depths;
   for (size_t j = 0; j < fresh; ++j) depths.push_back(100.0 * tasks::uniform01(rng));

@@ -20,8 +20,7 @@
 //   mem_answer  memagent_final: a memory holding the queried needle sentence (and sometimes
 //               another key's); the reply is \boxed{VALUE};
 //   vt_update   memagent_update on RULER's variable tracking: the memory holds the chain's first
-//               statements, the chunk none (half the time) or the next 1 to all; the reply adds
-//               them, one a line;
+//               statements, the chunk the next 0-2; the reply adds them, one a line;
 //   vt_answer   memagent_final on a memory of the chain's statements: \boxed{the variables};
 //   smooth_note smooth_read: the chunk holds the queried needle or not, the notes so far are
 //               "none yet", another key's sentence or the queried one; the reply is the queried
