@@ -120,6 +120,22 @@ std::optional<std::string> between(const std::string& s, const std::string& open
   return s.substr(a + open.size(), b - a - open.size());
 }
 
+// A reader step's prompt in its parts: the problem, the state between <tag> and </tag> (the
+// template's `placeholder`) and the section; the template must render them back into the prompt.
+struct StepParts {
+  std::string problem, state, section;
+};
+std::optional<StepParts> step_parts(const Seq& s, const readers::Template& t, const std::string& tag,
+                                    const std::string& placeholder) {
+  auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
+  auto state = between(s.prompt, "<" + tag + ">\n", "\n</" + tag + ">");
+  auto section = between(s.prompt, "<section>\n", "\n</section>");
+  EXPECT_TRUE(problem && state && section) << s.prompt;
+  if (!problem || !state || !section) return std::nullopt;
+  EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {placeholder, *state}, {"chunk", *section}}));
+  return StepParts{*problem, *state, *section};
+}
+
 // What the problem asks: RULER's single-needle question or the passkey question.
 struct Query {
   bool passkey = false;
@@ -228,11 +244,9 @@ TEST(ReaderTasks, MemUpdateCarriesTheRelevantSentence) {
   Stats st;
   for_samples("mem_update", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
     ++st.samples;
-    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
-    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
-    auto section = between(s.prompt, "<section>\n", "\n</section>");
-    ASSERT_TRUE(problem && memory && section) << s.prompt;
-    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    const auto parts = step_parts(s, t, "memory", "memory");
+    ASSERT_TRUE(parts);
+    const std::string *problem = &parts->problem, *memory = &parts->state, *section = &parts->section;
     const Query q = query_of(*problem, st);
     const auto in_chunk = find_needle(*section, q);
     const auto in_memory = find_needle(*memory, q);
@@ -276,11 +290,9 @@ TEST(ReaderTasks, MemCarryCopiesTheMemory) {
   int essay = 0, noise = 0;
   for_samples("mem_carry", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
     ++st.samples;
-    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
-    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
-    auto section = between(s.prompt, "<section>\n", "\n</section>");
-    ASSERT_TRUE(problem && memory && section) << s.prompt;
-    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    const auto parts = step_parts(s, t, "memory", "memory");
+    ASSERT_TRUE(parts);
+    const std::string *problem = &parts->problem, *memory = &parts->state, *section = &parts->section;
     const Query q = query_of(*problem, st);
     const auto in_memory = find_needle(*memory, q);
     ASSERT_TRUE(in_memory) << *memory;
@@ -322,11 +334,9 @@ TEST(ReaderTasks, VtUpdateFollowsTheChain) {
   int fresh = 0, none_new = 0, empty_memory = 0, full = 0, samples = 0;
   for_samples("vt_update", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
     ++samples;
-    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
-    auto memory = between(s.prompt, "<memory>\n", "\n</memory>");
-    auto section = between(s.prompt, "<section>\n", "\n</section>");
-    ASSERT_TRUE(problem && memory && section) << s.prompt;
-    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"memory", *memory}, {"chunk", *section}}));
+    const auto parts = step_parts(s, t, "memory", "memory");
+    ASSERT_TRUE(parts);
+    const std::string *problem = &parts->problem, *memory = &parts->state, *section = &parts->section;
     std::set<std::string> tracked = {vt_value(*problem)};
     std::vector<std::string> kept;
     auto follow = [&](const std::string& text) {
@@ -477,11 +487,9 @@ TEST(ReaderTasks, SmoothNoteCopiesTheSentenceOrSaysNone) {
   Stats st;
   for_samples("smooth_note", [&](const Seq& s, int64_t max_len, const Tokenizer& tok) {
     ++st.samples;
-    auto problem = between(s.prompt, "<problem>\n", "\n</problem>");
-    auto notes = between(s.prompt, "<notes>\n", "\n</notes>");
-    auto section = between(s.prompt, "<section>\n", "\n</section>");
-    ASSERT_TRUE(problem && notes && section) << s.prompt;
-    EXPECT_EQ(s.prompt, readers::render(t, {{"problem", *problem}, {"summary", *notes}, {"chunk", *section}}));
+    const auto parts = step_parts(s, t, "notes", "summary");
+    ASSERT_TRUE(parts);
+    const std::string *problem = &parts->problem, *notes = &parts->state, *section = &parts->section;
     const Query q = query_of(*problem, st);
     const auto in_chunk = find_needle(*section, q);
     const std::vector<std::string> entries = parse_notes(*notes);
