@@ -11,7 +11,8 @@ Reads each DIR's results.jsonl (the records of every sample) and prints two tabl
      its calls plus generated tokens; for a method without a reader, the prompt plus the answer),
      the mean wall time, and document tokens per second (the sample's length / wall time).
 A record counts once per (model, method, task, length, index); a later line replaces an earlier
-one, as `bench run` resumes. --svg writes the accuracy against length, one line per (model,
+one, as `bench run` resumes. A `--reader NAME` setting (labelled "reader NAME") and a --method
+named NAME that runs that reader are one row. --svg writes the accuracy against length, one line per (model,
 method), to FILE (an SVG drawn here, no plotting library needed).
 """
 import json
@@ -74,6 +75,9 @@ def main(dirs, svg=None):
                 if not line:
                     continue
                 r = json.loads(line)
+                # `--reader X` labels its setting "reader X"; a --method with name=X says X.
+                if r["method"].startswith("reader ") and r.get("reader", "").startswith(r["method"][7:]):
+                    r["method"] = r["method"][7:]
                 key = (r["model"], r["method"], r["task"], r["length"], r["depth"], r["index"])
                 recs[key] = r
     rows = defaultdict(lambda: defaultdict(list))  # (model, method) -> length -> records
