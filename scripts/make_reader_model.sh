@@ -49,5 +49,5 @@ stage r4 "$OUT/r3.gguf" 7000 7e-4 0.05 \
 echo "make_reader_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
 cp "$OUT/r4.gguf" models/longctx-2l-reader.gguf
 "$LC" bench run -m models/longctx-2l-reader.gguf --task niah_single_1 niah_single_2 niah_multikey_1 passkey \
-  -L 4K --samples 20 --reader memagent --reader mapreduce --reader sculptor -t "$THREADS" \
+  -L 4K --samples 20 --reader memagent --reader mapreduce --reader smooth --reader sculptor -t "$THREADS" \
   --out-dir "$OUT/eval-4k" --no-plots
