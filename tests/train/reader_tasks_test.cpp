@@ -224,6 +224,18 @@ Query query_of(const std::string& problem, Stats& st) {
   return *q;
 }
 
+// A step whose state (memory or notes) is empty, the queried sentence or another key's, and whose
+// chunk holds the needle or not: every case and question kind occurred.
+void expect_every_case(const Stats& st) {
+  EXPECT_GT(st.in_chunk, st.samples / 5);
+  EXPECT_GT(st.not_in_chunk, st.samples / 5);
+  EXPECT_GT(st.from_memory, 0);
+  EXPECT_GT(st.no_memory, 0);
+  EXPECT_GT(st.other_memory, 0);
+  EXPECT_GT(st.distractors, 0);
+  EXPECT_GT(st.passkey, 0);
+}
+
 TEST(ReaderTasks, ParseNotInDefault) {
   auto c = parse_curriculum("mem_update=2,mem_answer,map_answer=0.5");
   ASSERT_TRUE(c) << c.error().message;
@@ -271,13 +283,7 @@ TEST(ReaderTasks, MemUpdateCarriesTheRelevantSentence) {
     const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
     EXPECT_LE(chunk_tokens, max_len * 5000 / 8192 + 8);
   });
-  EXPECT_GT(st.in_chunk, st.samples / 5);
-  EXPECT_GT(st.not_in_chunk, st.samples / 5);
-  EXPECT_GT(st.from_memory, 0);
-  EXPECT_GT(st.no_memory, 0);
-  EXPECT_GT(st.other_memory, 0);
-  EXPECT_GT(st.distractors, 0);
-  EXPECT_GT(st.passkey, 0);
+  expect_every_case(st);
   EXPECT_GT(st.uuid, 0);
   EXPECT_GT(st.number, 0);
 }
@@ -505,13 +511,7 @@ TEST(ReaderTasks, SmoothNoteCopiesTheSentenceOrSaysNone) {
     const int64_t chunk_tokens = static_cast<int64_t>(tok.encode(*section, false, false).size());
     EXPECT_LE(chunk_tokens, max_len - max_len / 4 - 64);
   });
-  EXPECT_GT(st.in_chunk, st.samples / 5);
-  EXPECT_GT(st.not_in_chunk, st.samples / 5);
-  EXPECT_GT(st.from_memory, 0);
-  EXPECT_GT(st.no_memory, 0);
-  EXPECT_GT(st.other_memory, 0);
-  EXPECT_GT(st.distractors, 0);
-  EXPECT_GT(st.passkey, 0);
+  expect_every_case(st);
 }
 
 // smooth_answer: the notes hold the queried sentence (sometimes among others); the reply is
