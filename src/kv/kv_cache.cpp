@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "core/binary_io.h"
+#include "core/fp16.h"
 #include "kernels/kernels.h"
 
 namespace lc {
@@ -95,20 +96,88 @@ KvCache::~KvCache() {
     for (int32_t b : hd.blocks) pool_->release(b);
 }
 
+uint8_t* KvCache::k_row_in(const Head& hd, int64_t i, int64_t n_thin, int64_t thin_blocks) const {
+  if (i < n_thin)
+    return const_cast<uint8_t*>(pool_->data(hd.blocks[static_cast<size_t>(i / hd.thin_tokens)])) +
+           static_cast<size_t>(i % hd.thin_tokens) * hd.thin_k_bytes;
+  const int64_t B = cfg_.block_tokens, j = i - n_thin;
+  return const_cast<uint8_t*>(pool_->data(hd.blocks[static_cast<size_t>(thin_blocks + j / B)])) +
+         static_cast<size_t>(j % B) * k_row_bytes_;
+}
+uint8_t* KvCache::v_row_in(const Head& hd, int64_t i, int64_t n_thin, int64_t thin_blocks) const {
+  if (i < n_thin)
+    return const_cast<uint8_t*>(pool_->data(hd.blocks[static_cast<size_t>(i / hd.thin_tokens)])) +
+           hd.thin_v_offset + static_cast<size_t>(i % hd.thin_tokens) * v_row_bytes_;
+  const int64_t B = cfg_.block_tokens, j = i - n_thin;
+  return const_cast<uint8_t*>(pool_->data(hd.blocks[static_cast<size_t>(thin_blocks + j / B)])) + v_offset_ +
+         static_cast<size_t>(j % B) * v_row_bytes_;
+}
 uint8_t* KvCache::k_row(const Head& hd, int64_t i) {
-  const int64_t B = cfg_.block_tokens;
-  return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + static_cast<size_t>(i % B) * k_row_bytes_;
+  if (hd.n_thin == 0) {
+    const int64_t B = cfg_.block_tokens;
+    return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + static_cast<size_t>(i % B) * k_row_bytes_;
+  }
+  return k_row_in(hd, i, hd.n_thin, hd.thin_blocks);
 }
 uint8_t* KvCache::v_row(const Head& hd, int64_t i) {
-  const int64_t B = cfg_.block_tokens;
-  return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + v_offset_ +
-         static_cast<size_t>(i % B) * v_row_bytes_;
+  if (hd.n_thin == 0) {
+    const int64_t B = cfg_.block_tokens;
+    return pool_->data(hd.blocks[static_cast<size_t>(i / B)]) + v_offset_ +
+           static_cast<size_t>(i % B) * v_row_bytes_;
+  }
+  return v_row_in(hd, i, hd.n_thin, hd.thin_blocks);
 }
 const uint8_t* KvCache::k_row(const Head& hd, int64_t i) const {
   return const_cast<KvCache*>(this)->k_row(hd, i);
 }
 const uint8_t* KvCache::v_row(const Head& hd, int64_t i) const {
   return const_cast<KvCache*>(this)->v_row(hd, i);
+}
+
+int64_t KvCache::blocks_for(const Head& hd, int64_t n) const {
+  const int64_t B = cfg_.block_tokens;
+  if (hd.n_thin == 0) return (n + B - 1) / B;
+  if (n <= hd.n_thin) return (n + hd.thin_tokens - 1) / hd.thin_tokens;
+  return hd.thin_blocks + (n - hd.n_thin + B - 1) / B;
+}
+
+void KvCache::key_row_f32(const Head& hd, int64_t i, float* out) const {
+  const int64_t d = cfg_.head_dim;
+  if (i >= hd.n_thin) {
+    kernels::dequantize_row(cfg_.type_k, k_row(hd, i), out, d);
+    return;
+  }
+  // A thin row holds the kept channels in order (then zero padding); the rest read as zeros.
+  const uint8_t* r = k_row(hd, i);
+  std::fill(out, out + d, 0.0f);
+  const size_t m = hd.kept.size();
+  switch (cfg_.type_k) {
+    case DType::F32: {
+      const float* x = reinterpret_cast<const float*>(r);
+      for (size_t c = 0; c < m; ++c) out[hd.kept[c]] = x[c];
+      break;
+    }
+    case DType::F16: {
+      const uint16_t* x = reinterpret_cast<const uint16_t*>(r);
+      for (size_t c = 0; c < m; ++c) out[hd.kept[c]] = fp16_to_fp32(x[c]);
+      break;
+    }
+    case DType::BF16: {
+      const uint16_t* x = reinterpret_cast<const uint16_t*>(r);
+      for (size_t c = 0; c < m; ++c) out[hd.kept[c]] = bf16_to_fp32(x[c]);
+      break;
+    }
+    default: {  // q8_0: blocks of a 16-bit scale and 32 codes
+      const size_t bb = row_bytes(DType::Q8_0, 32);
+      for (size_t c = 0; c < m; ++c) {
+        const uint8_t* blk = r + (c / 32) * bb;
+        uint16_t dh;
+        std::memcpy(&dh, blk, sizeof dh);
+        out[hd.kept[c]] = fp16_to_fp32(dh) * static_cast<float>(static_cast<int8_t>(blk[2 + c % 32]));
+      }
+      break;
+    }
+  }
 }
 
 Status KvCache::write_state(std::ostream& out) const {
@@ -133,7 +202,18 @@ Status KvCache::write_state(std::ostream& out) const {
     put_vec(out, hd.pos);
     put_vec(out, hd.idx);
     put_vec(out, hd.seq);
-    for (int64_t i = 0; i < hd.n; ++i) out.write(reinterpret_cast<const char*>(k_row(hd, i)), static_cast<std::streamsize>(k_row_bytes_));
+    // Rows without dropped channels are saved with every channel (zeros in the dropped ones).
+    std::vector<float> row(hd.n_thin > 0 ? static_cast<size_t>(cfg_.head_dim) : 0);
+    std::vector<uint8_t> q(hd.n_thin > 0 ? k_row_bytes_ : 0);
+    for (int64_t i = 0; i < hd.n; ++i) {
+      const uint8_t* r = k_row(hd, i);
+      if (i < hd.n_thin) {
+        key_row_f32(hd, i, row.data());
+        kernels::quantize_row(cfg_.type_k, row.data(), q.data(), cfg_.head_dim);
+        r = q.data();
+      }
+      out.write(reinterpret_cast<const char*>(r), static_cast<std::streamsize>(k_row_bytes_));
+    }
     for (int64_t i = 0; i < hd.n; ++i) out.write(reinterpret_cast<const char*>(v_row(hd, i)), static_cast<std::streamsize>(v_row_bytes_));
   }
   if (!out) return make_error(ErrorCode::kIo, "kv cache: write error while saving the state");
@@ -263,7 +343,7 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
     return make_error(fmt::format("kv append: layer {} out of range [0, {})", il,
                                   cfg_.n_layer));
   if (n <= 0) return ok_status();
-  const int64_t H = cfg_.n_head_kv, d = cfg_.head_dim, dv = cfg_.head_dim_v, B = cfg_.block_tokens;
+  const int64_t H = cfg_.n_head_kv, d = cfg_.head_dim, dv = cfg_.head_dim_v;
   if (cfg_.rope_provider) {
     int32_t max_pos = 0;
     for (int64_t t = 0; t < n; ++t) max_pos = std::max(max_pos, pos[t]);
@@ -286,7 +366,7 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   int64_t needed = 0;
   for (int64_t h = 0; h < H; ++h) {
     const Head& hd = head(il, h);
-    needed += (hd.n + n + B - 1) / B - static_cast<int64_t>(hd.blocks.size());
+    needed += blocks_for(hd, hd.n + n) - static_cast<int64_t>(hd.blocks.size());
   }
   LC_TRY(ensure_room(il, needed));
   // Allocate every block first so that a failure (disk full while spilling) leaves the
@@ -311,8 +391,7 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   for (int64_t h = 0; h < H; ++h) {
     Head& hd = head(il, h);
     for (int64_t t = 0; t < n; ++t) {
-      if (hd.n % B == 0 && hd.n / B == static_cast<int64_t>(hd.blocks.size()))
-        hd.blocks.push_back(fresh[next_fresh++]);
+      if (blocks_for(hd, hd.n + 1) > static_cast<int64_t>(hd.blocks.size())) hd.blocks.push_back(fresh[next_fresh++]);
       kernels::quantize_row(cfg_.type_k, krot_.data() + (t * H + h) * d, k_row(hd, hd.n), d);
       kernels::quantize_row(cfg_.type_v, v + (t * H + h) * dv, v_row(hd, hd.n), dv);
       hd.pos.push_back(pos[t]);
@@ -343,7 +422,7 @@ Status KvCache::own_blocks(Head& hd) {
 }
 
 Status KvCache::own_last(Head& hd) {
-  if (hd.blocks.empty() || hd.n % cfg_.block_tokens == 0) return ok_status();
+  if (hd.blocks.empty() || blocks_for(hd, hd.n + 1) > static_cast<int64_t>(hd.blocks.size())) return ok_status();
   return own_block(hd, hd.blocks.size() - 1);
 }
 
@@ -366,6 +445,10 @@ Expected<int64_t> KvCache::adopt_prefix(const KvCache& src, int64_t n_seq) {
   for (int64_t il = 0; il < a.n_layer; ++il) take = std::min(take, src.n_appended(il) / B * B);
   if (take == 0) return int64_t{0};
   for (const Head& h : src.heads_) {
+    if (h.n_thin > 0)
+      return make_error(ErrorCode::kUnsupported,
+                        "kv adopt_prefix: the source stores keys without dropped channels (think), in blocks laid out "
+                        "differently");
     if (h.n < take || h.idx[static_cast<size_t>(take - 1)] != take - 1)  // ascending and unique: 0..take-1
       return make_error(ErrorCode::kUnsupported,
                         "kv adopt_prefix: the source no longer holds every token of the prefix (a method evicted some)");
@@ -391,7 +474,7 @@ Expected<int64_t> KvCache::adopt_prefix(const KvCache& src, int64_t n_seq) {
 }
 
 void KvCache::free_tail_blocks(Head& hd) {
-  const int64_t keep = (hd.n + cfg_.block_tokens - 1) / cfg_.block_tokens;
+  const int64_t keep = blocks_for(hd, hd.n);
   while (static_cast<int64_t>(hd.blocks.size()) > keep) {
     pool_->release(hd.blocks.back());
     hd.blocks.pop_back();
@@ -411,16 +494,29 @@ Status KvCache::retain(int64_t il, int64_t h, std::span<const int32_t> keep) {
   const int64_t m = static_cast<int64_t>(keep.size());
   if (m == hd.n) return ok_status();
   LC_TRY(own_blocks(hd));
+  // Thin rows (drop_key_channels) stay thin; the ordinary region then starts after the blocks
+  // the kept thin rows take. Rows only move down (in thin, then ordinary, order), so a row is
+  // never written before it is read.
+  const int64_t nt = hd.n_thin, tb = hd.thin_blocks;
+  const int64_t nt2 = nt == 0 ? 0 : std::lower_bound(keep.begin(), keep.end(), static_cast<int32_t>(nt)) - keep.begin();
+  const int64_t tb2 = nt2 == 0 ? 0 : (nt2 + hd.thin_tokens - 1) / hd.thin_tokens;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t src = keep[static_cast<size_t>(i)];
-    if (src == i) continue;
-    // src > i: the rows never overlap.
-    std::memcpy(k_row(hd, i), k_row(hd, src), k_row_bytes_);
-    std::memcpy(v_row(hd, i), v_row(hd, src), v_row_bytes_);
+    if (src == i && nt == 0) continue;
+    const bool thin = src < nt;
+    uint8_t* kd = k_row_in(hd, i, nt2, tb2);
+    const uint8_t* ks = k_row_in(hd, src, nt, tb);
+    if (kd != ks) {
+      // src > i or a region that moved: the rows never overlap.
+      std::memcpy(kd, ks, thin ? hd.thin_k_bytes : k_row_bytes_);
+      std::memcpy(v_row_in(hd, i, nt2, tb2), v_row_in(hd, src, nt, tb), v_row_bytes_);
+    }
     hd.pos[static_cast<size_t>(i)] = hd.pos[static_cast<size_t>(src)];
     hd.idx[static_cast<size_t>(i)] = hd.idx[static_cast<size_t>(src)];
     hd.seq[static_cast<size_t>(i)] = hd.seq[static_cast<size_t>(src)];
   }
+  hd.n_thin = nt2;
+  hd.thin_blocks = tb2;
   hd.n = m;
   hd.pos.resize(static_cast<size_t>(m));
   hd.idx.resize(static_cast<size_t>(m));
@@ -437,6 +533,10 @@ void KvCache::truncate(int64_t n_seq) {
     const auto it = std::lower_bound(hd.idx.begin(), hd.idx.end(), static_cast<int32_t>(std::min<int64_t>(n_seq, INT32_MAX)));
     const int64_t m = it - hd.idx.begin();
     if (m == hd.n) continue;
+    if (m < hd.n_thin) {
+      hd.n_thin = m;
+      hd.thin_blocks = (m + hd.thin_tokens - 1) / hd.thin_tokens;
+    }
     hd.n = m;
     hd.pos.resize(static_cast<size_t>(m));
     hd.idx.resize(static_cast<size_t>(m));
@@ -509,6 +609,7 @@ Expected<KvFragment> KvCache::extract(int64_t first_seq, int64_t count) {
   f.count = count;
   f.rope = rope_;
   for (Head& hd : heads_) LC_TRY(own_blocks(hd));  // rows move: shared blocks are copied first
+  for (Head& hd : heads_) LC_TRY(unthin(hd, "hiding a fragment"));  // rows move between layouts
   f.heads.resize(heads_.size());
   const int32_t lo_idx = static_cast<int32_t>(first_seq), hi_idx = static_cast<int32_t>(first_seq + count);
   for (size_t hi = 0; hi < heads_.size(); ++hi) {
@@ -559,6 +660,9 @@ Status KvCache::insert(const KvFragment& f) {
   if (f.heads.size() != heads_.size() || f.rope.size() != rope_.size())
     return make_error(ErrorCode::kInvalidArgument, "kv insert: the fragment is malformed (head or layer count)");
   const int64_t B = cfg_.block_tokens;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il)
+    for (int64_t h = 0; h < cfg_.n_head_kv; ++h)
+      if (f.head(il, h).n() > 0) LC_TRY(unthin(head(il, h), "restoring a fragment"));
   int64_t needed = 0;
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     for (int64_t h = 0; h < cfg_.n_head_kv; ++h) {
@@ -685,6 +789,7 @@ Status KvCache::shift_positions(int64_t il, int64_t h, int64_t first, int64_t co
                       "kv shift: the cached keys were rotated with different tables (dynamic-ntk:cache=append), "
                       "so they cannot be moved with one; use dynamic-ntk:cache=rerotate");
   LC_TRY(own_blocks(hd));
+  LC_TRY(unthin(hd, "moving keys (a K-shift)"));  // the rotation mixes dropped and kept channels
   const RopeTable& rt = rope_[static_cast<size_t>(il)];
   rewrite_keys(hd, first, count, [&](float* row, int64_t i) {
     // R(p + delta) = R(delta) R(p); mscale 1: the stored key already carries it once.
@@ -706,10 +811,121 @@ Status KvCache::zero_key_channels(int64_t il, int64_t h, std::span<const int32_t
   Head& hd = head(il, h);
   if (channels.empty() || hd.n == 0) return ok_status();
   LC_TRY(own_blocks(hd));  // a block shared with another cache is copied first
+  LC_TRY(unthin(hd, "zeroing key channels"));
   rewrite_keys(hd, 0, hd.n, [&](float* row, int64_t) {
     for (int32_t ch : channels) row[ch] = 0.0f;
   });
   ++hd.epoch;  // page summaries (min/max keys) are stale
+  return ok_status();
+}
+
+Expected<int64_t> KvCache::drop_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels) {
+  if (il < 0 || il >= cfg_.n_layer || h < 0 || h >= cfg_.n_head_kv)
+    return make_error(fmt::format("kv drop_key_channels: layer {} head {} out of range", il, h));
+  const int64_t d = cfg_.head_dim;
+  std::vector<uint8_t> dropped(static_cast<size_t>(d), 0);
+  for (int32_t ch : channels) {
+    if (ch < 0 || ch >= d)
+      return make_error(fmt::format("kv drop_key_channels: channel {} outside the head's {} key channels", ch, d));
+    dropped[static_cast<size_t>(ch)] = 1;
+  }
+  Head& hd = head(il, h);
+  if (channels.empty() || hd.n == 0) return int64_t{0};
+  std::vector<int32_t> kept;
+  for (int64_t e = 0; e < d; ++e)
+    if (!dropped[static_cast<size_t>(e)]) kept.push_back(static_cast<int32_t>(e));
+  // The thin layout: key rows of the kept channels (padded to the key type's block), then the
+  // value rows, as many tokens as one block of the pool holds.
+  const int64_t bs = traits(cfg_.type_k).block_size;
+  const int64_t d2 = std::max<int64_t>(bs, (static_cast<int64_t>(kept.size()) + bs - 1) / bs * bs);
+  const size_t tk = row_bytes(cfg_.type_k, d2), bb = pool_->block_bytes();
+  int64_t tt = static_cast<int64_t>(bb / (tk + v_row_bytes_));
+  while (tt > 0 && (static_cast<size_t>(tt) * tk + 63) / 64 * 64 + static_cast<size_t>(tt) * v_row_bytes_ > bb) --tt;
+  bool shared = false;
+  for (int32_t b : hd.blocks) shared = shared || pool_->refs(b) > 1;
+  const int64_t T = (hd.n + tt - 1) / std::max<int64_t>(tt, 1);
+  const bool no_room = cfg_.budget_bytes != 0 && cfg_.policy != KvBudgetPolicy::kSpill &&
+                       pool_->ram_blocks_available() < T;
+  if (tt <= cfg_.block_tokens || T >= static_cast<int64_t>(hd.blocks.size()) || cfg_.rope_provider || shared ||
+      no_room || hd.n_thin > 0) {
+    // No block to gain, or the keys cannot be stored thin now: the channels are zeroed in place.
+    LC_TRY(zero_key_channels(il, h, channels));
+    return int64_t{0};
+  }
+  std::vector<int32_t> fresh;
+  for (int64_t b = 0; b < T; ++b) {
+    auto id = pool_->allocate();
+    if (!id) {
+      for (int32_t f : fresh) pool_->release(f);
+      return make_error(ErrorCode::kContextFull, "kv drop_key_channels: " + id.error().message);
+    }
+    fresh.push_back(*id);
+  }
+  Head thin;
+  thin.blocks = fresh;
+  thin.n_thin = hd.n;
+  thin.thin_blocks = T;
+  thin.thin_tokens = tt;
+  thin.thin_k_bytes = tk;
+  thin.thin_v_offset = (static_cast<size_t>(tt) * tk + 63) / 64 * 64;
+  thin.kept = kept;
+  std::vector<float> row(static_cast<size_t>(d)), part(static_cast<size_t>(d2), 0.0f);
+  for (int64_t i = 0; i < hd.n; ++i) {
+    kernels::dequantize_row(cfg_.type_k, k_row(hd, i), row.data(), d);
+    for (size_t c = 0; c < kept.size(); ++c) part[c] = row[static_cast<size_t>(kept[c])];
+    kernels::quantize_row(cfg_.type_k, part.data(), k_row_in(thin, i, thin.n_thin, T), d2);
+    std::memcpy(v_row_in(thin, i, thin.n_thin, T), v_row(hd, i), v_row_bytes_);
+  }
+  const int64_t given = static_cast<int64_t>(hd.blocks.size()) - T;
+  for (int32_t b : hd.blocks) pool_->release(b);
+  hd.blocks = std::move(thin.blocks);
+  hd.n_thin = thin.n_thin;
+  hd.thin_blocks = T;
+  hd.thin_tokens = tt;
+  hd.thin_k_bytes = tk;
+  hd.thin_v_offset = thin.thin_v_offset;
+  hd.kept = std::move(kept);
+  ++hd.epoch;
+  return given;
+}
+
+Status KvCache::unthin(Head& hd, const char* why) {
+  if (hd.n_thin == 0) return ok_status();
+  const int64_t B = cfg_.block_tokens, n = hd.n, need = (n + B - 1) / B;
+  if (cfg_.budget_bytes != 0 && cfg_.policy != KvBudgetPolicy::kSpill && pool_->ram_blocks_available() < need)
+    return make_error(ErrorCode::kContextFull,
+                      fmt::format("kv: {} needs the keys stored without their dropped channels (think) stored with "
+                                  "every channel again: {} blocks of {} bytes, but the KV budget (--kv-budget {} "
+                                  "bytes) has room for {}",
+                                  why, need, pool_->block_bytes(), cfg_.budget_bytes, pool_->ram_blocks_available()));
+  std::vector<int32_t> fresh;
+  for (int64_t b = 0; b < need; ++b) {
+    auto id = pool_->allocate();
+    if (!id) {
+      for (int32_t f : fresh) pool_->release(f);
+      return make_error(ErrorCode::kContextFull, fmt::format("kv: {}: {}", why, id.error().message));
+    }
+    fresh.push_back(*id);
+  }
+  Head full;
+  full.blocks = std::move(fresh);
+  std::vector<float> row(static_cast<size_t>(cfg_.head_dim));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* kd = k_row_in(full, i, 0, 0);
+    if (i < hd.n_thin) {
+      key_row_f32(hd, i, row.data());
+      kernels::quantize_row(cfg_.type_k, row.data(), kd, cfg_.head_dim);
+    } else {
+      std::memcpy(kd, k_row(hd, i), k_row_bytes_);
+    }
+    std::memcpy(v_row_in(full, i, 0, 0), v_row(hd, i), v_row_bytes_);
+  }
+  for (int32_t b : hd.blocks) pool_->release(b);
+  hd.blocks = std::move(full.blocks);
+  hd.n_thin = hd.thin_blocks = hd.thin_tokens = 0;
+  hd.thin_k_bytes = hd.thin_v_offset = 0;
+  hd.kept.clear();
+  ++hd.epoch;
   return ok_status();
 }
 
@@ -720,6 +936,8 @@ void KvCache::set_rope(int64_t il, const RopeTable& table) {
     if (hd.n == 0) continue;
     // Caches with a rope provider never share blocks (adopt_prefix refuses them).
     for (int32_t b : hd.blocks) LC_CHECK(pool_->refs(b) == 1);
+    // drop_key_channels refuses a cache with a rope provider, so no head here is thin.
+    LC_CHECK(hd.n_thin == 0);
     rewrite_keys(hd, 0, hd.n, [&](float* row, int64_t i) {
       const int32_t p = hd.pos[static_cast<size_t>(i)], neg = -p;
       // Undo the old rotation (and its mscale), then rotate with the new table.
@@ -735,6 +953,10 @@ void KvCache::set_rope(int64_t il, const RopeTable& table) {
 
 const float* KvCache::keys_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const {
   const Head& hd = head(il, h);
+  if (hd.n_thin > 0) {  // thin rows, and ordinary ones that need not start a block here
+    read_keys(il, h, first, count, scratch);
+    return scratch;
+  }
   const uint8_t* r = k_row(hd, first);
   if (cfg_.type_k == DType::F32) return reinterpret_cast<const float*>(r);
   for (int64_t i = 0; i < count; ++i)
@@ -745,6 +967,10 @@ const float* KvCache::keys_f32(int64_t il, int64_t h, int64_t first, int64_t cou
 
 const float* KvCache::values_f32(int64_t il, int64_t h, int64_t first, int64_t count, float* scratch) const {
   const Head& hd = head(il, h);
+  if (hd.n_thin > 0) {  // value rows of a thin head's blocks need not be contiguous over `count`
+    read_values(il, h, first, count, scratch);
+    return scratch;
+  }
   const uint8_t* r = v_row(hd, first);
   if (cfg_.type_v == DType::F32) return reinterpret_cast<const float*>(r);
   for (int64_t i = 0; i < count; ++i)
@@ -754,17 +980,18 @@ const float* KvCache::values_f32(int64_t il, int64_t h, int64_t first, int64_t c
 }
 
 const uint16_t* KvCache::keys_f16(int64_t il, int64_t h, int64_t first) const {
-  if (cfg_.type_k != DType::F16) return nullptr;
+  if (cfg_.type_k != DType::F16 || head(il, h).n_thin > 0) return nullptr;
   return reinterpret_cast<const uint16_t*>(k_row(head(il, h), first));
 }
 
 const uint16_t* KvCache::values_f16(int64_t il, int64_t h, int64_t first) const {
-  if (cfg_.type_v != DType::F16) return nullptr;
+  if (cfg_.type_v != DType::F16 || head(il, h).n_thin > 0) return nullptr;
   return reinterpret_cast<const uint16_t*>(v_row(head(il, h), first));
 }
 
 void KvCache::prefetch(int64_t il, int64_t h, int64_t first, int64_t count) const {
   const Head& hd = head(il, h);
+  if (hd.n_thin > 0) return;  // a hint only; thin heads are read row by row
   const char* k = reinterpret_cast<const char*>(k_row(hd, first));
   const char* v = reinterpret_cast<const char*>(v_row(hd, first));
   for (size_t o = 0; o < static_cast<size_t>(count) * k_row_bytes_; o += 64) __builtin_prefetch(k + o);
@@ -773,8 +1000,7 @@ void KvCache::prefetch(int64_t il, int64_t h, int64_t first, int64_t count) cons
 
 void KvCache::read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
   const Head& hd = head(il, h);
-  for (int64_t i = 0; i < count; ++i)
-    kernels::dequantize_row(cfg_.type_k, k_row(hd, first + i), out + i * cfg_.head_dim, cfg_.head_dim);
+  for (int64_t i = 0; i < count; ++i) key_row_f32(hd, first + i, out + i * cfg_.head_dim);
 }
 
 void KvCache::read_values(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {
@@ -818,6 +1044,19 @@ void KvCache::poison_unused() {
   const int64_t B = cfg_.block_tokens;
   for (auto& hd : heads_) {
     if (!hd.blocks.empty() && pool_->refs(hd.blocks.back()) > 1) continue;  // another cache's rows
+    if (hd.n_thin > 0) {
+      // The thin region's last block past its tokens, then the ordinary blocks past the tokens.
+      for (int64_t i = hd.n_thin; i < hd.thin_blocks * hd.thin_tokens; ++i) {
+        std::memset(k_row_in(hd, i, INT64_MAX, 0), 0xFF, hd.thin_k_bytes);
+        std::memset(v_row_in(hd, i, INT64_MAX, 0), 0xFF, v_row_bytes_);
+      }
+      const int64_t cap = hd.n_thin + (static_cast<int64_t>(hd.blocks.size()) - hd.thin_blocks) * B;
+      for (int64_t i = std::max(hd.n, hd.n_thin); i < cap; ++i) {
+        std::memset(k_row(hd, i), 0xFF, k_row_bytes_);
+        std::memset(v_row(hd, i), 0xFF, v_row_bytes_);
+      }
+      continue;
+    }
     for (int64_t i = hd.n; i < static_cast<int64_t>(hd.blocks.size()) * B; ++i) {
       std::memset(k_row(hd, i), 0xFF, k_row_bytes_);
       std::memset(v_row(hd, i), 0xFF, v_row_bytes_);

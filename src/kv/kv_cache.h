@@ -151,6 +151,24 @@ class KvCache {
   // Sets key channels `channels` (each in [0, head_dim)) of every held token of head (il, h) to
   // zero (ThinK's channel pruning): each row is dequantised, zeroed and stored again in type_k.
   Status zero_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels);
+  // ThinK's channel pruning with the channels dropped from storage: every token head (il, h)
+  // holds is stored again without key channels `channels`, in blocks of the same pool that hold
+  // more tokens each ("thin" blocks), and the head's old blocks go back to the pool. Every read
+  // (keys_f32, read_keys, attention) gives the dropped channels as zeros, so for f32, f16 and
+  // bf16 keys the values read are bit for bit those of zero_key_channels. q8_0 keys are
+  // quantised again over the kept channels, in groups of 32 (zero-padded). Tokens appended later
+  // keep every channel (they go into ordinary blocks after the thin ones). Returns how many
+  // blocks the head gave back (0: nothing was dropped from storage; the channels were zeroed
+  // in place instead). That happens when storing without them saves no block (a q8_0 head that
+  // keeps more than head_dim - 32 channels), when the layer's keys follow a dynamic rope table
+  // (re-rotation needs every channel), when the budget has no room for the new blocks while
+  // the old ones are still held, or when blocks are shared with another cache. Operations that
+  // rewrite keys through every channel (shift_positions, extract/insert, a second drop) first
+  // store the head's keys with every channel again (zeros in the dropped ones); write_state
+  // saves them so.
+  Expected<int64_t> drop_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels);
+  // Tokens of head (il, h) stored without their dropped key channels (0: none).
+  int64_t n_thin(int64_t il, int64_t h) const { return head(il, h).n_thin; }
   // The length a rope provider is asked for is at least this (the length the current decode
   // call reaches, so a prompt evaluated in chunks gets its whole length's table).
   void set_rope_length_hint(int64_t n) { rope_length_hint_ = n; }
@@ -272,6 +290,13 @@ class KvCache {
     std::vector<int32_t> pos, idx, seq;  // [n]
     uint64_t epoch = 0;
     int64_t low_water = INT64_MAX;  // see take_low_water()
+    // drop_key_channels: tokens [0, n_thin) are stored in the first thin_blocks blocks, thin_tokens
+    // a block, key rows of thin_k_bytes (the kept channels `kept`, zero-padded to the key type's
+    // block), value rows from byte thin_v_offset. Tokens from n_thin on start a fresh ordinary
+    // block. n_thin == 0: every block is ordinary.
+    int64_t n_thin = 0, thin_blocks = 0, thin_tokens = 0;
+    size_t thin_k_bytes = 0, thin_v_offset = 0;
+    std::vector<int32_t> kept;
   };
   explicit KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {}
   Head& head(int64_t il, int64_t h) { return heads_[static_cast<size_t>(il * cfg_.n_head_kv + h)]; }
@@ -282,6 +307,16 @@ class KvCache {
   uint8_t* v_row(const Head& hd, int64_t i);
   const uint8_t* k_row(const Head& hd, int64_t i) const;
   const uint8_t* v_row(const Head& hd, int64_t i) const;
+  // Row i of hd with its thin region of n_thin tokens in thin_blocks blocks (retain moves rows
+  // between two such layouts).
+  uint8_t* k_row_in(const Head& hd, int64_t i, int64_t n_thin, int64_t thin_blocks) const;
+  uint8_t* v_row_in(const Head& hd, int64_t i, int64_t n_thin, int64_t thin_blocks) const;
+  // Blocks that n tokens of hd take.
+  int64_t blocks_for(const Head& hd, int64_t n) const;
+  // Row i's key as f32 [head_dim], dropped channels as zeros.
+  void key_row_f32(const Head& hd, int64_t i, float* out) const;
+  // Stores every token of hd with every key channel again (the dropped ones as zeros).
+  Status unthin(Head& hd, const char* why);
   void free_tail_blocks(Head& hd);
   // Copy-on-write: replaces every block of hd that another cache shares (own_blocks) or only
   // the last one when a write goes into it (own_last) by a copy of its own.

@@ -8,9 +8,13 @@
 // and the floor(head_dim * channel_ratio) channels of lowest score are set to zero in every held
 // key of the head (ties: the lower channel first). Values, positions and token counts are left
 // alone, and keys appended later (while generating) are not pruned.
-// As in kvpress, the channels are ZEROED in place: the cache keeps its size, so the press saves
-// no memory by itself (kvpress reports compression_ratio = channel_ratio / 2, the share of K+V
-// that a storage without those channels would save). It composes with token presses by chaining,
+// kvpress ZEROES the channels in place, so its cache keeps its size (it reports compression_ratio =
+// channel_ratio / 2, the share of K+V that a storage without those channels would save). Here the
+// channels are DROPPED from storage by default (store=drop, KvCache::drop_key_channels): each
+// head's keys are stored again without them, in blocks that hold more tokens, and the old blocks
+// go back to the pool, as ThinK's own code stores the pruned keys. What attention reads is the same
+// as with zeroed channels (bit for bit for f32/f16/bf16 keys; q8_0 keys are quantised again over
+// the kept channels). store=zero keeps kvpress's in-place zeroing. It composes with token presses by chaining,
 // kvpress's ComposedPress: "snapkv:ratio=0.5+think:channel_ratio=0.5" scores the channels over
 // the tokens SnapKV kept.
 // Differences from kvpress: the default channel_ratio is 0.5 (kvpress's 0.0 does nothing), and a
@@ -31,6 +35,7 @@ struct ThinkOptions {
   double channel_ratio = 0.5;
   int64_t window = 32;
   bool query_aware = true;
+  bool drop = true;  // store=drop: the channels leave storage; store=zero: zeroed in place (kvpress)
 };
 
 class ThinkPress final : public KvPress {
@@ -40,8 +45,8 @@ class ThinkPress final : public KvPress {
     sched_.query_aware = o.query_aware;
   }
   std::string spec() const override {
-    return fmt::format("think:channel_ratio={},window={},query={}", o_.channel_ratio, o_.window,
-                       o_.query_aware ? "aware" : "agnostic");
+    return fmt::format("think:channel_ratio={},window={},query={},store={}", o_.channel_ratio, o_.window,
+                       o_.query_aware ? "aware" : "agnostic", o_.drop ? "drop" : "zero");
   }
   const PressSchedule& schedule() const override { return sched_; }
   int64_t n_obs() const override { return o_.window; }
@@ -97,7 +102,13 @@ class ThinkPress final : public KvPress {
       std::sort(ch.begin(), ch.end());
       drop[static_cast<size_t>(h)] = std::move(ch);
     });
-    for (int64_t h = 0; h < shape_.n_head_kv; ++h) LC_TRY(kv.zero_key_channels(il, h, drop[static_cast<size_t>(h)]));
+    for (int64_t h = 0; h < shape_.n_head_kv; ++h) {
+      const auto& ch = drop[static_cast<size_t>(h)];
+      if (o_.drop)
+        LC_TRY(kv.drop_key_channels(il, h, ch).status());
+      else
+        LC_TRY(kv.zero_key_channels(il, h, ch));
+    }
     return ok_status();
   }
 
@@ -121,6 +132,11 @@ Expected<std::unique_ptr<KvPress>> make_press_think(Args& a, const PressShape& s
                                               "aware: compress with the whole prompt in; agnostic: after the "
                                               "context, before the question is read (run --question, bench run)"));
   o.query_aware = q == "aware";
+  LC_ASSIGN_OR_RETURN(std::string st, a.choice("store", "drop", {"drop", "zero"},
+                                               "drop: the channels leave the cache's storage (its blocks hold more "
+                                               "tokens, memory goes back to the pool); zero: set to zero in place, "
+                                               "as kvpress (no memory saved)"));
+  o.drop = st == "drop";
   return std::unique_ptr<KvPress>(std::make_unique<ThinkPress>(o, s));
 }
 
