@@ -147,6 +147,7 @@ void Runner::begin(const ExecCtx& c, const Item& it) {
   if (kbuf_.size() < B * static_cast<size_t>(c.d)) kbuf_.resize(B * static_cast<size_t>(c.d));
   if (vbuf_.size() < B * static_cast<size_t>(c.dv)) vbuf_.resize(B * static_cast<size_t>(c.dv));
   if (sc_.size() < B) sc_.resize(B);
+  if (qg_.size() < static_cast<size_t>(kMaxRows * c.d)) qg_.resize(static_cast<size_t>(kMaxRows * c.d));
   for (int64_t r = 0; r < rows; ++r) {
     m_[r] = tm_[r] = kNegInf;
     l_[r] = tl_[r] = 0.0f;
@@ -203,6 +204,28 @@ void Runner::run(const Span& s, float* lse) {
     if ((mask >> r & 1) && vis(r) <= s.first) mask &= ~(uint64_t{1} << r);
   if (!mask || s.count <= 0) return;
   const KvCache& kv = *c.kv;
+  if (!s.unrotate && !lse && kv.n_thin(c.il, item_.hk) > 0) {
+    // Keys stored without dropped channels (think): each run of rows that lies in one block is
+    // attended as stored, the query reduced to the kept channels (ThinK's pruned q . k).
+    // The queries reduced to the kept channels once for the span (zero-padded to the rows' k_dim).
+    const auto kept = kv.kept_channels(c.il, item_.hk);
+    const QueryVariant& qv = c.var[s.var];
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!(mask >> r & 1)) continue;
+      const float* q = qv.q + (token_of(r) * c.n_head + head_of(r)) * c.d;
+      float* g = qg_.data() + r * c.d;
+      std::fill(g, g + c.d, 0.0f);
+      for (size_t e = 0; e < kept.size(); ++e) g[e] = q[kept[e]];
+    }
+    int64_t first = s.first, left = s.count;
+    while (left > 0) {
+      const KvCache::StoredRows p = kv.stored_rows(c.il, item_.hk, first, left);
+      run_stored(Span{first, p.count, s.var, false, s.rows}, mask, p);
+      first += p.count;
+      left -= p.count;
+    }
+    return;
+  }
   // f16 storage (what llama.cpp caches by default) is read in place by the fused kernels when
   // few rows share the block (decoding: one token x a GQA group), where the block is streamed
   // once and converting it into scratch first was half the time (docs/performance.md). A
@@ -219,17 +242,60 @@ void Runner::run(const Span& s, float* lse) {
     K = kbuf_.data();
   }
   const float* V = Vh ? nullptr : kv.values_f32(c.il, item_.hk, s.first, s.count, vbuf_.data());
+  rows_loop(s, mask, K, Kh, c.d, false, V, Vh, lse);
+}
+
+void Runner::run_stored(const Span& s, uint64_t mask, const KvCache::StoredRows& p) {
+  const ExecCtx& c = *c_;
+  const KvCache& kv = *c.kv;
+  const int64_t kd = p.k_dim;
+  for (int64_t r = 0; r < item_.rows(); ++r)
+    if ((mask >> r & 1) && vis(r) <= s.first) mask &= ~(uint64_t{1} << r);
+  if (!mask) return;
+  const bool fused = item_.rows() <= kFusedMaxRows && kd % 8 == 0 && kd <= kernels::kMaxRowWidth && c.dv % 8 == 0;
+  const uint16_t* Kh = fused && kv.type_k() == DType::F16 ? reinterpret_cast<const uint16_t*>(p.k) : nullptr;
+  const uint16_t* Vh = fused && kv.type_v() == DType::F16 ? reinterpret_cast<const uint16_t*>(p.v) : nullptr;
+  const float* K = nullptr;
+  if (!Kh) {
+    if (kv.type_k() == DType::F32) {
+      K = reinterpret_cast<const float*>(p.k);
+    } else {
+      const size_t rb = row_bytes(kv.type_k(), kd);
+      for (int64_t i = 0; i < s.count; ++i) kernels::dequantize_row(kv.type_k(), p.k + i * rb, kbuf_.data() + i * kd, kd);
+      K = kbuf_.data();
+    }
+  }
+  const float* V = nullptr;
+  if (!Vh) {
+    if (kv.type_v() == DType::F32) {
+      V = reinterpret_cast<const float*>(p.v);
+    } else {
+      const size_t rb = row_bytes(kv.type_v(), c.dv);
+      for (int64_t i = 0; i < s.count; ++i)
+        kernels::dequantize_row(kv.type_v(), p.v + i * rb, vbuf_.data() + i * c.dv, c.dv);
+      V = vbuf_.data();
+    }
+  }
+  rows_loop(s, mask, K, Kh, kd, p.thin, V, Vh, nullptr);
+}
+
+void Runner::rows_loop(const Span& s, uint64_t mask, const float* K, const uint16_t* Kh, int64_t kd,
+                       bool thin, const float* V, const uint16_t* Vh, float* lse) {
+  const ExecCtx& c = *c_;
+  const KvCache& kv = *c.kv;
+  const int64_t rows = item_.rows();
   const QueryVariant& qv = c.var[s.var];
   float* sc = sc_.data();
   for (int64_t r = 0; r < rows; ++r) {
     if (!(mask >> r & 1)) continue;
     const int64_t t = token_of(r), h = head_of(r);
     const int64_t lim = std::min<int64_t>(s.count, vis(r) - s.first);
-    const float* q = qv.q + (t * c.n_head + h) * c.d;
+    // Thin rows: the query reduced to the kept channels (run()).
+    const float* q = thin ? qg_.data() + r * c.d : qv.q + (t * c.n_head + h) * c.d;
     if (Kh)
-      kernels::dot_rows_f16(q, Kh, lim, c.d, sc);
+      kernels::dot_rows_f16(q, Kh, lim, kd, sc);
     else
-      kernels::dot_rows_f32(q, K, lim, c.d, sc);
+      kernels::dot_rows_f32(q, K, lim, kd, sc);
     float mx = kNegInf;
     for (int64_t j = 0; j < lim; ++j) mx = std::max(mx, sc[j]);
     const float mnew = std::max(m_[r], mx);

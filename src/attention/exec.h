@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "attention/backend.h"
@@ -112,6 +113,13 @@ class Runner {
   Buffer<float> kbuf_; // [block_tokens, d]
   Buffer<float> vbuf_; // [block_tokens, dv]
   Buffer<float> sc_;   // [block_tokens]
+  Buffer<float> qg_;   // [kMaxRows, d] the rows' queries reduced to a thin head's kept channels
+  // A run of rows stored in one block of a head with thin rows (KvCache::stored_rows).
+  void run_stored(const Span& s, uint64_t mask, const KvCache::StoredRows& p);
+  // The rows' scores over K (kd channels: f32 rows, or f16 rows Kh), the online softmax and the
+  // values V (or f16 Vh). thin: the queries reduced to the kept channels (qg_) are used.
+  void rows_loop(const Span& s, uint64_t mask, const float* K, const uint16_t* Kh, int64_t kd, bool thin,
+                 const float* V, const uint16_t* Vh, float* lse);
 };
 
 Runner& thread_runner();

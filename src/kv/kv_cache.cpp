@@ -883,6 +883,7 @@ Expected<int64_t> KvCache::drop_key_channels(int64_t il, int64_t h, std::span<co
   hd.thin_blocks = T;
   hd.thin_tokens = tt;
   hd.thin_k_bytes = tk;
+  hd.thin_k_dim = d2;
   hd.thin_v_offset = thin.thin_v_offset;
   hd.kept = std::move(kept);
   ++hd.epoch;
@@ -924,6 +925,7 @@ Status KvCache::unthin(Head& hd, const char* why) {
   hd.blocks = std::move(full.blocks);
   hd.n_thin = hd.thin_blocks = hd.thin_tokens = 0;
   hd.thin_k_bytes = hd.thin_v_offset = 0;
+  hd.thin_k_dim = 0;
   hd.kept.clear();
   ++hd.epoch;
   return ok_status();
@@ -996,6 +998,24 @@ void KvCache::prefetch(int64_t il, int64_t h, int64_t first, int64_t count) cons
   const char* v = reinterpret_cast<const char*>(v_row(hd, first));
   for (size_t o = 0; o < static_cast<size_t>(count) * k_row_bytes_; o += 64) __builtin_prefetch(k + o);
   for (size_t o = 0; o < static_cast<size_t>(count) * v_row_bytes_; o += 64) __builtin_prefetch(v + o);
+}
+
+KvCache::StoredRows KvCache::stored_rows(int64_t il, int64_t h, int64_t first, int64_t max_count) const {
+  const Head& hd = head(il, h);
+  StoredRows r;
+  if (first < hd.n_thin) {
+    const int64_t end = std::min({(first / hd.thin_tokens + 1) * hd.thin_tokens, hd.n_thin, first + max_count});
+    r.count = end - first;
+    r.thin = true;
+    r.k_dim = hd.thin_k_dim;
+  } else {
+    const int64_t B = cfg_.block_tokens;
+    r.count = std::min(max_count, B - (first - hd.n_thin) % B);
+    r.k_dim = cfg_.head_dim;
+  }
+  r.k = k_row(hd, first);
+  r.v = v_row(hd, first);
+  return r;
 }
 
 void KvCache::read_keys(int64_t il, int64_t h, int64_t first, int64_t count, float* out) const {

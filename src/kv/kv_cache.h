@@ -169,6 +169,20 @@ class KvCache {
   Expected<int64_t> drop_key_channels(int64_t il, int64_t h, std::span<const int32_t> channels);
   // Tokens of head (il, h) stored without their dropped key channels (0: none).
   int64_t n_thin(int64_t il, int64_t h) const { return head(il, h).n_thin; }
+  // The channels a thin row stores, ascending (then zero padding up to its k_dim).
+  std::span<const int32_t> kept_channels(int64_t il, int64_t h) const { return head(il, h).kept; }
+  // Rows as stored: the longest run of rows [first, first + count), count <= max_count, that
+  // lie one after another in one block. Keys are rows of k_dim channels of type_k (on a thin run
+  // the kept channels, zero-padded to the type's block; head_dim otherwise), values rows of
+  // head_dim_v of type_v. For attention over thin rows without expanding them.
+  struct StoredRows {
+    int64_t count = 0;
+    bool thin = false;
+    int64_t k_dim = 0;
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;
+  };
+  StoredRows stored_rows(int64_t il, int64_t h, int64_t first, int64_t max_count) const;
   // The length a rope provider is asked for is at least this (the length the current decode
   // call reaches, so a prompt evaluated in chunks gets its whole length's table).
   void set_rope_length_hint(int64_t n) { rope_length_hint_ = n; }
@@ -292,9 +306,9 @@ class KvCache {
     int64_t low_water = INT64_MAX;  // see take_low_water()
     // drop_key_channels: tokens [0, n_thin) are stored in the first thin_blocks blocks, thin_tokens
     // a block, key rows of thin_k_bytes (the kept channels `kept`, zero-padded to the key type's
-    // block), value rows from byte thin_v_offset. Tokens from n_thin on start a fresh ordinary
+    // block: thin_k_dim channels), value rows from byte thin_v_offset. Tokens from n_thin on start a fresh ordinary
     // block. n_thin == 0: every block is ordinary.
-    int64_t n_thin = 0, thin_blocks = 0, thin_tokens = 0;
+    int64_t n_thin = 0, thin_blocks = 0, thin_tokens = 0, thin_k_dim = 0;
     size_t thin_k_bytes = 0, thin_v_offset = 0;
     std::vector<int32_t> kept;
   };

@@ -1,10 +1,11 @@
 // think inside the model's Context: with the channels dropped from storage (store=drop, the
-// default) the model computes exactly what it computes with them zeroed in place (store=zero,
-// kvpress's way): the same logits bit for bit after the prompt and at every generated token,
-// f32 and f16 keys, while the cache holds fewer blocks.
+// default) the model computes what it computes with them zeroed in place (store=zero, kvpress's
+// way): the same logits after the prompt and at every generated token up to the order of float
+// additions, the same greedy tokens, f32 and f16 keys, while the cache holds fewer blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,7 +54,17 @@ TEST(PressThinkModel, DroppedChannelsComputeWhatZeroedOnesDo) {
     for (int step = 0; step < 8; ++step) {
       const float* a = zero->logits(0);
       const float* b = drop->logits(0);
-      ASSERT_TRUE(std::equal(a, a + nv, b)) << "logits differ at step " << step;
+      double diff = 0, scale = 0;
+      for (int64_t i = 0; i < nv; ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+      }
+      // Attention over thin rows computes q . k over the kept channels only (ThinK's pruned
+      // product), the zeroed cache over every channel with zeros in the dropped ones: the same
+      // sum, added in another order, so a few float32 roundings apart (measured: at most 2.4e-5
+      // of logits about 10, f16 keys; 4e-6 with f32).
+      ASSERT_LE(diff, 1e-5 * scale) << "logits differ at step " << step;
+      ASSERT_EQ(std::max_element(b, b + nv) - b, std::max_element(a, a + nv) - a) << "step " << step;
       const int32_t id = static_cast<int32_t>(std::max_element(a, a + nv) - a);
       ASSERT_TRUE(zero->decode(std::span<const int32_t>(&id, 1), Logits::kLast).is_ok());
       ASSERT_TRUE(drop->decode(std::span<const int32_t>(&id, 1), Logits::kLast).is_ok());
