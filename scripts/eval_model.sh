@@ -108,7 +108,7 @@ for part in $PARTS; do
     # the `rope` part (MrRoPE-Pro with logn at factor L/1K); the default is the shipped model at
     # 1K. Presses without ratio= take the nearest knob: duo_attention head_ratio=r (the fraction
     # of streaming heads, as kvpress's evaluation sets it), decoding target=(1-r)L tokens every
-    # 16 generated tokens, think channel_ratio=r (the fraction of key channels zeroed; it keeps
+    # 16 generated tokens, think channel_ratio=r (the fraction of key channels pruned; it keeps
     # every token); simlayerkv runs once at its defaults (its threshold decides); kvzip is
     # query-agnostic by construction (no query= key).
     for L in ${PRESS_LENGTHS:-1K}; do

@@ -120,8 +120,8 @@ LC_PRESS_CUSTOM(decoding,
                 "Distribution\", arXiv 2510.00636, 2025)")
 LC_PRESS_CUSTOM(think,
                 "key channels, not tokens: per KV head, the channel_ratio of channels with the lowest mean q^2 "
-                "(last window queries) x mean k^2 are zeroed (no memory saved, as kvpress); chain it after a token "
-                "press",
+                "(last window queries) x mean k^2 are pruned: dropped from the cache's storage (store=drop, memory "
+                "saved) or zeroed in place (store=zero, as kvpress); chain it after a token press",
                 "Xu et al., \"ThinK: Thinner Key Cache by Query-Driven Pruning\", arXiv 2407.21018, 2024 (kvpress's "
                 "ThinKPress)")
 

@@ -124,7 +124,7 @@ Expected<std::unique_ptr<KvPress>> make_press_think(Args& a, const PressShape& s
   ThinkOptions o;
   LC_ASSIGN_OR_RETURN(o.channel_ratio,
                       a.number("channel_ratio", 0.5, 0, 1,
-                               "fraction of each KV head's key channels set to zero, floor(head_dim x ratio) of "
+                               "fraction of each KV head's key channels pruned, floor(head_dim x ratio) of "
                                "them (kvpress's key_channel_compression_ratio; its default 0 does nothing)"));
   LC_ASSIGN_OR_RETURN(o.window, a.integer("window", 32, 1, INT32_MAX,
                                           "last prompt queries whose squared channels weigh the keys', tokens"));
