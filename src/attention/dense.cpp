@@ -56,6 +56,16 @@ namespace {
 void prefetch_next(const attn::ExecCtx& ctx, int64_t hk, int64_t next, int64_t end) {
   if (next < end) ctx.kv->prefetch(ctx.il, hk, next, std::min<int64_t>(8, end - next));
 }
+// Tokens [s0, s1) of the runner's item, one span per run of stored rows (a block, or a thin
+// block of keys without dropped channels), the next one's first rows prefetched.
+void run_segment(const attn::ExecCtx& ctx, attn::Runner& run, int64_t s0, int64_t s1) {
+  for (int64_t first = s0; first < s1;) {
+    const int64_t next = run.cut(first, s1);
+    prefetch_next(ctx, run.item().hk, next, s1);
+    run.run(attn::Span{first, next - first, 0, false, run.all_rows()});
+    first = next;
+  }
+}
 }  // namespace
 
 void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
@@ -77,10 +87,9 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
       for (int64_t i = b; i < e; ++i) {
         run.begin(ctx, items[static_cast<size_t>(i)]);
         const int64_t lv = run.vis(run.rows() - 1);  // the tile's last token sees the most
-        for (int64_t first = 0; first < lv; first += B) {
-          if (first > 0 && first % seg == 0) run.flush();
-          prefetch_next(ctx, run.item().hk, first + B, lv);
-          run.run(attn::Span{first, std::min(B, lv - first), 0, false, run.all_rows()});
+        for (int64_t s0 = 0; s0 < lv; s0 += seg) {
+          if (s0 > 0) run.flush();
+          run_segment(ctx, run, s0, std::min(lv, s0 + seg));
         }
         run.finish();
       }
@@ -104,10 +113,7 @@ void ExecBackend::run_dense(const attn::ExecCtx& ctx, ThreadPool& pool) {
       run.begin(ctx, items[i]);
       const int64_t lv = run.vis(run.rows() - 1);
       const int64_t s0 = (u - unit_first[i]) * seg, s1 = std::min(lv, s0 + seg);
-      for (int64_t first = s0; first < s1; first += B) {
-        prefetch_next(ctx, run.item().hk, first + B, s1);
-        run.run(attn::Span{first, std::min(B, s1 - first), 0, false, run.all_rows()});
-      }
+      run_segment(ctx, run, s0, s1);
       run.export_partial(partials_.data() + u * stride);
     }
   }, attn::unit_grain(ctx, n_units));

@@ -143,7 +143,8 @@ void Runner::begin(const ExecCtx& c, const Item& it) {
   const size_t need_o = static_cast<size_t>(kMaxRows * c.dv);
   if (o_.size() < need_o) o_.resize(need_o);
   if (to_.size() < need_o) to_.resize(need_o);
-  const size_t B = static_cast<size_t>(c.kv->block_tokens());
+  // A span holds at most one run of stored rows: a block, or a thin block (more tokens).
+  const size_t B = static_cast<size_t>(c.kv->max_run_tokens(c.il, it.hk));
   if (kbuf_.size() < B * static_cast<size_t>(c.d)) kbuf_.resize(B * static_cast<size_t>(c.d));
   if (vbuf_.size() < B * static_cast<size_t>(c.dv)) vbuf_.resize(B * static_cast<size_t>(c.dv));
   if (sc_.size() < B) sc_.resize(B);
@@ -320,13 +321,21 @@ void Runner::rows_loop(const Span& s, uint64_t mask, const float* K, const uint1
   }
 }
 
+int64_t Runner::cut(int64_t first, int64_t end) const {
+  const KvCache& kv = *c_->kv;
+  if (first < kv.n_thin(c_->il, item_.hk)) return first + kv.stored_rows(c_->il, item_.hk, first, end - first).count;
+  const int64_t B = kv.block_tokens();
+  return std::min(end, (first / B + 1) * B);
+}
+
 void Runner::run_range(int64_t first, int64_t count, int var, bool unrotate, uint64_t rows) {
+  const int64_t end = first + count;
+  // Rotated-back keys (unrotate) are expanded to every channel: block by block.
   const int64_t B = c_->kv->block_tokens();
-  while (count > 0) {
-    const int64_t in_block = std::min(count, B - first % B);
-    run(Span{first, in_block, var, unrotate, rows});
-    first += in_block;
-    count -= in_block;
+  while (first < end) {
+    const int64_t next = unrotate ? std::min(end, (first / B + 1) * B) : cut(first, end);
+    run(Span{first, next - first, var, unrotate, rows});
+    first = next;
   }
 }
 

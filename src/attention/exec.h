@@ -57,7 +57,7 @@ void prepare_queries(const float* q, int64_t n, int64_t n_head, int64_t head_dim
 
 struct Span {
   int64_t first = 0;     // head token index
-  int64_t count = 0;     // tokens; the span lies inside one KV block
+  int64_t count = 0;     // tokens; the span lies inside one KV block (or one thin block, Runner::cut)
   int var = 0;           // query variant
   bool unrotate = false; // use keys rotated back to position 0 (fixed-distance attention)
   uint64_t rows = ~uint64_t{0};  // bit r: row r attends the span (causality applied on top)
@@ -70,8 +70,13 @@ class Runner {
   // lse: [rows] or null; if given, receives log(sum(exp(score))) of the span for each row that
   // attended it (-inf for the others).
   void run(const Span& s, float* lse = nullptr);
-  // Splits [first, first + count) at block boundaries.
+  // Splits [first, first + count) where the rows' storage breaks (block boundaries; on a head
+  // with thin rows, the thin blocks' boundaries).
   void run_range(int64_t first, int64_t count, int var, bool unrotate, uint64_t rows);
+  // The end of the run of stored rows that starts at `first`, at most `end`: the next block
+  // boundary, or on thin rows (keys stored without dropped channels) the thin block's end. A
+  // span [first, cut) is attended in one piece.
+  int64_t cut(int64_t first, int64_t end) const;
   // Normalises and writes out the rows in the mask (after merging the open segment, flush()).
   void finish(uint64_t rows = ~uint64_t{0});
   // Split-K (flash-decoding): closes the segment of spans run since begin() or the last

@@ -171,6 +171,12 @@ class KvCache {
   int64_t n_thin(int64_t il, int64_t h) const { return head(il, h).n_thin; }
   // The channels a thin row stores, ascending (then zero padding up to its k_dim).
   std::span<const int32_t> kept_channels(int64_t il, int64_t h) const { return head(il, h).kept; }
+  // The most rows one stored_rows() run of head (il, h) holds: a thin block's token count where
+  // it has thin rows and that is larger, block_tokens() otherwise.
+  int64_t max_run_tokens(int64_t il, int64_t h) const {
+    const Head& hd = head(il, h);
+    return hd.n_thin > 0 ? std::max(cfg_.block_tokens, hd.thin_tokens) : cfg_.block_tokens;
+  }
   // Rows as stored: the longest run of rows [first, first + count), count <= max_count, that
   // lie one after another in one block. Keys are rows of k_dim channels of type_k (on a thin run
   // the kept channels, zero-padded to the type's block; head_dim otherwise), values rows of
