@@ -11,33 +11,16 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/kv_test_support.h"
 
 namespace lc {
 namespace {
 
 constexpr int64_t kLayers = 3, kHeads = 2, kDim = 32;
 
-KvCacheConfig config(int64_t block, DType t) {
-  KvCacheConfig c;
-  c.n_layer = kLayers;
-  c.n_head_kv = kHeads;
-  c.head_dim = kDim;
-  c.head_dim_v = kDim;
-  c.block_tokens = block;
-  c.type_k = t;
-  c.type_v = t;
-  LlamaCppRopeParams p;
-  p.n_rot = kDim;
-  p.neox = true;
-  c.rope = make_llama_cpp_rope(p);
-  return c;
-}
+KvCacheConfig config(int64_t block, DType t) { return kvtest::cache_config(kLayers, kHeads, kDim, block, t, t); }
 
-std::unique_ptr<KvCache> make(const KvCacheConfig& c) {
-  auto kv = KvCache::create(c);
-  EXPECT_TRUE(kv.has_value()) << (kv ? "" : kv.error().message);
-  return std::move(kv.value());
-}
+std::unique_ptr<KvCache> make(const KvCacheConfig& c) { return kvtest::make_cache(c); }
 
 // Random pre-RoPE rows for T tokens: per layer k, v [T, kHeads, kDim].
 struct Rows {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/kv_test_support.h"
 
 namespace lc {
 namespace {
@@ -15,17 +16,7 @@ namespace {
 constexpr int64_t kLayers = 2, kHeads = 2, kDim = 16, kBlock = 8;
 
 KvCacheConfig config(std::shared_ptr<BlockPool> pool) {
-  KvCacheConfig c;
-  c.n_layer = kLayers;
-  c.n_head_kv = kHeads;
-  c.head_dim = kDim;
-  c.head_dim_v = kDim;
-  c.block_tokens = kBlock;
-  c.type_k = DType::F16;
-  c.type_v = DType::F16;
-  LlamaCppRopeParams p;
-  p.n_rot = kDim;
-  c.rope = make_llama_cpp_rope(p);
+  KvCacheConfig c = kvtest::cache_config(kLayers, kHeads, kDim, kBlock, DType::F16, DType::F16, /*neox=*/false);
   c.pool = std::move(pool);
   return c;
 }

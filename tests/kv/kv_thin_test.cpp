@@ -11,31 +11,16 @@
 
 #include "core/fp16.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_test_support.h"
 
 namespace lc {
 namespace {
 
 KvCacheConfig config(DType tk, int64_t d = 64, int64_t block = 16, int64_t Hkv = 2) {
-  KvCacheConfig c;
-  c.n_layer = 1;
-  c.n_head_kv = Hkv;
-  c.head_dim = d;
-  c.head_dim_v = d;
-  c.block_tokens = block;
-  c.type_k = tk;
-  c.type_v = DType::F16;
-  LlamaCppRopeParams p;
-  p.n_rot = d;
-  p.neox = true;
-  c.rope = make_llama_cpp_rope(p);
-  return c;
+  return kvtest::cache_config(1, Hkv, d, block, tk, DType::F16);
 }
 
-std::unique_ptr<KvCache> make(const KvCacheConfig& c) {
-  auto kv = KvCache::create(c);
-  EXPECT_TRUE(kv.has_value()) << (kv ? "" : kv.error().message);
-  return kv ? std::move(kv.value()) : nullptr;
-}
+std::unique_ptr<KvCache> make(const KvCacheConfig& c) { return kvtest::make_cache(c); }
 
 // Appends n tokens at positions from p0 to both caches, one call each.
 void append(std::initializer_list<KvCache*> caches, int64_t n, int32_t p0, std::mt19937& rng) {
