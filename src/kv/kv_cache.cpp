@@ -371,17 +371,9 @@ Status KvCache::append(int64_t il, int64_t n, const float* k, const float* v, co
   LC_TRY(ensure_room(il, needed));
   // Allocate every block first so that a failure (disk full while spilling) leaves the
   // cache as it was.
-  std::vector<int32_t> fresh;  // per append call, not per token
-  fresh.reserve(static_cast<size_t>(needed));
-  for (int64_t i = 0; i < needed; ++i) {
-    auto id = pool_->allocate();
-    if (!id) {
-      for (int32_t f : fresh) pool_->release(f);
-      return make_error(id.error().message + fmt::format(" (appending {} tokens to layer {})",
-                                                         n, il));
-    }
-    fresh.push_back(*id);
-  }
+  auto taken = take_blocks(needed);  // per append call, not per token
+  if (!taken) return make_error(taken.error().message + fmt::format(" (appending {} tokens to layer {})", n, il));
+  std::vector<int32_t> fresh = std::move(*taken);
   const size_t kn = static_cast<size_t>(n * H * d);
   if (krot_.size() < kn) krot_.resize(kn);
   std::memcpy(krot_.data(), k, kn * sizeof(float));
@@ -414,6 +406,20 @@ Status KvCache::own_block(Head& hd, size_t b) {
   pool_->release(old);
   hd.blocks[b] = *id;
   return ok_status();
+}
+
+Expected<std::vector<int32_t>> KvCache::take_blocks(int64_t n) {
+  std::vector<int32_t> fresh;
+  fresh.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    auto id = pool_->allocate();
+    if (!id) {
+      for (int32_t f : fresh) pool_->release(f);
+      return id.error();
+    }
+    fresh.push_back(*id);
+  }
+  return fresh;
 }
 
 Status KvCache::own_blocks(Head& hd) {
@@ -700,16 +706,9 @@ Status KvCache::insert(const KvFragment& f) {
                                   "(--kv-budget {} bytes) has room for {}",
                                   needed, pool_->block_bytes(), cfg_.budget_bytes, pool_->ram_blocks_available()));
   for (Head& hd : heads_) LC_TRY(own_blocks(hd));  // rows move: shared blocks are copied first
-  std::vector<int32_t> fresh;
-  fresh.reserve(static_cast<size_t>(needed));
-  for (int64_t i = 0; i < needed; ++i) {
-    auto id = pool_->allocate();
-    if (!id) {
-      for (int32_t b : fresh) pool_->release(b);
-      return make_error(ErrorCode::kContextFull, "kv insert: " + id.error().message);
-    }
-    fresh.push_back(*id);
-  }
+  auto taken = take_blocks(needed);
+  if (!taken) return make_error(ErrorCode::kContextFull, "kv insert: " + taken.error().message);
+  std::vector<int32_t> fresh = std::move(*taken);
   size_t next_fresh = 0;
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const RopeTable& from = f.rope[static_cast<size_t>(il)];
@@ -852,15 +851,9 @@ Expected<int64_t> KvCache::drop_key_channels(int64_t il, int64_t h, std::span<co
     LC_TRY(zero_key_channels(il, h, channels));
     return int64_t{0};
   }
-  std::vector<int32_t> fresh;
-  for (int64_t b = 0; b < T; ++b) {
-    auto id = pool_->allocate();
-    if (!id) {
-      for (int32_t f : fresh) pool_->release(f);
-      return make_error(ErrorCode::kContextFull, "kv drop_key_channels: " + id.error().message);
-    }
-    fresh.push_back(*id);
-  }
+  auto taken = take_blocks(T);
+  if (!taken) return make_error(ErrorCode::kContextFull, "kv drop_key_channels: " + taken.error().message);
+  const std::vector<int32_t> fresh = std::move(*taken);
   Head thin;
   thin.blocks = fresh;
   thin.n_thin = hd.n;
@@ -899,15 +892,9 @@ Status KvCache::unthin(Head& hd, const char* why) {
                                   "every channel again: {} blocks of {} bytes, but the KV budget (--kv-budget {} "
                                   "bytes) has room for {}",
                                   why, need, pool_->block_bytes(), cfg_.budget_bytes, pool_->ram_blocks_available()));
-  std::vector<int32_t> fresh;
-  for (int64_t b = 0; b < need; ++b) {
-    auto id = pool_->allocate();
-    if (!id) {
-      for (int32_t f : fresh) pool_->release(f);
-      return make_error(ErrorCode::kContextFull, fmt::format("kv: {}: {}", why, id.error().message));
-    }
-    fresh.push_back(*id);
-  }
+  auto taken = take_blocks(need);
+  if (!taken) return make_error(ErrorCode::kContextFull, fmt::format("kv: {}: {}", why, taken.error().message));
+  std::vector<int32_t> fresh = std::move(*taken);
   Head full;
   full.blocks = std::move(fresh);
   std::vector<float> row(static_cast<size_t>(cfg_.head_dim));

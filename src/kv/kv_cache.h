@@ -341,6 +341,9 @@ class KvCache {
   // Copy-on-write: replaces every block of hd that another cache shares (own_blocks) or only
   // the last one when a write goes into it (own_last) by a copy of its own.
   Status own_blocks(Head& hd);
+  // n blocks from the pool, all or none: on a failure those taken go back and the pool's error
+  // is returned.
+  Expected<std::vector<int32_t>> take_blocks(int64_t n);
   Status own_last(Head& hd);
   Status own_block(Head& hd, size_t b);
   Status ensure_room(int64_t il, int64_t blocks_needed);
