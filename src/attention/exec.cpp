@@ -323,7 +323,8 @@ void Runner::rows_loop(const Span& s, uint64_t mask, const float* K, const uint1
 
 int64_t Runner::cut(int64_t first, int64_t end) const {
   const KvCache& kv = *c_->kv;
-  if (first < kv.n_thin(c_->il, item_.hk)) return first + kv.stored_rows(c_->il, item_.hk, first, end - first).count;
+  // A head with thin rows: its ordinary blocks start after the thin ones, not at multiples of B.
+  if (kv.n_thin(c_->il, item_.hk) > 0) return first + kv.stored_rows(c_->il, item_.hk, first, end - first).count;
   const int64_t B = kv.block_tokens();
   return std::min(end, (first / B + 1) * B);
 }
