@@ -7,8 +7,17 @@
 //
 //   bench_kernels --benchmark_filter=Matmul            # all matmul shapes
 //   bench_kernels --benchmark_filter='Matmul/q4_0/576x1536/t1'
+//
+// MatmulStream: the decode product (one token) over copies of one 896x4864 matrix (Qwen2.5-0.5B's
+// ffn_gate/ffn_up) that together fill 256 MiB, taken in turn, so every call reads its weights
+// from memory as decoding a model larger than the last-level cache does; /pfN is the weight
+// stream prefetch distance (set_stream_prefetch). Compare variants in one process:
+//   bench_kernels --benchmark_filter=MatmulStream --benchmark_repetitions=8
+//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -85,6 +94,44 @@ void bm_matmul(benchmark::State& st, DType t, Shape s, int64_t n_tokens, int thr
   set_float_gemm(FloatGemm::kAuto);
 }
 
+void bm_matmul_stream(benchmark::State& st, DType t, Shape s, int threads, int prefetch) {
+  const auto w = make_weights(t, s.n_in, s.n_out);
+  TensorView v;
+  v.type = t;
+  v.ne[0] = s.n_in;
+  v.ne[1] = s.n_out;
+  const bool packed = can_pack(t);
+  const size_t bytes = packed ? packed_bytes(v) : w.size();
+  const size_t copies = std::max<size_t>(2, (size_t{256} << 20) / bytes);
+  Buffer<uint8_t> all(bytes * copies);
+  if (packed) {
+    v.data = w.data();
+    pack_matrix(v, all.data());
+  } else {
+    std::memcpy(all.data(), w.data(), bytes);
+  }
+  for (size_t i = 1; i < copies; ++i) std::memcpy(all.data() + i * bytes, all.data(), bytes);
+  std::vector<float> x(static_cast<size_t>(s.n_in)), y(static_cast<size_t>(s.n_out));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (auto& e : x) e = g(rng);
+  ThreadPool& pool = pool_of(threads);
+  set_stream_prefetch(prefetch);
+  size_t i = 0;
+  for (auto _ : st) {
+    // A packed matrix keeps its file blocks only for rows past the last whole group: the
+    // shapes here have none, so data is never read.
+    if (packed) v.packed = all.data() + i * bytes, v.data = w.data();
+    else v.data = all.data() + i * bytes;
+    matmul(v, x.data(), 1, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    i = (i + 1) % copies;
+  }
+  set_stream_prefetch(kDefaultStreamPrefetch);
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(bytes));
+}
+
 void bm_row(benchmark::State& st, int which) {
   const int64_t n = 1536;
   std::vector<float> a(n, 0.5f), b(n, 0.25f), c(n);
@@ -157,6 +204,19 @@ int register_all() {
           }
         }
     }
+  constexpr Shape kStream{"896x4864", 896, 4864};
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    for (int th : {1, 2})
+      for (int pf : {0, 1024, 2048, 4096}) {
+        const bool nib = t == DType::Q4_0;  // a type stream_prefetch applies to
+        if (!nib && pf != kDefaultStreamPrefetch) continue;
+        const std::string name = std::string("MatmulStream/") + dtype_name(t) + "/" + kStream.name + "/t" +
+                                 std::to_string(th) + (nib ? "/pf" + std::to_string(pf) : "");
+        benchmark::RegisterBenchmark(name.c_str(), bm_matmul_stream, t, kStream, th, pf)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime()
+            ->MinTime(0.5);
+      }
   benchmark::RegisterBenchmark("Row/rmsnorm576", bm_row, 0);
   benchmark::RegisterBenchmark("Row/swiglu1536", bm_row, 1);
   benchmark::RegisterBenchmark("Row/softmax512", bm_row, 2);

@@ -35,6 +35,7 @@
 #include "core/status.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul_config.h"
+
 #include "kernels/quant_blocks.h"
 #include "kernels/quant_internal.h"
 #include "kernels/simd.h"
@@ -49,6 +50,7 @@ namespace {
 // Decode (n_tokens = 1) always uses our kernels: sgemm has nothing to reuse there.
 constexpr FloatGemm kFloatGemmDefault = FloatGemm::kBlas;
 std::atomic<FloatGemm> g_float_gemm{FloatGemm::kAuto};
+std::atomic<int> g_stream_prefetch{kDefaultStreamPrefetch};
 
 constexpr int64_t kTokPanel = 64;   // tokens whose activations stay cache-resident together
 constexpr int64_t kBlasPanel = 128; // weight rows converted to f32 per sgemm call
@@ -78,6 +80,7 @@ struct Acts {
   const int16_t* bs16 = nullptr;  // [n_tokens, n/16]: Q8_K sums of 16
   const int32_t* bs32 = nullptr;  // [n_tokens, n/32]: Q8_K sums of 32
   const float* f = nullptr;       // [n_tokens, n]: dequantised (fallback kernels)
+  const uint32_t* bf = nullptr;   // [n_tokens, ceil(n/2)]: bf16 pairs (x[2j], x[2j+1]) (LC_BF16_DOT)
 };
 
 struct ActScratch {
@@ -85,11 +88,44 @@ struct ActScratch {
   Buffer<float> d, ds, f;
   Buffer<int32_t> s, bs32;
   Buffer<int16_t> bs16;
+  Buffer<uint32_t> bf;
 };
 // Scratch of the thread that calls matmul (the pool's workers only read it during the call).
 thread_local ActScratch tl_acts;
 
 enum class ActKind { kQ8_32, kQ8_K, kQ8_KFloat };
+
+#if defined(LC_BF16_DOT)
+// Each token's activations rounded to bf16 (to nearest even, as llama.cpp rounds them for its
+// BF16 dot products), as (x[2j], x[2j+1]) pairs in 32-bit words; an odd width ends with a 0.
+// Every element goes through vcvtne2ps2bf16, the tail from a zero-padded copy, so a value
+// rounds the same wherever it sits.
+Acts bf16_acts(const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
+  ActScratch& sc = tl_acts;
+  const int64_t np = (n + 1) / 2;
+  grow(sc.bf, static_cast<size_t>(nt * np));
+  pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* xr = x + t * n;
+      uint32_t* d = sc.bf.data() + t * np;
+      int64_t i = 0;
+      for (; i + 32 <= n; i += 32)
+        _mm512_storeu_si512(d + i / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i)));
+      if (i < n) {
+        alignas(64) float tail[32] = {};
+        alignas(64) uint32_t out[16];
+        std::memcpy(tail, xr + i, static_cast<size_t>(n - i) * sizeof(float));
+        _mm512_store_si512(out, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(tail + 16), _mm512_load_ps(tail)));
+        std::memcpy(d + i / 2, out, static_cast<size_t>(np - i / 2) * sizeof(uint32_t));
+      }
+    }
+  });
+  Acts a;
+  a.n = n;
+  a.bf = sc.bf.data();
+  return a;
+}
+#endif
 
 Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
   ActScratch& sc = tl_acts;
@@ -425,6 +461,7 @@ struct PQ8_0 {
   static constexpr int64_t kQK = 32;  // columns per group-block
   static constexpr size_t kBytes = 34 * pv::kR;
   static constexpr bool kMin = false;
+  static constexpr bool kStreamPrefetch = false;  // measured no faster with it (docs/performance.md)
 #if defined(LC_VNNI)
   static constexpr int kCorr = -128;
 #else
@@ -472,6 +509,7 @@ struct PNib {
   static constexpr size_t kBytes = kHead + 4 * pv::kVB + (Fifth ? pv::kVB : 0);
   static constexpr int kCorr = Min ? 0 : (Fifth ? -16 : -8);
   static constexpr bool kMin = Min;
+  static constexpr bool kStreamPrefetch = true;
   static void pack(const Block* const* rows, int64_t b, uint8_t* dst) {
     for (int r = 0; r < pv::kR; ++r) {
       std::memcpy(dst + 2 * r, &rows[r][b].d, 2);
@@ -689,14 +727,19 @@ struct PQ6_K {
 };
 
 // R rows (one group) x C tokens from the packed group g; y points at y[t0, first row].
+// pf > 0: prefetch the weights pf bytes ahead of the block being read (stream_prefetch()).
 template <class P, int C>
-void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy, size_t pf = 0) {
   const int64_t nb = a.n / 32;
   pv::VF acc[C];
   const int8_t* xq[C];
   for (int c = 0; c < C; ++c) acc[c] = pv::fzero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = g + static_cast<size_t>(b) * P::kBytes;
+    if (pf) {
+      const char* f = reinterpret_cast<const char*>(p) + pf;
+      for (size_t l = 0; l < P::kBytes; l += 64) _mm_prefetch(f + l, _MM_HINT_T0);
+    }
     pv::VI is[C];
     for (int c = 0; c < C; ++c) {
       const int64_t t = t0 + c;
@@ -785,6 +828,11 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
   const uint8_t* pk = static_cast<const uint8_t*>(w.packed);
   const uint8_t* wb = static_cast<const uint8_t*>(w.data);
   const size_t ws = w.row_size();
+  // Prefetch only for a decode step (one or two tokens) over the nibble types: a larger
+  // product reuses each block for its C tokens and is not bound by the weight stream.
+  size_t pf = 0;
+  if constexpr (P::kQK == 32)
+    if (P::kStreamPrefetch && nt <= 2) pf = static_cast<size_t>(stream_prefetch());
   auto one = [&](int64_t o) {
     for (int64_t t = 0; t < nt; ++t) packed_row<P>(wb + o * ws, a, t, y + t * n_out + o);
   };
@@ -810,8 +858,8 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
           for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
           if constexpr (kPackCols > 4)
             for (; t + 4 <= p1; t += 4) packed_tile<P, 4>(gp, a, t, yg + t * n_out, n_out);
-          for (; t + 2 <= p1; t += 2) packed_tile<P, 2>(gp, a, t, yg + t * n_out, n_out);
-          for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out);
+          for (; t + 2 <= p1; t += 2) packed_tile<P, 2>(gp, a, t, yg + t * n_out, n_out, pf);
+          for (; t < p1; ++t) packed_tile<P, 1>(gp, a, t, yg + t * n_out, n_out, pf);
         }
       }
     }
@@ -1121,6 +1169,101 @@ void packed_rows_f(const TensorView& w, const float* x, int64_t nt, int64_t o0, 
   while (o < o1) one(o++);
 }
 
+#if defined(LC_BF16_DOT)
+// Packed BF16 with bf16 dot products (LC_BF16_DOT): a group of R = 16 rows, every row padded
+// to an even width, stored pair of columns by pair: pair j is 16 words whose word r is row r's
+// (w[2j], w[2j+1]), so one vdpbf16ps against the broadcast activation pair (x[2j], x[2j+1])
+// advances all 16 rows by two columns. Rows past n_out fill the last group with zeros, so every
+// output, the last rows included, comes out of the same instruction chain (pairs in order, from
+// 0) whatever the tile shape, the token count or the split of the rows.
+inline int64_t bf_pairs(int64_t n) { return (n + 1) / 2; }
+inline size_t bf_group_elems(int64_t n) { return static_cast<size_t>(bf_pairs(n) * 2 * pv::kR + kPfPad); }
+
+// G groups from g (gs elements apart) x C tokens from t0 of the pairs xp (np per token).
+template <int G, int C>
+void packed_tile_bf(const uint16_t* g, size_t gs, const uint32_t* xp, int64_t np, int64_t t0, float* y,
+                    int64_t ldy) {
+  constexpr int R = pv::kR;
+  __m512 acc[G][C];
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
+  const uint32_t* xr = xp + t0 * np;
+  for (int64_t j = 0; j < np; ++j) {
+    __m512bh w[G];
+    for (int i = 0; i < G; ++i) w[i] = (__m512bh)_mm512_loadu_si512(g + i * gs + j * 2 * R);
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xr[c * np + j]));
+      for (int i = 0; i < G; ++i) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], w[i], xb);
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy + i * R, acc[i][c]);
+}
+
+// Rows [o0, o1) of y = x W^T: whole groups straight into y, a group that [o0, o1) cuts through
+// (or the zero-padded last one) into a scratch tile first.
+void packed_rows_bf(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int64_t o1, float* y) {
+  constexpr int64_t R = pv::kR;
+  const int64_t n_out = w.n_rows(), np = bf_pairs(w.ne[0]);
+  const size_t gs = bf_group_elems(w.ne[0]);
+  const uint16_t* pk = static_cast<const uint16_t*>(w.packed);
+  const uint32_t* xp = a.bf;
+  auto inside = [&](int64_t g) { return g * R >= o0 && (g + 1) * R <= o1; };
+  // One group x tokens [t0, t1): into y when whole, else through a scratch tile.
+  auto group = [&](int64_t g, int64_t t0, int64_t t1) {
+    const uint16_t* gp = pk + static_cast<size_t>(g) * gs;
+    if (inside(g)) {
+      float* yg = y + g * R;
+      int64_t t = t0;
+      for (; t + kPfCols <= t1; t += kPfCols) packed_tile_bf<1, kPfCols>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+      for (; t + 4 <= t1; t += 4) packed_tile_bf<1, 4>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+      for (; t < t1; ++t) packed_tile_bf<1, 1>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+      return;
+    }
+    const int64_t r0 = std::max(o0, g * R), r1 = std::min(o1, (g + 1) * R);
+    float tmp[R];
+    for (int64_t t = t0; t < t1; ++t) {
+      packed_tile_bf<1, 1>(gp, gs, xp, np, t, tmp, R);
+      std::memcpy(y + t * n_out + r0, tmp + (r0 - g * R), static_cast<size_t>(r1 - r0) * sizeof(float));
+    }
+  };
+  const int64_t g0 = o0 / R, g1 = (o1 + R - 1) / R;
+  if (nt == 1) {
+    int64_t g = g0;
+    for (; g + kPfDecodeGroups <= g1 && inside(g) && inside(g + kPfDecodeGroups - 1); g += kPfDecodeGroups)
+      packed_tile_bf<kPfDecodeGroups, 1>(pk + g * gs, gs, xp, np, 0, y + g * R, n_out);
+    for (; g < g1; ++g) group(g, 0, 1);
+    return;
+  }
+  for (int64_t p0 = 0; p0 < nt; p0 += kTokPanel) {
+    const int64_t p1 = std::min(nt, p0 + kTokPanel);
+    int64_t g = g0;
+    for (; g + 2 <= g1 && inside(g) && inside(g + 1); g += 2) {
+      const uint16_t* gp = pk + static_cast<size_t>(g) * gs;
+      float* yg = y + g * R;
+      int64_t t = p0;
+      for (; t + kPfCols <= p1; t += kPfCols) packed_tile_bf<2, kPfCols>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+      for (; t + 4 <= p1; t += 4) packed_tile_bf<2, 4>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+      for (; t < p1; ++t) packed_tile_bf<2, 1>(gp, gs, xp, np, t, yg + t * n_out, n_out);
+    }
+    for (; g < g1; ++g) group(g, p0, p1);
+  }
+}
+
+void pack_bf_pairs(const TensorView& w, uint16_t* dst) {
+  constexpr int64_t R = pv::kR;
+  const int64_t n = w.ne[0], n_out = w.n_rows(), np = bf_pairs(n), groups = (n_out + R - 1) / R;
+  const size_t gs = bf_group_elems(n);
+  std::memset(dst, 0, static_cast<size_t>(groups) * gs * sizeof(uint16_t));
+  for (int64_t o = 0; o < n_out; ++o) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w.row(o));
+    uint16_t* d = dst + static_cast<size_t>(o / R) * gs + (o % R) * 2;
+    for (int64_t k = 0; k < n; ++k) d[(k / 2) * 2 * R + (k % 2)] = row[k];
+  }
+  (void)np;
+}
+#endif
+
 void pack_float(const TensorView& w, uint16_t* dst) {
   const int64_t n = w.ne[0], groups = w.n_rows() / kPackRows;
   for (int64_t g = 0; g < groups; ++g)
@@ -1162,9 +1305,14 @@ void blas_rows(const TensorView& w, int64_t o0, int64_t o1, const float* x, int6
 }
 
 // How a weight type is multiplied: which activations it needs and which kernel takes its rows.
-enum class Path { kFloat, kBlas, kQ32, kK, kFallback };
+enum class Path { kFloat, kBlas, kQ32, kK, kFallback, kBf16 };
 
-Path path_of(DType t, int64_t nt) {
+Path path_of(DType t, int64_t nt, bool packed) {
+#if defined(LC_BF16_DOT)
+  if (t == DType::BF16 && packed) return Path::kBf16;
+#else
+  (void)packed;
+#endif
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: {
       const FloatGemm g = g_float_gemm.load(std::memory_order_relaxed);
@@ -1188,8 +1336,16 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
   const uint8_t* wb = static_cast<const uint8_t*>(w.data);
   const size_t ws = w.row_size();
   if (w.packed && w.type == DType::F16) return packed_rows_f<DType::F16>(w, x, nt, b, e, y);
-  if (w.packed && w.type == DType::BF16) return packed_rows_f<DType::BF16>(w, x, nt, b, e, y);
+  if (w.packed && w.type == DType::BF16) {
+#if defined(LC_BF16_DOT)
+    return packed_rows_bf(w, a, nt, b, e, y);
+#else
+    return packed_rows_f<DType::BF16>(w, x, nt, b, e, y);
+#endif
+  }
   switch (path) {
+    case Path::kBf16:  // packed BF16 only, handled above
+      return;
     case Path::kBlas:
       return blas_rows(w, b, e, x, nt, y);
     case Path::kFloat:
@@ -1244,6 +1400,15 @@ void rows_of(const TensorView& w, Path path, const float* x, const Acts& a, int6
 
 void set_float_gemm(FloatGemm g) { g_float_gemm.store(g, std::memory_order_relaxed); }
 FloatGemm float_gemm() { return g_float_gemm.load(std::memory_order_relaxed); }
+void set_stream_prefetch(int bytes) { g_stream_prefetch.store(std::max(0, bytes), std::memory_order_relaxed); }
+int stream_prefetch() { return g_stream_prefetch.load(std::memory_order_relaxed); }
+bool bf16_dot_products() {
+#if defined(LC_BF16_DOT)
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool matmul_supports(DType t) {
   switch (t) {
@@ -1268,12 +1433,12 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
   if (ws.empty() || n_tokens <= 0) return;
   const int64_t n_in = ws[0]->ne[0];
   const DType t0 = ws[0]->type;
-  const Path path = path_of(t0, n_tokens);
+  const Path path = path_of(t0, n_tokens, ws[0]->packed != nullptr);
   bool same = true;
   for (const TensorView* w : ws) {
     LC_CHECK(matmul_supports(w->type));
     LC_CHECK(w->ne[0] % traits(w->type).block_size == 0);  // whole blocks per row
-    same = same && w->ne[0] == n_in && path_of(w->type, n_tokens) == path;
+    same = same && w->ne[0] == n_in && path_of(w->type, n_tokens, w->packed != nullptr) == path;
   }
   if (!same) {  // one call per matrix: each quantises the activations its type needs
     for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, n_tokens, ys[i], pool);
@@ -1284,6 +1449,9 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
   else if (path == Path::kK) a = quantize_acts(ActKind::kQ8_K, x, n_tokens, n_in, pool);
   else if (path == Path::kFallback) a = quantize_acts(ActKind::kQ8_KFloat, x, n_tokens, n_in, pool);
   else if (path == Path::kBlas) blas_init();
+#if defined(LC_BF16_DOT)
+  else if (path == Path::kBf16) a = bf16_acts(x, n_tokens, n_in, pool);
+#endif
   // The rows of all the matrices, one after the other, in one parallel loop: contiguous ranges
   // per thread, cut where they cross from one matrix to the next.
   int64_t total = 0;
@@ -1314,7 +1482,12 @@ size_t packed_bytes(const TensorView& w) {
   if (w.ne[0] % qk != 0) return 0;
   size_t per = 0;
   switch (w.type) {
-    case DType::F16: case DType::BF16:
+    case DType::BF16:
+#if defined(LC_BF16_DOT)
+      return static_cast<size_t>((w.n_rows() + kPackRows - 1) / kPackRows) * bf_group_elems(w.ne[0]) * 2;
+#endif
+      [[fallthrough]];
+    case DType::F16:
       return static_cast<size_t>(w.n_rows() / kPackRows) * static_cast<size_t>(w.ne[0] * kPackRows + kPfPad) * 2;
     case DType::Q8_0: per = PQ8_0::kBytes; break;
     case DType::Q4_0: per = PQ4_0::kBytes; break;
@@ -1340,6 +1513,9 @@ void pack_matrix(const TensorView& w, void* dst) {
     case DType::Q4_K: return pack_groups<PQ4_K>(w, d);
     case DType::Q5_K: return pack_groups<PQ5_K>(w, d);
     case DType::Q6_K: return pack_groups<PQ6_K>(w, d);
+#if defined(LC_BF16_DOT)
+    case DType::BF16: return pack_bf_pairs(w, reinterpret_cast<uint16_t*>(d));
+#endif
     default: return pack_float(w, reinterpret_cast<uint16_t*>(d));
   }
 }

@@ -11,6 +11,9 @@
 #if defined(LC_AVX512) && defined(__AVX512VNNI__)
 #define LC_VNNI 1  // vpdpbusd on 256-bit vectors (AVX512VL + VNNI)
 #endif
+#if defined(LC_VNNI) && defined(__AVX512BF16__)
+#define LC_BF16_DOT 1  // packed BF16 weights multiply bf16 activations with vdpbf16ps
+#endif
 
 namespace lc::kernels::simd {
 

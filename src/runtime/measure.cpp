@@ -8,6 +8,7 @@
 
 #include "core/progress.h"
 #include "core/sys.h"
+#include "kernels/matmul_config.h"
 
 namespace lc {
 
@@ -152,6 +153,7 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
 
 namespace {
 bool int8_kernel(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
+bool bf16_kernel(DType t) { return t == DType::BF16 && kernels::bf16_dot_products(); }
 }  // namespace
 
 TokenCost token_cost(const Model& model) {
@@ -159,7 +161,7 @@ TokenCost token_cost(const Model& model) {
   auto add = [&](const TensorView& w) {
     const double flops = 2.0 * static_cast<double>(w.ne[0]) * static_cast<double>(w.n_rows());
     c.layer_bytes += static_cast<double>(w.row_size()) * static_cast<double>(w.n_rows());
-    (int8_kernel(w.type) ? c.layer_flops_int8 : c.layer_flops_f32) += flops;
+    (int8_kernel(w.type) ? c.layer_flops_int8 : bf16_kernel(w.type) ? c.layer_flops_bf16 : c.layer_flops_f32) += flops;
   };
   for (const LayerWeights& L : model.layers())
     for (const TensorView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) add(*w);
@@ -167,6 +169,7 @@ TokenCost token_cost(const Model& model) {
   c.output_bytes = static_cast<double>(o.row_size()) * static_cast<double>(o.n_rows());
   c.output_flops = 2.0 * static_cast<double>(o.ne[0]) * static_cast<double>(o.n_rows());
   c.output_int8 = int8_kernel(o.type);
+  c.output_bf16 = bf16_kernel(o.type);
   const HParams& hp = model.hparams();
   c.attn_flops_per_pos = 2.0 * static_cast<double>(hp.n_layer * hp.n_head * (hp.head_dim + hp.head_dim_v));
   return c;
@@ -179,12 +182,14 @@ double decode_bound_tps(const TokenCost& c, double kv_bytes_per_token, double me
 
 double prefill_bound_tps(const TokenCost& c, int64_t n_prompt, int64_t depth, const kernels::PeakOps& peak) {
   if (n_prompt <= 0 || peak.f32_gflops <= 0 || peak.int8_gops <= 0) return 0;
-  const double f32 = peak.f32_gflops * 1e9, i8 = peak.int8_gops * 1e9;
+  if ((c.layer_flops_bf16 > 0 || c.output_bf16) && peak.bf16_gflops <= 0) return 0;
+  const double f32 = peak.f32_gflops * 1e9, i8 = peak.int8_gops * 1e9, bf = peak.bf16_gflops * 1e9;
   const double n = static_cast<double>(n_prompt);
   // Keys attended by the prompt: sum over i < n of depth + i + 1.
   const double keys = n * static_cast<double>(depth) + n * (n + 1) / 2;
-  const double seconds = n * (c.layer_flops_f32 / f32 + c.layer_flops_int8 / i8) +
-                         keys * c.attn_flops_per_pos / f32 + c.output_flops / (c.output_int8 ? i8 : f32);
+  const double seconds = n * (c.layer_flops_f32 / f32 + c.layer_flops_int8 / i8 + (bf > 0 ? c.layer_flops_bf16 / bf : 0)) +
+                         keys * c.attn_flops_per_pos / f32 +
+                         c.output_flops / (c.output_int8 ? i8 : c.output_bf16 ? bf : f32);
   return n / seconds;
 }
 

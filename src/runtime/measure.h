@@ -56,10 +56,11 @@ struct TokenCost {
   double layer_bytes = 0;   // bytes of every layer's matrices (one decoded token reads each once)
   double output_bytes = 0;  // the output matrix's bytes (read once per token that gets logits)
   // 2 x the multiply-adds of a token through the layers' matrices, split by the arithmetic
-  // their kernels use: f32 FMA for float weights, int8 dot products for quantised ones.
-  double layer_flops_f32 = 0, layer_flops_int8 = 0;
+  // their kernels use: f32 FMA for float weights, int8 dot products for quantised ones, bf16
+  // dot products for BF16 weights where the build has them (kernels::bf16_dot_products()).
+  double layer_flops_f32 = 0, layer_flops_int8 = 0, layer_flops_bf16 = 0;
   double output_flops = 0;
-  bool output_int8 = false;
+  bool output_int8 = false, output_bf16 = false;
   // Attention's multiply-adds per (token, context position), times 2: QK and PV over every
   // layer and query head.
   double attn_flops_per_pos = 0;

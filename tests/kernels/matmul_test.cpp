@@ -190,6 +190,15 @@ TEST(Matmul, SupportsAndRejects) {
 
 bool is_k(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
+// Packed BF16 multiplied by bf16-rounded activations with vdpbf16ps (AVX512-BF16 builds).
+bool bf16_pairs(DType t) { return t == DType::BF16 && bf16_dot_products(); }
+
+// x rounded to bf16 and back: what the bf16 dot products multiply.
+std::vector<float> bf16_rounded(const float* x, int64_t n) {
+  std::vector<float> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[static_cast<size_t>(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+  return r;
+}
 
 // Packed F16 / BF16: one FMA chain per row and token over the columns in order, from 0.
 float scalar_order_half(DType t, const uint8_t* row, const float* x, int64_t n_in) {
@@ -214,8 +223,13 @@ Packed make_packed(std::mt19937& rng, DType t, int64_t n_in, int64_t n_out) {
   const size_t per_row = traits(t).block_bytes + (t == DType::Q4_K || t == DType::Q5_K ? 4 : 0);
   // F16 / BF16 groups are one cache line (64 bytes) further apart.
   const size_t pad = t == DType::F16 || t == DType::BF16 ? 64 : 0;
-  EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows) *
-                   (static_cast<size_t>(n_in / traits(t).block_size * kPackRows) * per_row + pad));
+  if (bf16_pairs(t)) {  // whole groups, the last one padded with zero rows; rows padded to even widths
+    EXPECT_EQ(n, static_cast<size_t>((n_out + kPackRows - 1) / kPackRows) *
+                     (static_cast<size_t>((n_in + 1) / 2 * 2 * kPackRows) * 2 + pad));
+  } else {
+    EXPECT_EQ(n, static_cast<size_t>(n_out / kPackRows) *
+                     (static_cast<size_t>(n_in / traits(t).block_size * kPackRows) * per_row + pad));
+  }
   if (n > 0) {
     p.pk.resize(n);
     pack_matrix(p.w.view, p.pk.data());
@@ -351,6 +365,24 @@ TEST_P(MatmulPacked, EqualsScalarOrderBitForBit) {
     std::mt19937 rng(seed++);
     const Packed p = make_packed(rng, t, c.n_in, c.n_out);
     const auto x = test::random_floats(rng, c.n_in * c.n_tokens, -2, 2);
+    if (bf16_pairs(t)) {
+      // The lane arithmetic of vdpbf16ps (how the pair's products are rounded into the sum) is
+      // the processor's: MatchesReference bounds its error, and here every split of the work
+      // must give each output the same bits as one token at a time on one thread.
+      ThreadPool one(1);
+      std::vector<float> want(static_cast<size_t>(c.n_out * c.n_tokens), NAN);
+      for (int64_t tk = 0; tk < c.n_tokens; ++tk)
+        matmul(p.w.view, x.data() + tk * c.n_in, 1, want.data() + tk * c.n_out, one);
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(want.size(), NAN);
+        matmul(p.w.view, x.data(), c.n_tokens, y.data(), pool);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(y[i], want[i]) << "bf16 pairs n_in=" << c.n_in << " n_out=" << c.n_out << " nt=" << c.n_tokens
+                                   << " out=" << i << " threads=" << threads;
+      }
+      continue;
+    }
     std::vector<BlockQ8_0> xb(static_cast<size_t>(c.n_in / 32));
     std::vector<BlockQ8_K> xk(static_cast<size_t>(c.n_in / 256));
     std::vector<float> want(static_cast<size_t>(c.n_out * c.n_tokens));
@@ -378,7 +410,9 @@ TEST_P(MatmulPacked, EqualsScalarOrderBitForBit) {
 TEST_P(MatmulPacked, MatchesReference) {
   const DType t = GetParam();
   std::mt19937 rng(77);
-  for (const Case& c : {Case{512, 67, 5}, Case{is_k(t) ? 768 : 576, 16, 1}, Case{1536, 13, 7}}) {
+  std::vector<Case> cases = {Case{512, 67, 5}, Case{is_k(t) ? 768 : 576, 16, 1}, Case{1536, 13, 7}};
+  if (is_half(t)) cases.push_back(Case{101, 21, 3});  // an odd width (bf16 pairs end in a zero)
+  for (const Case& c : cases) {
     const Packed p = make_packed(rng, t, c.n_in, c.n_out);
     const auto x = test::random_floats(rng, c.n_in * c.n_tokens, -2, 2);
     std::vector<float> y(static_cast<size_t>(c.n_out * c.n_tokens));
@@ -387,6 +421,7 @@ TEST_P(MatmulPacked, MatchesReference) {
     std::vector<float> wr(static_cast<size_t>(c.n_in)), xq(static_cast<size_t>(c.n_in));
     for (int64_t tk = 0; tk < c.n_tokens; ++tk) {
       ref::quantized_activations(t, x.data() + tk * c.n_in, xq.data(), c.n_in);
+      if (bf16_pairs(t)) xq = bf16_rounded(x.data() + tk * c.n_in, c.n_in);
       for (int64_t o = 0; o < c.n_out; ++o) {
         ref::dequantize_row(t, p.w.view.row(o), wr.data(), c.n_in);
         double want = 0, mag = 0;
@@ -406,7 +441,8 @@ TEST_P(MatmulPacked, MultiEqualsOneCallPerMatrix) {
   const DType t = GetParam();
   std::mt19937 rng(31);
   const int64_t n_in = is_k(t) ? 512 : 576;
-  Packed p[3] = {make_packed(rng, t, n_in, 67), make_packed(rng, t, n_in, 13), make_packed(rng, t, n_in, 24)};
+  // 40: with 3 threads a range starts inside the second matrix, 29 rows in (mid-group).
+  Packed p[3] = {make_packed(rng, t, n_in, 67), make_packed(rng, t, n_in, 40), make_packed(rng, t, n_in, 24)};
   const Weights w[3] = {p[0].w, p[1].w, p[2].w};
   for (int64_t nt : {1, 6}) {
     const auto x = test::random_floats(rng, n_in * nt);

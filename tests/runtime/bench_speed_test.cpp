@@ -135,5 +135,18 @@ TEST(BenchSpeed, BoundsFollowTheTensorTable) {
   }
 }
 
+// BF16 weights multiplied with bf16 dot products run at the bf16 peak, the rest as before.
+TEST(BenchSpeedBounds, Bf16DotProductsAtTheBf16Peak) {
+  TokenCost c;
+  c.layer_flops_f32 = 1e6, c.layer_flops_int8 = 2e6, c.layer_flops_bf16 = 3e6;
+  c.output_flops = 4e6, c.output_bf16 = true, c.attn_flops_per_pos = 10;
+  kernels::PeakOps peak;
+  peak.f32_gflops = 50, peak.int8_gops = 200, peak.bf16_gflops = 100;
+  const double secs = 4 * (1e6 / 50e9 + 2e6 / 200e9 + 3e6 / 100e9) + (5.0 + 6 + 7 + 8) * 10 / 50e9 + 4e6 / 100e9;
+  EXPECT_NEAR(prefill_bound_tps(c, 4, 4, peak), 4 / secs, 4 / secs * 1e-12);
+  peak.bf16_gflops = 0;  // bf16 work and no bf16 peak measured: no bound
+  EXPECT_EQ(prefill_bound_tps(c, 4, 4, peak), 0.0);
+}
+
 }  // namespace
 }  // namespace lc
