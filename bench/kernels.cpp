@@ -9,7 +9,7 @@
 //   bench_kernels --benchmark_filter='Matmul/q4_0/576x1536/t1'
 //
 // MatmulStream: the decode product (one token) over copies of one 896x4864 matrix (Qwen2.5-0.5B's
-// ffn_gate/ffn_up) that together fill 256 MiB, taken in turn, so every call reads its weights
+// ffn_gate/ffn_up; ffn_down, 4864x896, for the k-quants) that together fill 256 MiB, taken in turn, so every call reads its weights
 // from memory as decoding a model larger than the last-level cache does; /pfN is the weight
 // stream prefetch distance (set_stream_prefetch). Compare variants in one process:
 //   bench_kernels --benchmark_filter=MatmulStream --benchmark_repetitions=8
@@ -204,11 +204,12 @@ int register_all() {
           }
         }
     }
-  constexpr Shape kStream{"896x4864", 896, 4864};
   for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     for (int th : {1, 2})
       for (int pf : {0, 1024, 2048, 4096}) {
-        const bool nib = t == DType::Q4_0;  // a type stream_prefetch applies to
+        // k-quants need rows of whole 256-blocks: Qwen2.5-0.5B's ffn_down (4864 wide) for them.
+        const Shape kStream = traits(t).block_size == 256 ? Shape{"4864x896", 4864, 896} : Shape{"896x4864", 896, 4864};
+        const bool nib = t == DType::Q4_0 || t == DType::Q4_K || t == DType::Q6_K;  // types stream_prefetch applies to
         if (!nib && pf != kDefaultStreamPrefetch) continue;
         const std::string name = std::string("MatmulStream/") + dtype_name(t) + "/" + kStream.name + "/t" +
                                  std::to_string(th) + (nib ? "/pf" + std::to_string(pf) : "");

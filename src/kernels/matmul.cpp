@@ -584,6 +584,7 @@ struct PK45 {
   using Block = std::conditional_t<Five, BlockQ5_K, BlockQ4_K>;
   static constexpr int64_t kQK = 256;
   static constexpr bool kMin = true;
+  static constexpr bool kStreamPrefetch = true;
   static constexpr int kSub = 4 * pv::kVB + (Five ? pv::kVB : 0);  // bytes per sub-block
   static constexpr int kScales = 4 * pv::kR, kMins = 12 * pv::kR, kHead = 20 * pv::kR;
   static constexpr size_t kBytes = kHead + 8 * kSub;
@@ -666,6 +667,7 @@ struct PQ6_K {
   using Block = BlockQ6_K;
   static constexpr int64_t kQK = 256;
   static constexpr bool kMin = false;
+  static constexpr bool kStreamPrefetch = true;
   static constexpr int kScales = 2 * pv::kR, kHead = 18 * pv::kR, kSub = 3 * pv::kVB;
   static constexpr size_t kBytes = kHead + 16 * kSub;
   static int code(const Block& b, int e) {  // the 6-bit code of element e (quant_blocks.h)
@@ -761,7 +763,7 @@ void packed_tile(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t 
 // d * d_x with one FMA, then for Q4_K / Q5_K minus (sum_j m_j bsum_j) times dmin * d_x with a
 // second.
 template <class P, int C>
-void packed_tile_k(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy) {
+void packed_tile_k(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_t ldy, size_t pf = 0) {
   const int64_t nsb = a.n / 256;
   pv::VF acc[C];
   const int8_t* xq[C];
@@ -769,6 +771,10 @@ void packed_tile_k(const uint8_t* g, const Acts& a, int64_t t0, float* y, int64_
   for (int c = 0; c < C; ++c) acc[c] = pv::fzero();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = g + static_cast<size_t>(sb) * P::kBytes;
+    if (pf) {
+      const char* f = reinterpret_cast<const char*>(p) + pf;
+      for (size_t l = 0; l < P::kBytes; l += 64) _mm_prefetch(f + l, _MM_HINT_T0);
+    }
     for (int c = 0; c < C; ++c) {
       xq[c] = a.qs + (t0 + c) * a.n + 256 * sb;
       b16[c] = a.bs16 + (t0 + c) * (a.n / 16) + 16 * sb;
@@ -828,11 +834,10 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
   const uint8_t* pk = static_cast<const uint8_t*>(w.packed);
   const uint8_t* wb = static_cast<const uint8_t*>(w.data);
   const size_t ws = w.row_size();
-  // Prefetch only for a decode step (one or two tokens) over the nibble types: a larger
-  // product reuses each block for its C tokens and is not bound by the weight stream.
+  // Prefetch only for a decode step (one or two tokens), and not for Q8_0: a larger product
+  // reuses each block for its C tokens and is not bound by the weight stream.
   size_t pf = 0;
-  if constexpr (P::kQK == 32)
-    if (P::kStreamPrefetch && nt <= 2) pf = static_cast<size_t>(stream_prefetch());
+  if (P::kStreamPrefetch && nt <= 2) pf = static_cast<size_t>(stream_prefetch());
   auto one = [&](int64_t o) {
     for (int64_t t = 0; t < nt; ++t) packed_row<P>(wb + o * ws, a, t, y + t * n_out + o);
   };
@@ -852,8 +857,8 @@ void packed_rows(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, int
           for (; t + kPackCols <= p1; t += kPackCols) packed_tile_k<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
           if constexpr (kPackCols > 4)
             for (; t + 4 <= p1; t += 4) packed_tile_k<P, 4>(gp, a, t, yg + t * n_out, n_out);
-          for (; t + 2 <= p1; t += 2) packed_tile_k<P, 2>(gp, a, t, yg + t * n_out, n_out);
-          for (; t < p1; ++t) packed_tile_k<P, 1>(gp, a, t, yg + t * n_out, n_out);
+          for (; t + 2 <= p1; t += 2) packed_tile_k<P, 2>(gp, a, t, yg + t * n_out, n_out, pf);
+          for (; t < p1; ++t) packed_tile_k<P, 1>(gp, a, t, yg + t * n_out, n_out, pf);
         } else {
           for (; t + kPackCols <= p1; t += kPackCols) packed_tile<P, kPackCols>(gp, a, t, yg + t * n_out, n_out);
           if constexpr (kPackCols > 4)

@@ -11,9 +11,10 @@ void set_float_gemm(FloatGemm g);
 FloatGemm float_gemm();
 
 // How far ahead (bytes) a decode step's product over packed nibble weights (Q4_0, Q4_1, Q5_0,
-// Q5_1) prefetches the weight stream, 0 for none. Those types spend more instructions per byte
-// than Q8_0, so fewer cache lines are in flight and the hardware prefetcher alone leaves the
-// core short of memory bandwidth (docs/performance.md, "Prefetching the weight stream").
+// Q5_1) and k-quants (Q4_K, Q5_K, Q6_K) prefetches the weight stream, 0 for none. Those types
+// spend more instructions per byte than Q8_0, so fewer cache lines are in flight and the
+// hardware prefetcher alone leaves the core short of memory bandwidth (docs/performance.md,
+// "Prefetching the weight stream").
 constexpr int kDefaultStreamPrefetch = 2048;
 void set_stream_prefetch(int bytes);
 int stream_prefetch();
