@@ -29,7 +29,9 @@ bool matmul_supports(DType t);
 // x: [n_tokens, n_in] f32, y: [n_tokens, n_out] f32.
 // Quantised weights multiply activations quantised the way ggml does it (Q8_0 blocks for
 // Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K blocks for k-quants) with integer dot products, so results
-// are the same whatever n_tokens is. F16/BF16/F32 weights multiply f32 activations.
+// are the same whatever n_tokens is. F16/F32 weights multiply f32 activations; so do BF16
+// weights, except packed ones on AVX512-BF16 builds, which multiply activations rounded to bf16
+// (bf16_dot_products(), as llama.cpp), the same bits whatever n_tokens is.
 void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 // ys[i] = x ws[i]^T for matrices with the same input width (Q/K/V, gate/up): when they share a
 // kernel path the activations are quantised once and all their rows go through one parallel
