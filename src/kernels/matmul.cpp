@@ -1257,7 +1257,7 @@ void packed_rows_bf(const TensorView& w, const Acts& a, int64_t nt, int64_t o0, 
 
 void pack_bf_pairs(const TensorView& w, uint16_t* dst) {
   constexpr int64_t R = pv::kR;
-  const int64_t n = w.ne[0], n_out = w.n_rows(), np = bf_pairs(n), groups = (n_out + R - 1) / R;
+  const int64_t n = w.ne[0], n_out = w.n_rows(), groups = (n_out + R - 1) / R;
   const size_t gs = bf_group_elems(n);
   std::memset(dst, 0, static_cast<size_t>(groups) * gs * sizeof(uint16_t));
   for (int64_t o = 0; o < n_out; ++o) {
@@ -1265,7 +1265,6 @@ void pack_bf_pairs(const TensorView& w, uint16_t* dst) {
     uint16_t* d = dst + static_cast<size_t>(o / R) * gs + (o % R) * 2;
     for (int64_t k = 0; k < n; ++k) d[(k / 2) * 2 * R + (k % 2)] = row[k];
   }
-  (void)np;
 }
 #endif
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/kv_test_support.h"
 #include "kv/press.h"
 
 namespace lc::test {
@@ -45,17 +46,7 @@ struct PressPrompt {
 
   // A fresh cache holding every layer's keys and values.
   void fill_cache() {
-    KvCacheConfig c;
-    c.n_layer = n_layer;
-    c.n_head_kv = Hkv;
-    c.head_dim = d;
-    c.head_dim_v = d;
-    c.block_tokens = block;
-    c.type_k = type_k;
-    LlamaCppRopeParams rp;
-    rp.n_rot = d;
-    rp.neox = true;
-    c.rope = make_llama_cpp_rope(rp);
+    const KvCacheConfig c = kvtest::cache_config(n_layer, Hkv, d, block, type_k, DType::F32);
     auto r = KvCache::create(c);
     ASSERT_TRUE(r.has_value()) << r.error().message;
     kv = std::move(r.value());
