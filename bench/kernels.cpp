@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -175,6 +176,15 @@ void bm_convert(benchmark::State& st, DType t, bool quantize) {
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * n);
 }
 
+// One parallel region of the pool with nothing to do: what each of decode's regions costs in
+// synchronisation alone (the caller publishes the job, the worker sees it, runs, reports back).
+void bm_pool_region(benchmark::State& st, int threads) {
+  ThreadPool& pool = pool_of(threads);
+  std::atomic<int64_t> sink{0};
+  for (auto _ : st) pool.run([&](int t) { sink.fetch_add(t, std::memory_order_relaxed); });
+  benchmark::DoNotOptimize(sink.load());
+}
+
 const char* float_gemm_name(FloatGemm g) {
   return g == FloatGemm::kOwn ? "/own" : g == FloatGemm::kBlas ? "/blas" : "";
 }
@@ -218,6 +228,8 @@ int register_all() {
             ->UseRealTime()
             ->MinTime(0.5);
       }
+  for (int th : {1, 2})
+    benchmark::RegisterBenchmark(("Pool/region/t" + std::to_string(th)).c_str(), bm_pool_region, th)->UseRealTime();
   benchmark::RegisterBenchmark("Row/rmsnorm576", bm_row, 0);
   benchmark::RegisterBenchmark("Row/swiglu1536", bm_row, 1);
   benchmark::RegisterBenchmark("Row/softmax512", bm_row, 2);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace lc {
@@ -24,6 +25,14 @@ class ThreadPool {
   // returns when all have finished.
   void run(const std::function<void(int)>& fn);
 
+  // Inside run(fn): returns once every thread of the pool has called it (a region whose steps
+  // depend on each other's results). Every thread must call it the same number of times.
+  void barrier();
+
+  // Thread t's part of [0, n) when it is split into nt contiguous ranges aligned to `grain`
+  // elements, as parallel_for splits it: {begin, end}, empty for a thread without work.
+  static std::pair<int64_t, int64_t> share(int64_t n, int64_t grain, int t, int nt);
+
   // Splits [0, n) into contiguous ranges, one per thread: fn(begin, end, thread_index).
   // Ranges are aligned to `grain` elements.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
@@ -35,6 +44,19 @@ class ThreadPool {
   // Which thread runs an item varies from run to run; results must not depend on it.
   void for_each_dynamic(int64_t n, const std::function<void(int64_t, int)>& fn);
 
+  // Where a multi-threaded run's time goes (`bench speed`; off by default, since it reads the
+  // clock at each region). Over the parallel regions run since reset_stats(): their number,
+  // their wall time (from handing out the job until every thread is done), the time the caller
+  // spent waiting for the other threads (after its own share, and at barriers), and the sum over
+  // regions of the latest worker's start after the job was handed out.
+  struct Stats {
+    int64_t regions = 0;
+    double region_s = 0, wait_s = 0, late_s = 0;
+  };
+  void set_timing(bool on) { timing_ = on; }
+  void reset_stats() { stats_ = Stats{}; }
+  const Stats& stats() const { return stats_; }
+
  private:
   void worker(int idx);
 
@@ -44,6 +66,11 @@ class ThreadPool {
   std::atomic<uint32_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<int> barrier_count_{0};
+  std::atomic<uint32_t> barrier_generation_{0};
+  bool timing_ = false;
+  Stats stats_;
+  std::vector<std::atomic<int64_t>> started_ns_;  // timing: each worker's start in the current region
 };
 
 // Default number of threads: the number of cores the process may run on.

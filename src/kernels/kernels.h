@@ -39,6 +39,19 @@ void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, Thr
 // matrix (every output element takes the same operations in the same order).
 void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
                   int64_t n_tokens, ThreadPool& pool);
+// One thread's part of a product, for a parallel region that does more than one step between
+// synchronisations (ThreadPool::run and barrier): rows [rows[i].b, rows[i].e) of ys[i] = x ws[i]^T
+// (clamped to the matrix), with the activations prepared in the calling thread's own scratch.
+// Every output element takes the same operations as in matmul_multi, so the results are the
+// same bits, provided each range starts at a multiple of matmul_grain(w, n_tokens) (a packed row
+// group) or at a matrix's end.
+struct RowRange {
+  int64_t b = 0, e = 0;
+};
+void matmul_rows(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
+                 int64_t n_tokens, std::span<const RowRange> rows);
+// The row granularity matmul_multi splits w's rows at over the pool's threads.
+int64_t matmul_grain(const TensorView& w, int64_t n_tokens);
 
 // Row-interleaved weights: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matrices repacked
 // in groups of kPackRows rows, each block (32 columns) or superblock (256 columns, k-quants)

@@ -95,16 +95,24 @@ thread_local ActScratch tl_acts;
 
 enum class ActKind { kQ8_32, kQ8_K, kQ8_KFloat };
 
+// fn(b, e) over the tokens [0, nt): split over the pool, or in the calling thread when pool is
+// null (inside a parallel region, where each thread prepares its own copy).
+template <class F>
+void each_token(ThreadPool* pool, int64_t nt, F&& fn) {
+  if (pool) pool->parallel_for(nt, [&](int64_t b, int64_t e, int) { fn(b, e); });
+  else fn(int64_t{0}, nt);
+}
+
 #if defined(LC_BF16_DOT)
 // Each token's activations rounded to bf16 (to nearest even, as llama.cpp rounds them for its
 // BF16 dot products), as (x[2j], x[2j+1]) pairs in 32-bit words; an odd width ends with a 0.
 // Every element goes through vcvtne2ps2bf16, the tail from a zero-padded copy, so a value
 // rounds the same wherever it sits.
-Acts bf16_acts(const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
+Acts bf16_acts(const float* x, int64_t nt, int64_t n, ThreadPool* pool) {
   ActScratch& sc = tl_acts;
   const int64_t np = (n + 1) / 2;
   grow(sc.bf, static_cast<size_t>(nt * np));
-  pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+  each_token(pool, nt, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* xr = x + t * n;
       uint32_t* d = sc.bf.data() + t * np;
@@ -127,7 +135,7 @@ Acts bf16_acts(const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
 }
 #endif
 
-Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPool& pool) {
+Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPool* pool) {
   ActScratch& sc = tl_acts;
   const size_t nn = static_cast<size_t>(nt * n);
   grow(sc.qs, nn);
@@ -138,7 +146,7 @@ Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPo
     grow(sc.d, static_cast<size_t>(nt * nb));
     grow(sc.s, static_cast<size_t>(nt * nb));
     grow(sc.ds, static_cast<size_t>(nt * nb));
-    pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+    each_token(pool, nt, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         float* d = sc.d.data() + t * nb;
         int32_t* s = sc.s.data() + t * nb;
@@ -154,7 +162,7 @@ Acts quantize_acts(ActKind kind, const float* x, int64_t nt, int64_t n, ThreadPo
     grow(sc.bs16, static_cast<size_t>(nt * n / 16));
     grow(sc.bs32, static_cast<size_t>(nt * n / 32));
     if (kind == ActKind::kQ8_KFloat) grow(sc.f, nn);
-    pool.parallel_for(nt, [&](int64_t b, int64_t e, int) {
+    each_token(pool, nt, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         int8_t* q = sc.qs.data() + t * n;
         float* d = sc.d.data() + t * nb;
@@ -1431,31 +1439,46 @@ void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, Thr
   matmul_multi(ws, ys, x, n_tokens, pool);
 }
 
+namespace {
+// The activations path's kernels need, in the calling thread's scratch (tokens split over the
+// pool when one is given).
+Acts prepare_acts(Path path, const float* x, int64_t nt, int64_t n_in, ThreadPool* pool) {
+  Acts a;
+  if (path == Path::kQ32) a = quantize_acts(ActKind::kQ8_32, x, nt, n_in, pool);
+  else if (path == Path::kK) a = quantize_acts(ActKind::kQ8_K, x, nt, n_in, pool);
+  else if (path == Path::kFallback) a = quantize_acts(ActKind::kQ8_KFloat, x, nt, n_in, pool);
+  else if (path == Path::kBlas) blas_init();
+#if defined(LC_BF16_DOT)
+  else if (path == Path::kBf16) a = bf16_acts(x, nt, n_in, pool);
+#endif
+  return a;
+}
+
+int64_t grain_of(Path path) { return path == Path::kBlas ? 16 : path == Path::kFallback ? kRM : kPackRows; }
+
+// Whether every matrix takes the first one's path and input width (one preparation for all).
+bool same_path(std::span<const TensorView* const> ws, int64_t n_tokens, Path path) {
+  bool same = true;
+  for (const TensorView* w : ws) {
+    LC_CHECK(matmul_supports(w->type));
+    LC_CHECK(w->ne[0] % traits(w->type).block_size == 0);  // whole blocks per row
+    same = same && w->ne[0] == ws[0]->ne[0] && path_of(w->type, n_tokens, w->packed != nullptr) == path;
+  }
+  return same;
+}
+}  // namespace
+
 void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
                   int64_t n_tokens, ThreadPool& pool) {
   LC_CHECK(ws.size() == ys.size());
   if (ws.empty() || n_tokens <= 0) return;
   const int64_t n_in = ws[0]->ne[0];
-  const DType t0 = ws[0]->type;
-  const Path path = path_of(t0, n_tokens, ws[0]->packed != nullptr);
-  bool same = true;
-  for (const TensorView* w : ws) {
-    LC_CHECK(matmul_supports(w->type));
-    LC_CHECK(w->ne[0] % traits(w->type).block_size == 0);  // whole blocks per row
-    same = same && w->ne[0] == n_in && path_of(w->type, n_tokens, w->packed != nullptr) == path;
-  }
-  if (!same) {  // one call per matrix: each quantises the activations its type needs
+  const Path path = path_of(ws[0]->type, n_tokens, ws[0]->packed != nullptr);
+  if (!same_path(ws, n_tokens, path)) {  // one call per matrix: each quantises the activations its type needs
     for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, n_tokens, ys[i], pool);
     return;
   }
-  Acts a;
-  if (path == Path::kQ32) a = quantize_acts(ActKind::kQ8_32, x, n_tokens, n_in, pool);
-  else if (path == Path::kK) a = quantize_acts(ActKind::kQ8_K, x, n_tokens, n_in, pool);
-  else if (path == Path::kFallback) a = quantize_acts(ActKind::kQ8_KFloat, x, n_tokens, n_in, pool);
-  else if (path == Path::kBlas) blas_init();
-#if defined(LC_BF16_DOT)
-  else if (path == Path::kBf16) a = bf16_acts(x, n_tokens, n_in, pool);
-#endif
+  const Acts a = prepare_acts(path, x, n_tokens, n_in, &pool);
   // The rows of all the matrices, one after the other, in one parallel loop: contiguous ranges
   // per thread, cut where they cross from one matrix to the next.
   int64_t total = 0;
@@ -1467,7 +1490,27 @@ void matmul_multi(std::span<const TensorView* const> ws, std::span<float* const>
       const int64_t lo = std::max(b, first), hi = std::min(e, first + ws[i]->n_rows());
       if (lo < hi) rows_of(*ws[i], path, x, a, n_tokens, lo - first, hi - first, ys[i]);
     }
-  }, path == Path::kBlas ? 16 : path == Path::kFallback ? kRM : kPackRows);
+  }, grain_of(path));
+}
+
+int64_t matmul_grain(const TensorView& w, int64_t n_tokens) {
+  return grain_of(path_of(w.type, n_tokens, w.packed != nullptr));
+}
+
+void matmul_rows(std::span<const TensorView* const> ws, std::span<float* const> ys, const float* x,
+                 int64_t n_tokens, std::span<const RowRange> rows) {
+  LC_CHECK(ws.size() == ys.size() && ws.size() == rows.size());
+  if (ws.empty() || n_tokens <= 0) return;
+  const Path path = path_of(ws[0]->type, n_tokens, ws[0]->packed != nullptr);
+  if (!same_path(ws, n_tokens, path)) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul_rows({&ws[i], 1}, {&ys[i], 1}, x, n_tokens, {&rows[i], 1});
+    return;
+  }
+  const Acts a = prepare_acts(path, x, n_tokens, ws[0]->ne[0], nullptr);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const int64_t b = std::max<int64_t>(0, rows[i].b), e = std::min(rows[i].e, ws[i]->n_rows());
+    if (b < e) rows_of(*ws[i], path, x, a, n_tokens, b, e, ys[i]);
+  }
 }
 
 bool can_pack(DType t) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -26,10 +27,89 @@ void for_rows(ThreadPool& pool, int64_t count, Fn&& fn) {
   }, count >= 64 ? 8 : count);
 }
 
+// Decode-sized batches (at most kFusedRows rows) run each half of a layer as one parallel
+// region: the threads meet at barriers where a step needs another thread's rows, and do the
+// row-wise work (norms, residual adds, SwiGLU) inside the region instead of between regions
+// (issue 22's "fewer, larger parallel regions"). Each thread norms the rows into its own part
+// of `norm` ([threads, kFusedRows, n_embd]) and quantises its own copy of the activations.
+// Every output element takes the same operations as on the unfused path (same bits).
+constexpr int64_t kFusedRows = 8;
+
+// Row ranges of ws (in the joint numbering of all their rows, as matmul_multi splits them)
+// that thread t of nt computes.
+template <size_t N>
+std::array<kernels::RowRange, N> joint_share(const std::array<const TensorView*, N>& ws, int64_t n, int t, int nt) {
+  int64_t total = 0, grain = 1;
+  for (const TensorView* w : ws) {
+    total += w->n_rows();
+    grain = std::max(grain, kernels::matmul_grain(*w, n));
+  }
+  const auto [b, e] = ThreadPool::share(total, grain, t, nt);
+  std::array<kernels::RowRange, N> r{};
+  int64_t first = 0;
+  for (size_t i = 0; i < N; first += ws[i]->n_rows(), ++i)
+    r[i] = {std::clamp(b - first, int64_t{0}, ws[i]->n_rows()), std::clamp(e - first, int64_t{0}, ws[i]->n_rows())};
+  return r;
+}
+
+// Thread t's rows of a matrix of `rows` rows (aligned to `grain` and to 8 floats, so that the
+// row-wise kernels' vector and scalar parts fall on the same elements as over whole rows).
+kernels::RowRange own_rows(int64_t rows, int64_t grain, int t, int nt) {
+  const auto [b, e] = ThreadPool::share(rows, std::max<int64_t>(grain, 8), t, nt);
+  return {b, e};
+}
+
+// q, k, v of n rows (n <= kFusedRows) of the residual stream x: attn_norm, then Q/K/V.
+void norm_qkv_fused(const HParams& hp, const LayerWeights& L, const TensorView& wq, int64_t n, const float* x,
+                    float* q, float* k, float* v, float* norm, ThreadPool& pool) {
+  const int64_t E = hp.n_embd;
+  const std::array<const TensorView*, 3> w = {&wq, &L.wk, &L.wv};
+  float* y[3] = {q, k, v};
+  pool.run([&](int t) {
+    float* h = norm + t * kFusedRows * E;
+    for (int64_t r = 0; r < n; ++r) kernels::rmsnorm(x + r * E, L.attn_norm, h + r * E, E, hp.rms_eps);
+    const auto rows = joint_share(w, n, t, pool.size());
+    kernels::matmul_rows(w, y, h, n, rows);
+  });
+}
+
+// The rest of layer L after attention for n <= kFusedRows rows, one region: x += W_o attn
+// (each thread its rows of W_o and of x); barrier; h = ffn_norm(x), gate and up (each thread
+// the same rows of both) and SwiGLU over them; barrier; x += W_down swiglu.
+void finish_rows_fused(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
+                       float* gate, float* up, float* norm, ThreadPool& pool) {
+  const int64_t E = hp.n_embd, F = hp.n_ff;
+  pool.run([&](int t) {
+    const int nt = pool.size();
+    auto product_add = [&](const TensorView& w, const float* in) {  // x += W in, thread t's rows
+      const kernels::RowRange r = own_rows(E, kernels::matmul_grain(w, n), t, nt);
+      const TensorView* ws[1] = {&w};
+      float* ys[1] = {cur};
+      kernels::matmul_rows(ws, ys, in, n, {&r, 1});
+      for (int64_t i = 0; i < n && r.b < r.e; ++i) kernels::add_inplace(x + i * E + r.b, cur + i * E + r.b, r.e - r.b);
+    };
+    product_add(L.wo, attn);
+    pool.barrier();
+    float* h = norm + t * kFusedRows * E;
+    for (int64_t i = 0; i < n; ++i) kernels::rmsnorm(x + i * E, L.ffn_norm, h + i * E, E, hp.rms_eps);
+    const kernels::RowRange r =
+        own_rows(F, std::max(kernels::matmul_grain(L.w_gate, n), kernels::matmul_grain(L.w_up, n)), t, nt);
+    const TensorView* ws[2] = {&L.w_gate, &L.w_up};
+    float* ys[2] = {gate, up};
+    const kernels::RowRange rs[2] = {r, r};
+    kernels::matmul_rows(ws, ys, h, n, rs);
+    for (int64_t i = 0; i < n && r.b < r.e; ++i)
+      kernels::swiglu(gate + i * F + r.b, up + i * F + r.b, gate + i * F + r.b, r.e - r.b);
+    pool.barrier();
+    product_add(L.w_down, gate);
+  });
+}
+
 // The rest of layer L after attention, over n rows of the residual stream x [n, n_embd]:
 // x += W_o attn; x += W_down swiglu(W_gate h, W_up h) with h = ffn_norm(x). cur, gate, up: scratch.
 void finish_rows(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
-                 float* gate, float* up, ThreadPool& pool) {
+                 float* gate, float* up, float* norm, ThreadPool& pool) {
+  if (n <= kFusedRows) return finish_rows_fused(hp, L, n, x, cur, attn, gate, up, norm, pool);
   const int64_t E = hp.n_embd;
   kernels::matmul(L.wo, attn, n, cur, pool);
   for_rows(pool, n, [&](int64_t t) { kernels::add_inplace(x + t * E, cur + t * E, E); });
@@ -48,10 +128,10 @@ void finish_rows(const HParams& hp, const LayerWeights& L, int64_t n, float* x, 
 
 // finish_rows over sub-chunks of at most `sub` rows: cur, gate and up hold `sub` rows.
 void finish_layer(const HParams& hp, const LayerWeights& L, int64_t n, int64_t sub, float* x, float* cur,
-                  const float* attn, float* gate, float* up, ThreadPool& pool) {
+                  const float* attn, float* gate, float* up, float* norm, ThreadPool& pool) {
   const int64_t E = hp.n_embd, o_dim = hp.n_head * hp.head_dim_v;
   for (int64_t s = 0; s < n; s += sub)
-    finish_rows(hp, L, std::min(sub, n - s), x + s * E, cur, attn + s * o_dim, gate, up, pool);
+    finish_rows(hp, L, std::min(sub, n - s), x + s * E, cur, attn + s * o_dim, gate, up, norm, pool);
 }
 
 LlamaCppRopeParams llama_cpp_rope_params(const HParams& hp, const std::vector<float>& freq_factors) {
@@ -191,6 +271,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
     c->attn_.resize(nb * static_cast<size_t>(o_dim));
     c->gate_.resize(ns * static_cast<size_t>(hp.n_ff));
     c->up_.resize(ns * static_cast<size_t>(hp.n_ff));
+    c->norm_.resize(static_cast<size_t>(c->pool_->size() * kFusedRows * hp.n_embd));
     c->pos_.resize(nb);
   } catch (const std::bad_alloc&) {
     return make_error(fmt::format("out of memory allocating activations for batch size {}",
@@ -201,7 +282,7 @@ Expected<std::unique_ptr<Context>> Context::create(const Model& model, const Con
 
 size_t Context::activation_bytes() const {
   return (x_.size() + cur_.size() + q_.size() + k_.size() + v_.size() + attn_.size() +
-          gate_.size() + up_.size()) * sizeof(float) + logits_.capacity() * sizeof(float);
+          gate_.size() + up_.size() + norm_.size()) * sizeof(float) + logits_.capacity() * sizeof(float);
 }
 
 void Context::truncate(int64_t n) {
@@ -673,6 +754,10 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
     const LayerWeights& L = model.layers()[static_cast<size_t>(il)];
     for (int64_t s = 0; s < R; s += S) {  // rows [s, s + m) of the batch, normed into cur
       const int64_t m = std::min(S, R - s);
+      if (!any_wq && !pf_wq && m <= kFusedRows) {
+        norm_qkv_fused(hp, L, L.wq, m, x + s * E, q + s * q_dim, k + s * k_dim, v + s * v_dim, lead.norm_.data(), pool);
+        continue;
+      }
       rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
       if (!any_wq && !pf_wq) {
         const TensorView* w[3] = {&L.wq, &L.wk, &L.wv};
@@ -752,7 +837,7 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
           !s)
         pf_live = false, pf_status = s;
     if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
-    finish_layer(hp, L, R, S, x, cur, attn, lead.gate_.data(), lead.up_.data(), pool);
+    finish_layer(hp, L, R, S, x, cur, attn, lead.gate_.data(), lead.up_.data(), lead.norm_.data(), pool);
   }
   // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
   const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
@@ -854,12 +939,17 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
     const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
     for (int64_t s = 0; s < n; s += S) {
       const int64_t m = std::min(S, n - s);
+      if (m <= kFusedRows) {
+        norm_qkv_fused(hp, L, *w[0], m, x + s * E, q_.data() + s * q_dim, k_.data() + s * k_dim,
+                       v_.data() + s * v_dim, norm_.data(), *pool_);
+        continue;
+      }
       rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
       float* y[3] = {q_.data() + s * q_dim, k_.data() + s * k_dim, v_.data() + s * v_dim};
       kernels::matmul_multi(w, y, cur, m, *pool_);
     }
     LC_TRY(attend_rows(il, L, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(), *pool_, shard));
-    finish_layer(hp, L, n, S, x, cur, attn_.data(), gate_.data(), up_.data(), *pool_);
+    finish_layer(hp, L, n, S, x, cur, attn_.data(), gate_.data(), up_.data(), norm_.data(), *pool_);
   }
   if (store) n_past_ += n;
 

@@ -314,6 +314,7 @@ class Context {
   Buffer<float> attn_;   // [n_batch, n_head * head_dim_v]
   Buffer<float> gate_;   // [sub_rows, n_ff]
   Buffer<float> up_;     // [sub_rows, n_ff]
+  Buffer<float> norm_;   // [threads, 8, n_embd]: each thread's normed rows in a decode-sized region
   std::vector<int32_t> pos_;  // [n_batch]
   std::vector<float> logits_; // [n_outputs, n_vocab]
   std::vector<float> batch_logits_;  // decode_batch's [B, n_vocab] when this context leads a batch

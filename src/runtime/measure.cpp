@@ -132,8 +132,15 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
   std::vector<int32_t> toks(static_cast<size_t>(std::max<int64_t>(n_prompt, 1)));
+  ThreadPool& pool = ctx.pool();
+  struct TimingOff {  // also on an error return
+    ThreadPool& p;
+    ~TimingOff() { p.set_timing(false); }
+  } timing_off{pool};
   for (int r = warmup ? -1 : 0; r < reps; ++r) {
     ctx.truncate(depth);
+    pool.reset_stats();
+    pool.set_timing(r >= 0);
     double t0 = now_seconds();
     if (n_prompt > 0) {
       for (auto& t : toks) t = pick(rng);
@@ -145,7 +152,16 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
       }
     }
     const double dt = now_seconds() - t0;
-    if (r >= 0) st.tps.push_back(static_cast<double>(n_prompt > 0 ? n_prompt : n_gen) / dt);
+    pool.set_timing(false);
+    if (r >= 0) {
+      st.tps.push_back(static_cast<double>(n_prompt > 0 ? n_prompt : n_gen) / dt);
+      const ThreadPool::Stats& ps = pool.stats();
+      st.pool.regions += ps.regions;
+      st.pool.region_s += ps.region_s;
+      st.pool.wait_s += ps.wait_s;
+      st.pool.late_s += ps.late_s;
+      st.timed_s += dt;
+    }
   }
   ctx.truncate(depth);
   return st;

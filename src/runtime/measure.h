@@ -35,6 +35,11 @@ struct SpeedTest {
   std::string name;   // "pp512" / "tg64"
   int64_t n_prompt = 0, n_gen = 0, depth = 0;
   std::vector<double> tps;  // tokens/s per repetition
+  // The thread pool over the timed repetitions (ThreadPool::Stats; zero on one thread):
+  // parallel regions, their wall time, the caller's wait for the other threads, the latest
+  // worker's start; seconds timed.
+  ThreadPool::Stats pool;
+  double timed_s = 0;
   double mean() const;
   double stddev() const;
 };

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include <cmath>
@@ -57,6 +59,49 @@ TEST(ThreadPool, RunCallsEveryThreadOnceManyTimes) {
     pool.run([&](int t) { mask.fetch_or(1 << t); });
     ASSERT_EQ(mask.load(), 0xF);
   }
+}
+
+// barrier() inside a region: every thread sees what the others wrote before it, many times over.
+TEST(ThreadPool, BarrierOrdersTheStepsOfARegion) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    std::vector<int64_t> slot(static_cast<size_t>(threads));
+    std::atomic<int> bad{0};
+    for (int rep = 0; rep < 300; ++rep)
+      pool.run([&](int t) {
+        for (int64_t step = 1; step <= 3; ++step) {
+          slot[static_cast<size_t>(t)] = rep * 10 + step;  // plain writes, ordered by the barrier
+          pool.barrier();
+          for (int u = 0; u < threads; ++u)
+            if (slot[static_cast<size_t>(u)] != rep * 10 + step) bad.fetch_add(1);
+          pool.barrier();
+        }
+      });
+    EXPECT_EQ(bad.load(), 0) << threads << " threads";
+  }
+}
+
+// The pool's timing counts the regions run while it is on, and charges the caller's wait for a
+// slower thread (a worker that sleeps at least 2 ms while the caller returns at once) to wait_s.
+TEST(ThreadPool, StatsCountRegionsAndTheCallersWait) {
+  ThreadPool pool(2);
+  pool.run([](int) {});
+  EXPECT_EQ(pool.stats().regions, 0);  // off by default
+  pool.set_timing(true);
+  for (int i = 0; i < 3; ++i)
+    pool.run([](int t) {
+      if (t == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    });
+  pool.set_timing(false);
+  pool.run([](int) {});
+  const ThreadPool::Stats s = pool.stats();
+  EXPECT_EQ(s.regions, 3);
+  EXPECT_GE(s.wait_s, 3 * 2e-3);
+  EXPECT_GE(s.region_s, s.wait_s);
+  EXPECT_GE(s.late_s, 0.0);
+  EXPECT_LE(s.late_s, s.region_s);
+  pool.reset_stats();
+  EXPECT_EQ(pool.stats().regions, 0);
 }
 
 // Pool work flushes subnormals to zero on every thread and for every thread count (so results

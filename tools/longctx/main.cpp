@@ -496,8 +496,19 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
   std::vector<SpeedRow> rows;
   auto report = [&](const SpeedRow& row) {
     rows.push_back(row);
-    if (output == "md")
-      fmt::print(stderr, "{} {}: {:.2f} t/s\n", row.attn, row.t.name, row.t.mean());
+    if (output != "md") return;
+    fmt::print(stderr, "{} {}: {:.2f} t/s\n", row.attn, row.t.name, row.t.mean());
+    const auto& ps = row.t.pool;
+    if (ps.regions > 0 && row.t.timed_s > 0) {
+      const double tokens = static_cast<double>((row.t.n_prompt > 0 ? row.t.n_prompt : row.t.n_gen) *
+                                                static_cast<int64_t>(row.t.tps.size()));
+      fmt::print(stderr,
+                 "  threads: {:.0f} parallel regions per token, {:.1f} us each; of the time, {:.1f}% outside them "
+                 "and {:.1f}% the caller waiting for the others (latest start {:.2f} us after the hand-out)\n",
+                 static_cast<double>(ps.regions) / tokens, 1e6 * ps.region_s / static_cast<double>(ps.regions),
+                 100.0 * (row.t.timed_s - ps.region_s) / row.t.timed_s, 100.0 * ps.wait_s / row.t.timed_s,
+                 1e6 * ps.late_s / static_cast<double>(ps.regions));
+    }
   };
   if (interleave) {
     // Repetitions go round the backends: repetition r of every backend runs before repetition
@@ -524,7 +535,14 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
             }
             SpeedRow& a = acc[ai];
             if (r == 0) a = SpeedRow{c.attention().spec(), *res, kv, 0};
-            else a.t.tps.push_back(res->tps.at(0));
+            else {
+              a.t.tps.push_back(res->tps.at(0));
+              a.t.pool.regions += res->pool.regions;
+              a.t.pool.region_s += res->pool.region_s;
+              a.t.pool.wait_s += res->pool.wait_s;
+              a.t.pool.late_s += res->pool.late_s;
+              a.t.timed_s += res->timed_s;
+            }
             a.peak_rss = lc::peak_rss_bytes();
           }
         for (const auto& a : acc) report(a);
@@ -599,7 +617,9 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
                    {"samples_ts", r.t.tps}, {"avg_ts", r.t.mean()}, {"stddev_ts", r.t.stddev()},
                    {"kv_bytes_per_token", r.kv.bytes_per_token}, {"kv_in_use_bytes", r.kv.in_use_bytes},
                    {"kv_resident_bytes", r.kv.resident_bytes}, {"peak_rss_bytes", r.peak_rss},
-                   {"vs_first", vs_first[ri]}});
+                   {"vs_first", vs_first[ri]},
+                   {"pool", {{"regions", r.t.pool.regions}, {"region_s", r.t.pool.region_s},
+                             {"wait_s", r.t.pool.wait_s}, {"late_s", r.t.pool.late_s}, {"timed_s", r.t.timed_s}}}});
       if (limits) {
         const double b = bound_of(r);
         j.back()["bound_ts"] = b;
