@@ -59,25 +59,35 @@ kernels::RowRange own_rows(int64_t rows, int64_t grain, int t, int nt) {
   return {b, e};
 }
 
-// q, k, v of n rows (n <= kFusedRows) of the residual stream x: attn_norm, then Q/K/V.
-void norm_qkv_fused(const HParams& hp, const LayerWeights& L, const TensorView& wq, int64_t n, const float* x,
-                    float* q, float* k, float* v, float* norm, ThreadPool& pool) {
+// The next layer's start, for a region that runs on into it: attn_norm and Q/K/V (with W_q `wq`).
+struct NextQkv {
+  const LayerWeights* L = nullptr;  // null: the region ends with the layer
+  const TensorView* wq = nullptr;
+  float *q = nullptr, *k = nullptr, *v = nullptr;
+};
+
+// Thread t's part of attn_norm and Q/K/V over n <= kFusedRows rows of the residual stream x.
+void norm_qkv_part(const HParams& hp, const NextQkv& nx, int64_t n, const float* x, float* norm, int t, int nt) {
   const int64_t E = hp.n_embd;
-  const std::array<const TensorView*, 3> w = {&wq, &L.wk, &L.wv};
-  float* y[3] = {q, k, v};
-  pool.run([&](int t) {
-    float* h = norm + t * kFusedRows * E;
-    for (int64_t r = 0; r < n; ++r) kernels::rmsnorm(x + r * E, L.attn_norm, h + r * E, E, hp.rms_eps);
-    const auto rows = joint_share(w, n, t, pool.size());
-    kernels::matmul_rows(w, y, h, n, rows);
-  });
+  const std::array<const TensorView*, 3> w = {nx.wq, &nx.L->wk, &nx.L->wv};
+  float* y[3] = {nx.q, nx.k, nx.v};
+  float* h = norm + t * kFusedRows * E;
+  for (int64_t r = 0; r < n; ++r) kernels::rmsnorm(x + r * E, nx.L->attn_norm, h + r * E, E, hp.rms_eps);
+  const auto rows = joint_share(w, n, t, nt);
+  kernels::matmul_rows(w, y, h, n, rows);
+}
+
+// q, k, v of n rows (n <= kFusedRows): one region.
+void norm_qkv_fused(const HParams& hp, const NextQkv& nx, int64_t n, const float* x, float* norm, ThreadPool& pool) {
+  pool.run([&](int t) { norm_qkv_part(hp, nx, n, x, norm, t, pool.size()); });
 }
 
 // The rest of layer L after attention for n <= kFusedRows rows, one region: x += W_o attn
 // (each thread its rows of W_o and of x); barrier; h = ffn_norm(x), gate and up (each thread
-// the same rows of both) and SwiGLU over them; barrier; x += W_down swiglu.
+// the same rows of both) and SwiGLU over them; barrier; x += W_down swiglu; and with `next`,
+// barrier and the next layer's attn_norm and Q/K/V: one region per layer besides the attention.
 void finish_rows_fused(const HParams& hp, const LayerWeights& L, int64_t n, float* x, float* cur, const float* attn,
-                       float* gate, float* up, float* norm, ThreadPool& pool) {
+                       float* gate, float* up, float* norm, ThreadPool& pool, const NextQkv& next = {}) {
   const int64_t E = hp.n_embd, F = hp.n_ff;
   pool.run([&](int t) {
     const int nt = pool.size();
@@ -102,6 +112,9 @@ void finish_rows_fused(const HParams& hp, const LayerWeights& L, int64_t n, floa
       kernels::swiglu(gate + i * F + r.b, up + i * F + r.b, gate + i * F + r.b, r.e - r.b);
     pool.barrier();
     product_add(L.w_down, gate);
+    if (!next.L) return;
+    pool.barrier();
+    norm_qkv_part(hp, next, n, x, norm, t, nt);
   });
 }
 
@@ -750,12 +763,14 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
   float* k = lead.k_.data();
   float* v = lead.v_.data();
   float* attn = lead.attn_.data();
+  // Decode-sized with one W_q for every row: each layer's region runs on into the next one's q, k, v.
+  const bool run_on = R <= kFusedRows && !any_wq && !pf_wq;
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[static_cast<size_t>(il)];
-    for (int64_t s = 0; s < R; s += S) {  // rows [s, s + m) of the batch, normed into cur
+    for (int64_t s = 0; s < R && (il == 0 || !run_on); s += S) {  // rows [s, s + m) of the batch, normed into cur
       const int64_t m = std::min(S, R - s);
       if (!any_wq && !pf_wq && m <= kFusedRows) {
-        norm_qkv_fused(hp, L, L.wq, m, x + s * E, q + s * q_dim, k + s * k_dim, v + s * v_dim, lead.norm_.data(), pool);
+        norm_qkv_fused(hp, {&L, &L.wq, q + s * q_dim, k + s * k_dim, v + s * v_dim}, m, x + s * E, lead.norm_.data(), pool);
         continue;
       }
       rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
@@ -837,7 +852,16 @@ std::vector<Status> Context::batch_forward(std::span<Context* const> ctxs, std::
           !s)
         pf_live = false, pf_status = s;
     if (P > 0 && !pf_live) std::fill(attn + B * o_dim, attn + R * o_dim, 0.0f);
-    finish_layer(hp, L, R, S, x, cur, attn, lead.gate_.data(), lead.up_.data(), lead.norm_.data(), pool);
+    if (!run_on) {
+      finish_layer(hp, L, R, S, x, cur, attn, lead.gate_.data(), lead.up_.data(), lead.norm_.data(), pool);
+      continue;
+    }
+    NextQkv next;
+    if (il + 1 < hp.n_layer) {
+      const LayerWeights& Ln = model.layers()[static_cast<size_t>(il + 1)];
+      next = {&Ln, &Ln.wq, q, k, v};
+    }
+    finish_rows_fused(hp, L, R, x, cur, attn, lead.gate_.data(), lead.up_.data(), lead.norm_.data(), pool, next);
   }
   // Output rows: the B decode rows, then the prefill chunk's last row when its call wants it.
   const int64_t pf_out_rows = pf_live && pf_which == Logits::kLast ? 1 : 0;
@@ -934,14 +958,18 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
   const int64_t S = sub_rows_;
 
   const bool store = shard == nullptr || shard->store;
+  auto wq_of = [&](int64_t il) -> const TensorView* {
+    return wq_views_.empty() ? &model_.layers()[static_cast<size_t>(il)].wq : &wq_views_[static_cast<size_t>(il)];
+  };
+  bool qkv_ready = false;  // the previous layer's region computed this layer's q, k, v
   for (int64_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model_.layers()[static_cast<size_t>(il)];
-    const TensorView* w[3] = {wq_views_.empty() ? &L.wq : &wq_views_[static_cast<size_t>(il)], &L.wk, &L.wv};
-    for (int64_t s = 0; s < n; s += S) {
+    const TensorView* w[3] = {wq_of(il), &L.wk, &L.wv};
+    for (int64_t s = 0; s < n && !qkv_ready; s += S) {
       const int64_t m = std::min(S, n - s);
       if (m <= kFusedRows) {
-        norm_qkv_fused(hp, L, *w[0], m, x + s * E, q_.data() + s * q_dim, k_.data() + s * k_dim,
-                       v_.data() + s * v_dim, norm_.data(), *pool_);
+        norm_qkv_fused(hp, {&L, w[0], q_.data() + s * q_dim, k_.data() + s * k_dim, v_.data() + s * v_dim}, m,
+                       x + s * E, norm_.data(), *pool_);
         continue;
       }
       rows(m, [&](int64_t t) { kernels::rmsnorm(x + (s + t) * E, L.attn_norm, cur + t * E, E, hp.rms_eps); });
@@ -949,7 +977,15 @@ Status Context::forward_chunk(const int32_t* tokens, int64_t n, Logits which, fl
       kernels::matmul_multi(w, y, cur, m, *pool_);
     }
     LC_TRY(attend_rows(il, L, n, q_.data(), k_.data(), v_.data(), pos_.data(), attn_.data(), *pool_, shard));
-    finish_layer(hp, L, n, S, x, cur, attn_.data(), gate_.data(), up_.data(), norm_.data(), *pool_);
+    if (n > kFusedRows) {
+      finish_layer(hp, L, n, S, x, cur, attn_.data(), gate_.data(), up_.data(), norm_.data(), *pool_);
+      continue;
+    }
+    NextQkv next;  // decode-sized: the region runs on into the next layer's q, k, v
+    if (il + 1 < hp.n_layer)
+      next = {&model_.layers()[static_cast<size_t>(il + 1)], wq_of(il + 1), q_.data(), k_.data(), v_.data()};
+    finish_rows_fused(hp, L, n, x, cur, attn_.data(), gate_.data(), up_.data(), norm_.data(), *pool_, next);
+    qkv_ready = next.L != nullptr;
   }
   if (store) n_past_ += n;
 
