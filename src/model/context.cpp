@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -27,12 +27,13 @@ void for_rows(ThreadPool& pool, int64_t count, Fn&& fn) {
   }, count >= 64 ? 8 : count);
 }
 
-// Decode-sized batches (at most kFusedRows rows) run each half of a layer as one parallel
-// region: the threads meet at barriers where a step needs another thread's rows, and do the
-// row-wise work (norms, residual adds, SwiGLU) inside the region instead of between regions
-// (issue 22's "fewer, larger parallel regions"). Each thread norms the rows into its own part
-// of `norm` ([threads, kFusedRows, n_embd]) and quantises its own copy of the activations.
-// Every output element takes the same operations as on the unfused path (same bits).
+// Decode-sized batches (at most kFusedRows rows) run a layer's work besides the attention as
+// one parallel region: W_o, the FFN and the next layer's Q/K/V (the first layer's Q/K/V in a
+// region of its own). The threads meet at barriers where a step needs another thread's rows,
+// and do the row-wise work (norms, residual adds, SwiGLU) inside the region instead of between
+// regions (issue 22's "fewer, larger parallel regions"). Each thread norms the rows into its
+// own part of `norm` ([threads, kFusedRows, n_embd]) and quantises its own copy of the
+// activations. Every output element takes the same operations as on the unfused path (same bits).
 constexpr int64_t kFusedRows = 8;
 
 // Row ranges of ws (in the joint numbering of all their rows, as matmul_multi splits them)
