@@ -72,6 +72,25 @@ std::string answer_text(const tasks::Sample& s) {
 
 }  // namespace
 
+std::string hard_number(tasks::Rng& rng, int digits) {
+  // A random set of 2-4 distinct digits, then each digit drawn from it (the first not 0).
+  std::string pool = "0123456789";
+  const int64_t k = tasks::uniform(rng, 2, 4);
+  for (int64_t i = 0; i < k; ++i) std::swap(pool[static_cast<size_t>(i)], pool[static_cast<size_t>(tasks::uniform(rng, i, 9))]);
+  pool.resize(static_cast<size_t>(k));
+  std::string s;
+  while (static_cast<int>(s.size()) < digits) {
+    const char c = pool[static_cast<size_t>(tasks::uniform(rng, 0, k - 1))];
+    if (!(s.empty() && c == '0')) s += c;
+  }
+  return s;
+}
+
+std::string Curriculum::value_number(tasks::Rng& rng, int digits) const {
+  if (o_.hard_values > 0 && tasks::uniform01(rng) < o_.hard_values) return hard_number(rng, digits);
+  return tasks::random_number(rng, digits);
+}
+
 Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) {
   if (spec == "default") return default_mix();
   std::vector<CurriculumTask> out;
@@ -114,6 +133,8 @@ Expected<std::unique_ptr<Curriculum>> Curriculum::create(const Tokenizer& tok, c
   if (!(o.ramp >= 0 && o.ramp <= 1)) return make_error(fmt::format("curriculum: ramp {:g} is not in [0, 1]", o.ramp));
   if (!(o.lm_fraction >= 0 && o.lm_fraction <= 1))
     return make_error(fmt::format("curriculum: lm fraction {:g} is not in [0, 1]", o.lm_fraction));
+  if (!(o.hard_values >= 0 && o.hard_values <= 1))
+    return make_error(fmt::format("curriculum: hard-values fraction {:g} is not in [0, 1]", o.hard_values));
   if (tok.eos() < 0) return make_error("curriculum: the vocabulary has no end-of-sequence token");
   std::unique_ptr<Curriculum> c(new Curriculum(tok));
   c->o_ = o;
@@ -378,7 +399,7 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   auto fresh = [&](bool value) {
     for (;;) {
       std::string v = !value ? tasks::random_key_word(rng)
-                             : type == "uuids" ? tasks::random_uuid(rng) : tasks::random_number(rng, 7);
+                             : type == "uuids" ? tasks::random_uuid(rng) : value_number(rng, 7);
       if (used.insert(v).second) return v;
     }
   };
@@ -393,7 +414,7 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
   Fact q;
   std::string question;
   if (passkey) {
-    q.value = tasks::random_number(rng, 5);
+    q.value = value_number(rng, 5);
     used.insert(q.value);
     q.sentence = "The pass key is " + q.value + ". Remember it. " + q.value + " is the pass key.";
     question = "What is the pass key?";
@@ -603,14 +624,14 @@ Expected<CurriculumSample> Curriculum::sculptor_task(const std::string& task, in
   std::set<std::string> used;
   auto fresh = [&](bool value, bool uuid) {
     for (;;) {
-      std::string v = uuid ? tasks::random_uuid(rng) : value ? tasks::random_number(rng, 7) : tasks::random_key_word(rng);
+      std::string v = uuid ? tasks::random_uuid(rng) : value ? value_number(rng, 7) : tasks::random_key_word(rng);
       if (used.insert(v).second) return v;
     }
   };
   std::string key, value, sentence, question;
   if (passkey) {
     key = "pass key";
-    value = tasks::random_number(rng, 5);
+    value = value_number(rng, 5);
     used.insert(value);
     sentence = "The pass key is " + value + ". Remember it. " + value + " is the pass key.";
     question = "What is the pass key?";

@@ -94,7 +94,18 @@ struct CurriculumOptions {
   // (docs/model.md). The trainer then keeps the other pieces' embeddings frozen
   // (warmup_pieces()).
   int64_t alphabet = 0;
+  // Fraction of the reader protocol tasks' number values (RULER's 7-digit needle values and the
+  // 5-digit pass key) drawn from 2 to 4 distinct digits (hard_number()), where runs and
+  // repeated pairs make a copy by content alone ambiguous (5055554 read back as 5055555).
+  // The rest, and every bench task, draw RULER's uniform digits. 0 draws nothing extra, so a
+  // recipe without it gives the same sequences as before it existed.
+  double hard_values = 0;
 };
+
+// A number of `digits` digits (no leading zero) drawn from a random set of 2 to 4 distinct
+// digits: every adjacent pair and run recurs, so only the position in the number tells which
+// digit comes next.
+std::string hard_number(tasks::Rng& rng, int digits);
 
 struct CurriculumSample {
   std::string task;
@@ -146,6 +157,8 @@ class Curriculum {
   Expected<CurriculumSample> sculptor_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                            int32_t* targets) const;
   CurriculumSample text(Rng& rng, int64_t len, int32_t* tokens, int32_t* targets) const;
+  // A reader task's number value: hard_number() with probability hard_values, else RULER's.
+  std::string value_number(tasks::Rng& rng, int digits) const;
   CurriculumSample repeat(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   CurriculumSample induction(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   // Tokenizes prompt + reply (with BOS) and scores the reply and EOS; the reply's tokens must

@@ -118,6 +118,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& in) {
     co.max_len = o.seq_len;
     co.ramp = o.cur_ramp;
     co.lm_fraction = o.cur_lm;
+    co.hard_values = o.cur_hard_values;
     co.alphabet = o.cur_alphabet;
     co.total_steps = o.optim.steps;
     LC_ASSIGN_OR_RETURN(tr->cur_, Curriculum::create(*tr->tok_, co, o.data_path.empty() ? nullptr : &tr->data_));

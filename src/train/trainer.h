@@ -31,6 +31,7 @@ struct TrainOptions {
   int64_t cur_min_len = 256;
   double cur_ramp = 0.3;
   double cur_lm = 0.5;  // fraction of task sequences scored on every token
+  double cur_hard_values = 0;  // fraction of reader tasks' numbers drawn from 2-4 digits (hard_number)
   int64_t cur_alphabet = 0;  // repeat/induction pieces: the first N text pieces (0 = all)
   DataFormat data_format = DataFormat::kAuto;
   std::string out_path;        // exported GGUF; the loss curve goes next to it. "" = no export

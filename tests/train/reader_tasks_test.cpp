@@ -65,9 +65,11 @@ readers::Template load_template(const std::string& name, const std::vector<std::
   return t ? *t : readers::Template{};
 }
 
-std::unique_ptr<Curriculum> make(const Tokenizer& tok, const std::string& spec, int64_t min_len, int64_t max_len) {
+std::unique_ptr<Curriculum> make(const Tokenizer& tok, const std::string& spec, int64_t min_len, int64_t max_len,
+                                 double hard_values = 0) {
   CurriculumOptions o;
   o.lm_fraction = 0;
+  o.hard_values = hard_values;
   o.tasks = *parse_curriculum(spec);
   o.min_len = min_len;
   o.max_len = max_len;
@@ -439,6 +441,62 @@ TEST(ReaderTasks, MemAnswerBoxesTheValue) {
   EXPECT_GT(st.two_in_memory, 0);
   EXPECT_LT(st.two_in_memory, st.samples);
   EXPECT_GT(st.passkey, 0);
+}
+
+size_t distinct_digits(const std::string& v) { return std::set<char>(v.begin(), v.end()).size(); }
+
+// hard_number: the length asked for, no leading zero, 2 to 4 distinct digits drawn from a set
+// that varies (every digit and every set size occur).
+TEST(ReaderTasks, HardNumbersComeFromTwoToFourDigits) {
+  tasks::Rng rng(7);
+  std::set<char> seen;
+  std::set<size_t> sizes;
+  for (int i = 0; i < 2000; ++i) {
+    const int n = i % 2 ? 7 : 5;
+    const std::string v = hard_number(rng, n);
+    ASSERT_EQ(v.size(), static_cast<size_t>(n));
+    EXPECT_NE(v[0], '0') << v;
+    for (char c : v) EXPECT_TRUE(c >= '0' && c <= '9') << v;
+    EXPECT_LE(distinct_digits(v), 4u) << v;
+    sizes.insert(distinct_digits(v));
+    seen.insert(v.begin(), v.end());
+  }
+  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_TRUE(sizes.count(2) && sizes.count(3) && sizes.count(4));
+}
+
+// --cur-hard-values: at 1 every number value of the reader tasks (needles and pass keys) has at
+// most 4 distinct digits; at 0 the values are RULER's uniform digits, most with 5 or more.
+TEST(ReaderTasks, HardValuesReachTheReaderTasks) {
+  const Tokenizer& tok = vocab(true);
+  for (const std::string task : {"mem_answer", "smooth_answer", "sculptor_answer"}) {
+    SCOPED_TRACE(task);
+    auto hard = make(tok, task, 256, 1024, 1.0), plain = make(tok, task, 256, 1024, 0.0);
+    ASSERT_TRUE(hard && plain);
+    int hard_numbers = 0, plain_wide = 0, plain_numbers = 0;
+    std::vector<int32_t> tk(1024), tg(1024), tk2(1024), tg2(1024);
+    for (uint64_t seed = 1; seed <= 60; ++seed) {
+      static const std::regex boxed("\\\\boxed\\{([0-9]+)\\}");
+      std::smatch m;
+      Rng r1(seed), r2(seed);
+      auto a = hard->sample(r1, 100, tk.data(), tg.data());
+      ASSERT_TRUE(a) << a.error().message;
+      const Seq sa = split(tok, tk, tg, a->n);
+      if (std::regex_match(sa.reply, m, boxed)) {
+        ++hard_numbers;
+        EXPECT_LE(distinct_digits(m[1].str()), 4u) << sa.reply;
+      }
+      auto b = plain->sample(r2, 100, tk2.data(), tg2.data());
+      ASSERT_TRUE(b) << b.error().message;
+      const Seq sb = split(tok, tk2, tg2, b->n);
+      if (std::regex_match(sb.reply, m, boxed)) {
+        ++plain_numbers;
+        plain_wide += distinct_digits(m[1].str()) > 4;
+      }
+    }
+    EXPECT_GT(hard_numbers, 20);
+    EXPECT_GT(plain_wide, plain_numbers / 3);
+  }
 }
 
 // map_answer: the reply is the queried value when the section holds its needle, else "none".

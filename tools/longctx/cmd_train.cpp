@@ -33,6 +33,9 @@ std::vector<RegisteredCommand> add_train_commands(CLI::App* app) {
                  "grows from --cur-min-len to --seq-len")->capture_default_str();
   t->add_option("--cur-lm", o.cur_lm, "curriculum: fraction of task sequences scored on every token "
                  "(the rest score the answer only)")->capture_default_str();
+  t->add_option("--cur-hard-values", o.cur_hard_values, "curriculum: fraction of the reader protocol tasks' number "
+                 "values drawn from 2 to 4 distinct digits (runs and repeated pairs, which a copy by content "
+                 "confuses); bench tasks keep RULER's values")->capture_default_str();
   t->add_option("--cur-alphabet", o.cur_alphabet, "curriculum: the repeat and induction tasks draw from the first N "
                  "text pieces of the vocabulary (0: all); where the mix has no other task, the other pieces' "
                  "embeddings stay frozen")->capture_default_str();
