@@ -52,6 +52,13 @@ class ThreadPool {
   struct Stats {
     int64_t regions = 0;
     double region_s = 0, wait_s = 0, late_s = 0;
+    Stats& operator+=(const Stats& o) {
+      regions += o.regions;
+      region_s += o.region_s;
+      wait_s += o.wait_s;
+      late_s += o.late_s;
+      return *this;
+    }
   };
   void set_timing(bool on) { timing_ = on; }
   void reset_stats() { stats_ = Stats{}; }

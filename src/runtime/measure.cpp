@@ -155,11 +155,7 @@ Expected<SpeedTest> bench_speed(Context& ctx, int64_t n_prompt, int64_t n_gen, i
     pool.set_timing(false);
     if (r >= 0) {
       st.tps.push_back(static_cast<double>(n_prompt > 0 ? n_prompt : n_gen) / dt);
-      const ThreadPool::Stats& ps = pool.stats();
-      st.pool.regions += ps.regions;
-      st.pool.region_s += ps.region_s;
-      st.pool.wait_s += ps.wait_s;
-      st.pool.late_s += ps.late_s;
+      st.pool += pool.stats();
       st.timed_s += dt;
     }
   }

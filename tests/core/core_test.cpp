@@ -100,6 +100,13 @@ TEST(ThreadPool, StatsCountRegionsAndTheCallersWait) {
   EXPECT_GE(s.region_s, s.wait_s);
   EXPECT_GE(s.late_s, 0.0);
   EXPECT_LE(s.late_s, s.region_s);
+  ThreadPool::Stats sum;  // runs summed, as bench speed sums its rounds
+  sum += s;
+  sum += s;
+  EXPECT_EQ(sum.regions, 6);
+  EXPECT_EQ(sum.region_s, 2 * s.region_s);
+  EXPECT_EQ(sum.wait_s, 2 * s.wait_s);
+  EXPECT_EQ(sum.late_s, 2 * s.late_s);
   pool.reset_stats();
   EXPECT_EQ(pool.stats().regions, 0);
 }

@@ -537,10 +537,7 @@ int cmd_bench_speed(const CommonOpts& co, const std::vector<int64_t>& ps, const 
             if (r == 0) a = SpeedRow{c.attention().spec(), *res, kv, 0};
             else {
               a.t.tps.push_back(res->tps.at(0));
-              a.t.pool.regions += res->pool.regions;
-              a.t.pool.region_s += res->pool.region_s;
-              a.t.pool.wait_s += res->pool.wait_s;
-              a.t.pool.late_s += res->pool.late_s;
+              a.t.pool += res->pool;
               a.t.timed_s += res->timed_s;
             }
             a.peak_rss = lc::peak_rss_bytes();
