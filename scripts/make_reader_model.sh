@@ -10,7 +10,10 @@
 #   R4  7,000 steps at lr 7e-4 from R3: the memory carried through a chunk without the needle
 #       (mem_carry, where long reads decayed), memagent on variable tracking (vt_update,
 #       vt_answer) and Smooth Reading's notes and answer (smooth_note, smooth_answer), beside
-#       the R3 mix.
+#       the R3 mix;
+#   R5  3,000 steps at lr 5e-4 from R4, the R4 mix with half of the protocol tasks' number
+#       values drawn from 2 to 4 distinct digits (--cur-hard-values 0.5): values such as 5055554,
+#       which R4 copied with a digit changed.
 # Then copies the result to models/longctx-2l-reader.gguf and scores it with every reader.
 #   scripts/make_reader_model.sh          # THREADS=2 OUT=out/make-reader BUILD=build-rel
 # Each stage resumes from its checkpoint if the script is interrupted and run again.
@@ -29,12 +32,13 @@ t0=$(date +%s)
 COMMON=(--vocab models/longctx-2l.gguf --n-layer 2 --n-embd 128 --n-head 4 -t "$THREADS"
         --fixed-distance 64 --logn 1024 --seq-len 1024 --batch 8 --warmup 50 --weight-decay 0
         --cur-min-len 256 --cur-ramp 0)
-stage() {  # name init steps lr lm curriculum
+stage() {  # name init steps lr lm curriculum [more train flags]
   local name=$1 init=$2 steps=$3 lr=$4 lm=$5 mix=$6
+  shift 6
   [ -f "$OUT/$name.done" ] && return 0
   local from=(--init-from "$init")
   [ -f "$OUT/ck-$name/checkpoint.bin" ] && from=(--resume)
-  "$LC" train "${COMMON[@]}" "${from[@]}" --steps "$steps" --lr "$lr" --cur-lm "$lm" --curriculum "$mix" \
+  "$LC" train "${COMMON[@]}" "${from[@]}" --steps "$steps" --lr "$lr" --cur-lm "$lm" --curriculum "$mix" "$@" \
     --checkpoint-dir "$OUT/ck-$name" --checkpoint-every 500 -o "$OUT/$name.gguf"
   touch "$OUT/$name.done"
 }
@@ -46,8 +50,11 @@ stage r3 "$OUT/r2.gguf" 5000 7e-4 0.05 \
   mem_update=5,mem_answer=1,map_answer=4,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1
 stage r4 "$OUT/r3.gguf" 7000 7e-4 0.05 \
   mem_update=4,mem_carry=3,mem_answer=1,vt_update=4,vt_answer=1.5,map_answer=2,smooth_note=3,smooth_answer=1,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1
+stage r5 "$OUT/r4.gguf" 3000 5e-4 0.05 \
+  mem_update=4,mem_carry=3,mem_answer=1,vt_update=4,vt_answer=1.5,map_answer=2,smooth_note=3,smooth_answer=1,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1 \
+  --cur-hard-values 0.5
 echo "make_reader_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
-cp "$OUT/r4.gguf" models/longctx-2l-reader.gguf
+cp "$OUT/r5.gguf" models/longctx-2l-reader.gguf
 "$LC" bench run -m models/longctx-2l-reader.gguf --task niah_single_1 niah_single_2 niah_multikey_1 passkey \
   -L 4K --samples 20 --reader memagent --reader mapreduce --reader smooth --reader sculptor -t "$THREADS" \
   --out-dir "$OUT/eval-4k" --no-plots
