@@ -74,10 +74,9 @@ std::string answer_text(const tasks::Sample& s) {
 
 std::string hard_number(tasks::Rng& rng, int digits) {
   // A random set of 2-4 distinct digits, then each digit drawn from it (the first not 0).
-  std::string pool = "0123456789";
   const int64_t k = tasks::uniform(rng, 2, 4);
-  for (int64_t i = 0; i < k; ++i) std::swap(pool[static_cast<size_t>(i)], pool[static_cast<size_t>(tasks::uniform(rng, i, 9))]);
-  pool.resize(static_cast<size_t>(k));
+  std::string pool;
+  for (int64_t d : tasks::sample_without_replacement(rng, 10, k)) pool += static_cast<char>('0' + d);
   std::string s;
   while (static_cast<int>(s.size()) < digits) {
     const char c = pool[static_cast<size_t>(tasks::uniform(rng, 0, k - 1))];
