@@ -48,5 +48,12 @@ std::string vt_question(const std::string& value);
 std::string vt_answer_prefix(size_t num_v, const std::string& value);
 std::vector<std::string> vt_names(Rng& rng, size_t n, int letters, std::set<std::string>& used);
 std::vector<std::string> vt_chain(const std::vector<std::string>& vars, const std::string& value);
+// RULER's one-shot example of variable tracking as the vt task prepends it to a sample:
+// vt_example_blocks is the run's number of noise blocks (the most that keep the example's
+// prompt within 500 tokens of `tok`, at least 5); vt_example the text (the example's prompt,
+// " ", its answer, two new lines) with 3-letter names (not in `used`, added to it) and a value
+// drawn from rng, the statements at the run's positions.
+int64_t vt_example_blocks(const Tokenizer& tok, uint64_t run_seed);
+std::string vt_example(uint64_t run_seed, int64_t blocks, Rng& rng, std::set<std::string>& used);
 
 }  // namespace lc::tasks

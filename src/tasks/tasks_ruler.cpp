@@ -246,22 +246,38 @@ constexpr const char* kVtExampleValue = "12345";      // the example's value bef
 // prompt (template and answer prefix, no answer) within 500 tokens of the model's tokenizer;
 // then, per sample, new variable names of the same length and a new value. It is prepended as
 // prompt + " " + the answer + "\n", then a new line, then the task's own prompt.
-Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed) {
-  const uint64_t ex_seed = mix64(spec.seed ^ 0x7674206578616d70ull);  // the run's example
-  auto ex_prompt = [ex_seed](int64_t n, const std::vector<std::string>& vars, const std::string& value) {
-    Rng pr(mix64(ex_seed + static_cast<uint64_t>(n)));
-    const std::vector<std::string> chain = vt_chain(vars, value);
-    return vt_head() + vt_context(n, chain, vt_positions(pr, n, chain.size()), nullptr) + vt_question(value) +
-           vt_answer_prefix(vars.size(), value);
-  };
+namespace {
+uint64_t vt_example_seed(uint64_t run_seed) { return mix64(run_seed ^ 0x7674206578616d70ull); }
+
+// The example's prompt (no answer) in n blocks; the statements' positions depend on the run
+// and n only.
+std::string vt_example_prompt(uint64_t run_seed, int64_t n, const std::vector<std::string>& vars,
+                              const std::string& value) {
+  Rng pr(mix64(vt_example_seed(run_seed) + static_cast<uint64_t>(n)));
+  const std::vector<std::string> chain = vt_chain(vars, value);
+  return vt_head() + vt_context(n, chain, vt_positions(pr, n, chain.size()), nullptr) + vt_question(value) +
+         vt_answer_prefix(vars.size(), value);
+}
+}  // namespace
+}  // namespace lc::tasks::detail
+
+namespace lc::tasks {
+
+using detail::kVtExampleTokens;
+using detail::kVtExampleValue;
+using detail::kVtHops;
+using detail::vt_example_prompt;
+using detail::vt_example_seed;
+
+int64_t vt_example_blocks(const Tokenizer& tok, uint64_t run_seed) {
   std::vector<std::string> ex_vars;
   {
-    Rng er(ex_seed);
+    Rng er(vt_example_seed(run_seed));
     std::set<std::string> used;
     ex_vars = vt_names(er, kVtHops + 1, 3, used);
   }
   auto ex_tokens = [&](int64_t n) {
-    return static_cast<int64_t>(r.tokenizer().encode(ex_prompt(n, ex_vars, kVtExampleValue), false, false).size());
+    return static_cast<int64_t>(tok.encode(vt_example_prompt(run_seed, n, ex_vars, kVtExampleValue), false, false).size());
   };
   // RULER's search starts at 5 blocks and keeps 5 when nothing fits.
   int64_t lo = 5, hi = 10;
@@ -279,7 +295,21 @@ Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec&
       }
     }
   }
-  const int64_t ex_blocks = lo;
+  return lo;
+}
+
+std::string vt_example(uint64_t run_seed, int64_t blocks, Rng& rng, std::set<std::string>& used) {
+  const std::vector<std::string> xv = vt_names(rng, kVtHops + 1, 3, used);
+  const std::string xval = std::to_string(uniform(rng, 10000, 99998));
+  return vt_example_prompt(run_seed, blocks, xv, xval) + " " + join(xv, " ") + "\n" + "\n";
+}
+
+}  // namespace lc::tasks
+
+namespace lc::tasks::detail {
+
+Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec& spec, uint64_t seed) {
+  const int64_t ex_blocks = vt_example_blocks(r.tokenizer(), spec.seed);
 
   std::vector<Layout> out;
   for (const bool with_example : {true, false}) {
@@ -297,9 +327,7 @@ Expected<std::vector<Layout>> make_vt(const PromptRenderer& r, const SampleSpec&
       std::string example;
       if (with_example) {
         Rng xr(mix64(seed ^ 0x72616e645f69636cull));
-        const std::vector<std::string> xv = vt_names(xr, kVtHops + 1, 3, used);
-        const std::string xval = std::to_string(uniform(xr, 10000, 99998));
-        example = ex_prompt(ex_blocks, xv, xval) + " " + join(xv, " ") + "\n" + "\n";
+        example = vt_example(spec.seed, ex_blocks, xr, used);
       }
       b.user = example + vt_head() + b.context + vt_question(value);
       b.answer_prefix = vt_answer_prefix(vars.size(), value);

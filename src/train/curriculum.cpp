@@ -37,6 +37,7 @@ bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n
 
 bool is_reader_task(const std::string& n) {
   return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || n == "vt_update" ||
+         n == "vt_decide" || n == "vt_open" ||
          n == "vt_answer" || n == "smooth_note" || n == "smooth_answer" || is_sculptor_task(n);
 }
 
@@ -108,7 +109,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_answer, map_answer, smooth_note, smooth_answer, sculptor_search, sculptor_answer)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_decide, vt_open, vt_answer, map_answer, smooth_note, smooth_answer, sculptor_search, sculptor_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -293,12 +294,9 @@ Expected<CurriculumSample> Curriculum::bench_task(const std::string& task, int64
   return s;
 }
 
-Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
-                                                     const std::vector<std::pair<size_t, size_t>>& scored, bool eos,
-                                                     int64_t len, int32_t* tokens, int32_t* targets) const {
-  std::vector<int32_t> ids = tok_.encode(text, true, false);
-  // Byte offsets of the tokens: their pieces concatenated are the text, after a space the
-  // SentencePiece vocabularies put in front.
+Expected<std::vector<size_t>> Curriculum::token_starts(const std::vector<int32_t>& ids, const std::string& text) const {
+  // The tokens' pieces concatenated are the text, after a space the SentencePiece vocabularies
+  // put in front (a token's span is then shifted back by one, the first clamped at 0).
   std::vector<size_t> start(ids.size() + 1, 0);
   std::string joined;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -311,6 +309,15 @@ Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
     shift = 1;
   else if (joined != text)
     return make_error("curriculum: the tokenizer does not reproduce the generated text byte for byte");
+  for (size_t& b : start) b = b >= shift ? b - shift : 0;
+  return start;
+}
+
+Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
+                                                     const std::vector<std::pair<size_t, size_t>>& scored, bool eos,
+                                                     int64_t len, int32_t* tokens, int32_t* targets) const {
+  std::vector<int32_t> ids = tok_.encode(text, true, false);
+  LC_ASSIGN_OR_RETURN(std::vector<size_t> start, token_starts(ids, text));
   if (eos) {
     ids.push_back(tok_.eos());
     start.push_back(start.back());
@@ -321,8 +328,7 @@ Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
   for (int64_t t = 0; t < n; ++t) {
     const size_t i = static_cast<size_t>(t + 1);  // the token predicted at t
     bool sc = eos && i + 1 == ids.size();
-    const size_t b = start[i] >= shift ? start[i] - shift : 0, e = start[i + 1] >= shift ? start[i + 1] - shift : 0;
-    for (const auto& r : scored) sc |= b < r.second && e > r.first;
+    for (const auto& r : scored) sc |= start[i] < r.second && start[i + 1] > r.first;
     tokens[t] = ids[i - 1];
     targets[t] = sc ? ids[i] : -1;
     s.n_scored += sc;
@@ -331,7 +337,8 @@ Expected<CurriculumSample> Curriculum::encode_scored(const std::string& text,
 }
 
 Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, const std::string& reply, int64_t len,
-                                                    int32_t* tokens, int32_t* targets) const {
+                                                    int32_t* tokens, int32_t* targets,
+                                                    const std::vector<size_t>* only_at) const {
   const std::vector<int32_t> head = tok_.encode(prompt, true, false);
   std::vector<int32_t> full = tok_.encode(prompt + reply, true, false);
   // The reply must continue the prompt's tokens, as generation will.
@@ -342,11 +349,30 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
   if (n > std::min(len, o_.max_len))
     return make_error(fmt::format("curriculum: a reader task's sequence needs {} tokens, more than {}", n,
                                   std::min(len, o_.max_len)));
+  // Where only_at is given, the positions to score: each predicts the reply token whose bytes
+  // hold one of those reply offsets (the EOS for reply.size()).
+  std::vector<bool> at;
+  if (only_at) {
+    at.assign(static_cast<size_t>(n), false);
+    LC_ASSIGN_OR_RETURN(const std::vector<size_t> start,
+                        token_starts(std::vector<int32_t>(full.begin(), full.end() - 1), prompt + reply));
+    for (const size_t off : *only_at) {
+      if (off > reply.size()) return make_error("curriculum: a scored offset lies past the reply");
+      size_t k = full.size() - 1;  // the EOS
+      if (off < reply.size()) {
+        const size_t b = prompt.size() + off;
+        k = head.size();
+        while (k + 1 < full.size() - 1 && start[k + 1] <= b) ++k;
+      }
+      at[k - 1] = true;
+    }
+  }
   CurriculumSample s;
   s.n = n;
   for (int64_t t = 0; t < n; ++t) {
     tokens[t] = full[static_cast<size_t>(t)];
-    const bool scored = t + 1 >= static_cast<int64_t>(head.size());  // predicts a reply token or the EOS
+    // Predicts a reply token or the EOS.
+    const bool scored = only_at ? at[static_cast<size_t>(t)] : t + 1 >= static_cast<int64_t>(head.size());
     targets[t] = scored ? full[static_cast<size_t>(t + 1)] : -1;
     s.n_scored += scored;
   }
@@ -373,6 +399,15 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               blocks one a line): the memory holds the chain's first k statements (k in 0..5; "No
 //               previous memory" for 0), the chunk the next 0-2, each on a line of its own; the
 //               new memory is the first k + new statements, one a line.
+//   vt_decide   vt_update's sequence, scored only at the reply's first token and at the token
+//               after each of its lines (a new line to go on, or the EOS): the decision to append
+//               is one token in a reply of tens, and a window's loss is the mean over its
+//               scored tokens, so this weights it up.
+//   vt_open     (memagent_update) the document's first chunk, as the bench gives it: RULER's
+//               one-shot example (3-letter names, another value; its own run of positions and
+//               block count), the instruction, then noise blocks with the chain's first 0-2
+//               statements; memory "No previous memory"; the reply is those statements, or "No
+//               previous memory".
 //   vt_answer   (memagent_final) a memory of the chain's first 1-5 statements (all five half the
 //               time); the reply is \boxed{the variables, in chain order, space-separated}.
 //   map_answer  (mapreduce_map) chunk with the queried needle or not; the reply is the value or
@@ -409,7 +444,7 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     const std::string key = fresh(false), value = fresh(true);
     return Fact{value, tasks::needle_sentence(type, key, value)};
   };
-  if (task == "vt_update" || task == "vt_answer") return vt_task(task, len, rng, tokens, targets);
+  if (task == "vt_update" || task == "vt_decide" || task == "vt_open" || task == "vt_answer") return vt_task(task, len, rng, tokens, targets);
   Fact q;
   std::string question;
   if (passkey) {
@@ -520,7 +555,7 @@ Expected<CurriculumSample> Curriculum::fit_step(const std::string& task, int64_t
                                                 const std::string& reply,
                                                 const std::function<std::string(int64_t)>& chunk_of,
                                                 const std::function<bool()>& drop, int32_t* tokens,
-                                                int32_t* targets) const {
+                                                int32_t* targets, const std::vector<size_t>* only_at) const {
   const readers::Template& t = step == Step::kMemAgent ? mem_update_ : step == Step::kMap ? map_ : smooth_read_;
   auto prompt_of = [&](const std::string& chunk, const std::string& state) {
     std::map<std::string, std::string> v = {{"problem", question}, {"chunk", chunk}};
@@ -549,7 +584,7 @@ Expected<CurriculumSample> Curriculum::fit_step(const std::string& task, int64_t
     if (n_tokens(prompt_of(chunk_of(mid), mem) + reply) <= limit) lo = mid;
     else hi = mid;
   }
-  return encode_reply(prompt_of(chunk_of(lo), mem), reply, len, tokens, targets);
+  return encode_reply(prompt_of(chunk_of(lo), mem), reply, len, tokens, targets, only_at);
 }
 
 // MemAgent on RULER's variable tracking (vt_update, vt_answer; the question is RULER's, as the
@@ -573,6 +608,25 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
     return encode_reply(prompt, "\\boxed{" + tasks::join({vars.begin(), vars.begin() + static_cast<std::ptrdiff_t>(k)}, " ") + "}",
                         len, tokens, targets);
   }
+  if (task == "vt_open") {
+    // The document's first chunk: RULER's one-shot example (a run of its own per sample), the
+    // instruction, then the context's first noise blocks with the chain's first 0-2 statements.
+    const uint64_t run = static_cast<uint64_t>(tasks::uniform(rng, 0, INT64_MAX));
+    const std::string example =
+        tasks::vt_example(run, tasks::vt_example_blocks(tok_, run), rng, used) + tasks::vt_head();
+    const size_t fresh = static_cast<size_t>(tasks::uniform(rng, 0, 2));
+    std::vector<tasks::Insert> inserts;
+    std::vector<double> depths;
+    for (size_t j = 0; j < fresh; ++j) depths.push_back(100.0 * tasks::uniform01(rng));
+    std::sort(depths.begin(), depths.end());
+    for (size_t j = 0; j < fresh; ++j) inserts.push_back({depths[j], chain[j]});
+    auto chunk_of = [&](int64_t units) {
+      std::vector<std::string> hay(static_cast<size_t>(units), tasks::noise_block());
+      return example + tasks::assemble(hay, inserts, "\n", true, nullptr);
+    };
+    return fit_step(task, len, Step::kMemAgent, question, kNoMemory, lines(fresh), chunk_of, [] { return false; },
+                    tokens, targets);
+  }
   const size_t k = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(chain.size())));
   const size_t fresh = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(std::min<size_t>(2, chain.size() - k))));
   std::vector<tasks::Insert> inserts;
@@ -593,7 +647,12 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
     for (int64_t i = 0; i < units; ++i) hay.push_back(i == 0 ? first : tasks::noise_block());
     return tasks::assemble(hay, inserts, "\n", true, nullptr);
   };
-  return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets);
+  // vt_decide: the reply's first token and the one after each of its lines.
+  std::vector<size_t> decisions = {0};
+  for (size_t i = reply.find('\n'); i != std::string::npos; i = reply.find('\n', i + 1)) decisions.push_back(i);
+  decisions.push_back(reply.size());
+  return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets,
+                  task == "vt_decide" ? &decisions : nullptr);
 }
 
 // The Sculptor reader's text protocol (readers/sculptor.cpp, protocol=text, the shipped model's:

@@ -21,6 +21,13 @@
 //               another key's); the reply is \boxed{VALUE};
 //   vt_update   memagent_update on RULER's variable tracking: the memory holds the chain's first
 //               statements, the chunk the next 0-2; the reply adds them, one a line;
+//   vt_decide   vt_update's sequence scored only where the reply decides: its first token
+//               (a statement or "No previous memory") and the token after each of its lines
+//               (a new line that goes on, or the end);
+//   vt_open     memagent_update on the document's first chunk: RULER's one-shot example (its own
+//               chain, another value), the task's instruction and the context's start with the
+//               chain's first 0-2 statements; the reply is those statements, or "No previous
+//               memory" (never the example's);
 //   vt_answer   memagent_final on a memory of the chain's statements: \boxed{the variables};
 //   smooth_note smooth_read: the chunk holds the queried needle or not, the notes so far are
 //               "none yet", another key's sentence or the queried one; the reply is the queried
@@ -65,7 +72,8 @@ namespace lc::train {
 
 struct CurriculumTask {
   std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
-                     // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_answer", "map_answer",
+                     // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_decide", "vt_open",
+                     // "vt_answer", "map_answer",
                      // "smooth_note", "smooth_answer", "sculptor_search", "sculptor_answer"
   double weight = 1;
 };
@@ -142,7 +150,7 @@ class Curriculum {
   // "smooth_note", "smooth_answer".
   Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                          int32_t* targets) const;
-  // MemAgent on variable tracking: "vt_update", "vt_answer".
+  // MemAgent on variable tracking: "vt_update", "vt_decide", "vt_open", "vt_answer".
   Expected<CurriculumSample> vt_task(const std::string& task, int64_t len, tasks::Rng& rng, int32_t* tokens,
                                      int32_t* targets) const;
   // A reader step (memagent's update with memory `state`, mapreduce's map, or smooth's round
@@ -152,7 +160,8 @@ class Curriculum {
   Expected<CurriculumSample> fit_step(const std::string& task, int64_t len, Step step, const std::string& question,
                                       const std::string& state, const std::string& reply,
                                       const std::function<std::string(int64_t)>& chunk_of,
-                                      const std::function<bool()>& drop, int32_t* tokens, int32_t* targets) const;
+                                      const std::function<bool()>& drop, int32_t* tokens, int32_t* targets,
+                                      const std::vector<size_t>* only_at = nullptr) const;
   // The Sculptor reader's text protocol: "sculptor_search", "sculptor_answer".
   Expected<CurriculumSample> sculptor_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                            int32_t* targets) const;
@@ -163,8 +172,14 @@ class Curriculum {
   CurriculumSample induction(int64_t len, uint64_t seed, int32_t* tokens, int32_t* targets) const;
   // Tokenizes prompt + reply (with BOS) and scores the reply and EOS; the reply's tokens must
   // continue the prompt's, and the whole must fit `len` tokens (an error otherwise, not a cut).
+  // With only_at, only the positions that predict the token starting at each of those reply
+  // offsets are scored (reply.size(): the EOS); each offset must be a token boundary.
   Expected<CurriculumSample> encode_reply(const std::string& prompt, const std::string& reply, int64_t len,
-                                          int32_t* tokens, int32_t* targets) const;
+                                          int32_t* tokens, int32_t* targets,
+                                          const std::vector<size_t>* only_at = nullptr) const;
+  // The byte offset in `text` where each of its tokens `ids` (text's encoding) starts, and the
+  // text's size at the end; an error where the pieces do not spell the text.
+  Expected<std::vector<size_t>> token_starts(const std::vector<int32_t>& ids, const std::string& text) const;
   // Tokenizes `text` (with BOS) and scores the tokens that lie inside the byte ranges `scored`,
   // plus EOS at the end when eos is set; cut to `len` tokens.
   Expected<CurriculumSample> encode_scored(const std::string& text, const std::vector<std::pair<size_t, size_t>>& scored,

@@ -397,6 +397,134 @@ TEST(ReaderTasks, VtUpdateFollowsTheChain) {
   EXPECT_GT(full, 0);
 }
 
+// vt_open: the document's first chunk as the bench gives it to memagent. The section opens
+// with RULER's one-shot example: the instruction, noise blocks with a chain of 3-letter names
+// from another value (the most blocks that keep the example's prompt within 500 tokens, at
+// least 5), the question and answer prefix, a space, its answer, two new lines; then the
+// instruction again and the task's noise blocks with its chain's first statements. The memory
+// is empty; the reply is the task chain's statements in the section, one a line, never the
+// example's, or "No previous memory".
+TEST(ReaderTasks, VtOpenCopiesTheTaskChainNotTheExample) {
+  const readers::Template t = load_template("memagent_update", {"problem", "memory", "chunk"});
+  static const std::string kHead =
+      "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n";
+  static const std::string kBlock = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+  static const std::regex ex_stmt("VAR ([A-Z]{3}) = (VAR ([A-Z]{3}) |([0-9]{5}))");
+  static const std::regex ex_tail(
+      "\\nQuestion: Find all variables that are assigned the value ([0-9]{5}) in the text above\\. Answer: According to "
+      "the chain\\(s\\) of variable assignment in the text above, 5 variables are assigned the value ([0-9]{5}), they "
+      "are:  ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3}) ([A-Z]{3})\\n\\n");
+  int none = 0, some = 0;
+  for_samples("vt_open", [&](const Seq& s, int64_t, const Tokenizer& tok) {
+    const auto parts = step_parts(s, t, "memory", "memory");
+    ASSERT_TRUE(parts);
+    EXPECT_EQ(parts->state, "No previous memory");
+    const std::string& sec = parts->section;
+    const std::string value = vt_value(parts->problem);
+    // The example: from the section's start to the second instruction.
+    ASSERT_EQ(sec.compare(0, kHead.size(), kHead), 0) << sec;
+    const size_t second = sec.find(kHead, kHead.size());
+    ASSERT_NE(second, std::string::npos) << sec;
+    const std::string example = sec.substr(0, second), task = sec.substr(second + kHead.size());
+    const size_t q = example.find("\nQuestion: ");
+    ASSERT_NE(q, std::string::npos);
+    std::smatch m;
+    const std::string tail = example.substr(q);
+    ASSERT_TRUE(std::regex_match(tail, m, ex_tail)) << tail;
+    EXPECT_EQ(m[1].str(), m[2].str());
+    EXPECT_NE(m[1].str(), value);
+    // Its context: noise blocks and its chain's statements, one a line, in chain order.
+    std::istringstream in(example.substr(kHead.size(), q - kHead.size()));
+    std::string tracked = m[1].str();
+    int blocks = 0;
+    size_t hop = 0;
+    for (std::string l; std::getline(in, l);) {
+      std::smatch st;
+      if (std::regex_match(l, st, ex_stmt)) {
+        EXPECT_EQ(st[3].matched ? st[3].str() : st[4].str(), tracked) << l;
+        EXPECT_EQ(st[1].str(), m[3 + hop].str());  // the answer names the chain in order
+        tracked = st[1].str();
+        ++hop;
+      } else {
+        EXPECT_EQ(l, kBlock);
+        ++blocks;
+      }
+    }
+    EXPECT_EQ(hop, 5u);
+    // RULER's block count: the prompt (all but the answer) within 500 tokens, and one block
+    // more would pass it, or the floor of 5. RULER counts with the run's first names and the
+    // value 12345, which the sample's replace, so the counts here are within a few tokens.
+    // (the answer prefix ends in a space, and the answer follows after another)
+    const std::string ex_prompt = example.substr(0, example.size() - 2 - 3 * 5 - 4 - 1);
+    ASSERT_EQ(ex_prompt.substr(ex_prompt.size() - 5), "are: ") << ex_prompt;
+    const int64_t n_ex = static_cast<int64_t>(tok.encode(ex_prompt, false, false).size());
+    const int64_t n_more = static_cast<int64_t>(
+        tok.encode(kHead + kBlock + "\n" + ex_prompt.substr(kHead.size()), false, false).size());
+    EXPECT_GE(blocks, 5);
+    if (blocks > 5) EXPECT_LE(n_ex, 500 + 6);
+    EXPECT_GT(n_more, 500 - 6) << blocks;
+    // The task's part: noise blocks, and the chain's first statements from the value.
+    std::vector<std::string> kept;
+    std::string from = value;
+    for (const auto& [var, rhs] : vt_statements(task)) {
+      EXPECT_EQ(rhs, from);
+      from = var;
+      kept.push_back(std::isdigit(static_cast<unsigned char>(rhs[0])) ? "VAR " + var + " = " + rhs
+                                                                      : "VAR " + var + " = VAR " + rhs + " ");
+    }
+    std::istringstream tin(task);
+    for (std::string l; std::getline(tin, l);)
+      if (l.rfind("VAR ", 0) != 0) EXPECT_EQ(l, kBlock);
+    std::string expected;
+    for (const std::string& k : kept) expected += (expected.empty() ? "" : "\n") + k;
+    while (!expected.empty() && expected.back() == ' ') expected.pop_back();
+    EXPECT_LE(kept.size(), 2u);
+    EXPECT_EQ(s.reply, kept.empty() ? "No previous memory" : expected) << sec;
+    ++(kept.empty() ? none : some);
+  }, {{false, 1536}, {true, 1024}});  // the example alone is about 500 tokens
+  EXPECT_GT(none, 0);
+  EXPECT_GT(some, 0);
+}
+
+// vt_decide: vt_update's very sequence, scored only where the reply decides: the first reply
+// token, the token that holds each new line of the reply (go on with another statement), and
+// the EOS (stop), each with vt_update's target there.
+TEST(ReaderTasks, VtDecideScoresWhereTheReplyGoesOnOrStops) {
+  for (const auto& [shipped, max_len] : std::vector<std::pair<bool, int64_t>>{{false, 640}, {true, 1024}}) {
+    const Tokenizer& tok = vocab(shipped);
+    auto upd = make(tok, "vt_update", 256, max_len), dec = make(tok, "vt_decide", 256, max_len);
+    ASSERT_TRUE(upd && dec);
+    std::vector<int32_t> tk(static_cast<size_t>(max_len)), tg(tk.size()), tk2(tk.size()), tg2(tk.size());
+    int lines = 0;
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+      Rng r1(seed), r2(seed);
+      auto a = upd->sample(r1, 100, tk.data(), tg.data());
+      auto b = dec->sample(r2, 100, tk2.data(), tg2.data());
+      ASSERT_TRUE(a && b);
+      ASSERT_EQ(a->n, b->n);
+      EXPECT_TRUE(std::equal(tk.begin(), tk.begin() + a->n, tk2.begin()));
+      int64_t first = -1;
+      int64_t n_dec = 0;
+      for (int64_t i = 0; i < a->n; ++i) {
+        if (tg[i] < 0) {
+          EXPECT_LT(tg2[i], 0);
+          continue;
+        }
+        const bool is_first = first < 0;
+        if (is_first) first = i;
+        const bool newline = tok.decode({tg[i]}).find('\n') != std::string::npos;
+        const bool decides = is_first || newline || tg[i] == tok.eos();
+        lines += newline;
+        EXPECT_EQ(tg2[i], decides ? tg[i] : -1) << "seed " << seed << " t=" << i;
+        n_dec += decides;
+      }
+      EXPECT_EQ(b->n_scored, n_dec);
+      EXPECT_LT(b->n_scored, a->n_scored);
+    }
+    EXPECT_GT(lines, 0);
+  }
+}
+
 // vt_answer: the memory holds the chain's first statements; the reply boxes their variables in
 // chain order.
 TEST(ReaderTasks, VtAnswerBoxesTheVariables) {
