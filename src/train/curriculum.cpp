@@ -400,7 +400,8 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               previous memory" for 0), the chunk the next 0-2, each on a line of its own; the
 //               new memory is the first k + new statements, one a line.
 //   vt_decide   vt_update's sequence, scored only at the reply's first token and at the token
-//               after each of its lines (a new line to go on, or the EOS): the decision to append
+//               after each of its lines' text (a hop's trailing space or a new line, to go on; or
+//               the EOS): the decision to append
 //               is one token in a reply of tens, and a window's loss is the mean over its
 //               scored tokens, so this weights it up.
 //   vt_open     (memagent_update) the document's first chunk, as the bench gives it: RULER's
@@ -647,9 +648,14 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
     for (int64_t i = 0; i < units; ++i) hay.push_back(i == 0 ? first : tasks::noise_block());
     return tasks::assemble(hay, inserts, "\n", true, nullptr);
   };
-  // vt_decide: the reply's first token and the one after each of its lines.
+  // vt_decide: the reply's first token and the one after each of its lines' text: the hop
+  // statements' trailing space (RULER's) then the new line, or the new line, or the EOS.
   std::vector<size_t> decisions = {0};
-  for (size_t i = reply.find('\n'); i != std::string::npos; i = reply.find('\n', i + 1)) decisions.push_back(i);
+  for (size_t i = reply.find('\n'); i != std::string::npos; i = reply.find('\n', i + 1)) {
+    size_t j = i;
+    while (j > 0 && reply[j - 1] == ' ') --j;
+    decisions.push_back(j);
+  }
   decisions.push_back(reply.size());
   return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets,
                   task == "vt_decide" ? &decisions : nullptr);

@@ -22,8 +22,8 @@
 //   vt_update   memagent_update on RULER's variable tracking: the memory holds the chain's first
 //               statements, the chunk the next 0-2; the reply adds them, one a line;
 //   vt_decide   vt_update's sequence scored only where the reply decides: its first token
-//               (a statement or "No previous memory") and the token after each of its lines
-//               (a new line that goes on, or the end);
+//               (a statement or "No previous memory") and the token after each of its lines'
+//               text (a hop's trailing space or a new line, which go on; or the end);
 //   vt_open     memagent_update on the document's first chunk: RULER's one-shot example (its own
 //               chain, another value), the task's instruction and the context's start with the
 //               chain's first 0-2 statements; the reply is those statements, or "No previous
