@@ -37,7 +37,7 @@ bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n
 
 bool is_reader_task(const std::string& n) {
   return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || n == "vt_update" ||
-         n == "vt_decide" || n == "vt_open" ||
+         n == "vt_decide" || n == "vt_first" || n == "vt_open" ||
          n == "vt_answer" || n == "smooth_note" || n == "smooth_answer" || is_sculptor_task(n);
 }
 
@@ -109,7 +109,7 @@ Expected<std::vector<CurriculumTask>> parse_curriculum(const std::string& spec) 
         return make_error(fmt::format("--curriculum: weight '{}' of '{}' must be a positive number", w, t.name));
     }
     if (!is_own_task(t.name) && !tasks::find_task(t.name))
-      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_decide, vt_open, vt_answer, map_answer, smooth_note, smooth_answer, sculptor_search, sculptor_answer)", t.name));
+      return make_error(fmt::format("--curriculum: unknown task '{}' (bench tasks, recall, quiz, copy, repeat, induction, text, mem_update, mem_carry, mem_answer, vt_update, vt_decide, vt_first, vt_open, vt_answer, map_answer, smooth_note, smooth_answer, sculptor_search, sculptor_answer)", t.name));
     if (!seen.insert(t.name).second)
       return make_error(fmt::format("--curriculum: task '{}' is listed twice", t.name));
     out.push_back(t);
@@ -404,6 +404,9 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               the EOS): the decision to append
 //               is one token in a reply of tens, and a window's loss is the mean over its
 //               scored tokens, so this weights it up.
+//   vt_first    vt_decide with a memory of at most the chain's first statement (k in 0..1): the
+//               decision after that statement (a new line, or the EOS) is the one the reader
+//               model kept missing, and vt_update's k in 0..5 draws it a ninth of the time.
 //   vt_open     (memagent_update) the document's first chunk, as the bench gives it: RULER's
 //               one-shot example (3-letter names, another value; its own run of positions and
 //               block count), the instruction, then noise blocks with the chain's first 0-2
@@ -445,7 +448,8 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     const std::string key = fresh(false), value = fresh(true);
     return Fact{value, tasks::needle_sentence(type, key, value)};
   };
-  if (task == "vt_update" || task == "vt_decide" || task == "vt_open" || task == "vt_answer") return vt_task(task, len, rng, tokens, targets);
+  if (task == "vt_update" || task == "vt_decide" || task == "vt_first" || task == "vt_open" || task == "vt_answer")
+    return vt_task(task, len, rng, tokens, targets);
   Fact q;
   std::string question;
   if (passkey) {
@@ -628,7 +632,8 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
     return fit_step(task, len, Step::kMemAgent, question, kNoMemory, lines(fresh), chunk_of, [] { return false; },
                     tokens, targets);
   }
-  const size_t k = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(chain.size())));
+  const bool first_only = task == "vt_first";  // the memory holds at most the chain's first statement
+  const size_t k = static_cast<size_t>(tasks::uniform(rng, 0, first_only ? 1 : static_cast<int64_t>(chain.size())));
   const size_t fresh = static_cast<size_t>(tasks::uniform(rng, 0, static_cast<int64_t>(std::min<size_t>(2, chain.size() - k))));
   std::vector<tasks::Insert> inserts;
   std::vector<double> depths;
@@ -658,7 +663,7 @@ Expected<CurriculumSample> Curriculum::vt_task(const std::string& task, int64_t 
   }
   decisions.push_back(reply.size());
   return fit_step(task, len, Step::kMemAgent, question, memory, reply, chunk_of, [] { return false; }, tokens, targets,
-                  task == "vt_decide" ? &decisions : nullptr);
+                  task == "vt_decide" || first_only ? &decisions : nullptr);
 }
 
 // The Sculptor reader's text protocol (readers/sculptor.cpp, protocol=text, the shipped model's:

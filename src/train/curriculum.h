@@ -24,6 +24,7 @@
 //   vt_decide   vt_update's sequence scored only where the reply decides: its first token
 //               (a statement or "No previous memory") and the token after each of its lines'
 //               text (a hop's trailing space or a new line, which go on; or the end);
+//   vt_first    vt_decide with a memory of at most the chain's first statement;
 //   vt_open     memagent_update on the document's first chunk: RULER's one-shot example (its own
 //               chain, another value), the task's instruction and the context's start with the
 //               chain's first 0-2 statements; the reply is those statements, or "No previous
@@ -72,8 +73,8 @@ namespace lc::train {
 
 struct CurriculumTask {
   std::string name;  // a bench task, or "recall", "quiz", "copy", "repeat", "induction", "text",
-                     // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_decide", "vt_open",
-                     // "vt_answer", "map_answer",
+                     // "mem_update", "mem_carry", "mem_answer", "vt_update", "vt_decide", "vt_first",
+                     // "vt_open", "vt_answer", "map_answer",
                      // "smooth_note", "smooth_answer", "sculptor_search", "sculptor_answer"
   double weight = 1;
 };
@@ -150,7 +151,7 @@ class Curriculum {
   // "smooth_note", "smooth_answer".
   Expected<CurriculumSample> reader_task(const std::string& task, int64_t len, uint64_t seed, int32_t* tokens,
                                          int32_t* targets) const;
-  // MemAgent on variable tracking: "vt_update", "vt_decide", "vt_open", "vt_answer".
+  // MemAgent on variable tracking: "vt_update", "vt_decide", "vt_first", "vt_open", "vt_answer".
   Expected<CurriculumSample> vt_task(const std::string& task, int64_t len, tasks::Rng& rng, int32_t* tokens,
                                      int32_t* targets) const;
   // A reader step (memagent's update with memory `state`, mapreduce's map, or smooth's round

@@ -486,9 +486,41 @@ TEST(ReaderTasks, VtOpenCopiesTheTaskChainNotTheExample) {
   EXPECT_GT(some, 0);
 }
 
-// vt_decide: vt_update's very sequence, scored only where the reply decides: the first reply
-// token, the first whitespace token after a line's text (a hop's trailing space, or the new
-// line: go on with another statement), and the EOS (stop), each with vt_update's target there.
+// Expects `dec` to score exactly the decisions of a reply whose every token `full` scores (-1
+// elsewhere), with full's targets: the first reply token, the first whitespace token after a
+// line's text (a hop's trailing space, or the new line: go on with another statement), and the
+// EOS (stop). Returns how many line ends it saw.
+int expect_decisions(const Tokenizer& tok, const int32_t* full, const int32_t* dec, int64_t n, int64_t n_scored,
+                     const std::string& where) {
+  auto blank = [&](int32_t id) {
+    const std::string p = tok.token_to_piece(id);  // decode() drops a lone leading space
+    return !p.empty() && p.find_first_not_of(" \n") == std::string::npos;
+  };
+  int64_t first = -1, n_dec = 0;
+  int lines = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (full[i] < 0) {
+      EXPECT_LT(dec[i], 0) << where << " t=" << i;
+      continue;
+    }
+    const bool is_first = first < 0;
+    if (is_first) first = i;
+    // The first of a run of whitespace tokens that holds a new line.
+    bool newline = false;
+    for (int64_t k = i; k < n && full[k] >= 0 && blank(full[k]); ++k)
+      newline |= tok.token_to_piece(full[k]).find('\n') != std::string::npos;
+    const bool line_end = newline && !is_first && !blank(full[i - 1]);
+    const bool decides = is_first || line_end || full[i] == tok.eos();
+    lines += line_end;
+    EXPECT_EQ(dec[i], decides ? full[i] : -1) << where << " t=" << i;
+    n_dec += decides;
+  }
+  EXPECT_EQ(n_scored, n_dec) << where;
+  return lines;
+}
+
+// vt_decide: vt_update's very sequence, scored only at its decisions (above), each with
+// vt_update's target there.
 TEST(ReaderTasks, VtDecideScoresWhereTheReplyGoesOnOrStops) {
   for (const auto& [shipped, max_len] : std::vector<std::pair<bool, int64_t>>{{false, 640}, {true, 1024}}) {
     const Tokenizer& tok = vocab(shipped);
@@ -503,32 +535,43 @@ TEST(ReaderTasks, VtDecideScoresWhereTheReplyGoesOnOrStops) {
       ASSERT_TRUE(a && b);
       ASSERT_EQ(a->n, b->n);
       EXPECT_TRUE(std::equal(tk.begin(), tk.begin() + a->n, tk2.begin()));
-      int64_t first = -1;
-      int64_t n_dec = 0;
-      for (int64_t i = 0; i < a->n; ++i) {
-        if (tg[i] < 0) {
-          EXPECT_LT(tg2[i], 0);
-          continue;
-        }
-        const bool is_first = first < 0;
-        if (is_first) first = i;
-        auto blank = [&](int32_t id) {
-          const std::string p = tok.token_to_piece(id);  // decode() drops a lone leading space
-          return !p.empty() && p.find_first_not_of(" \n") == std::string::npos;
-        };
-        // The first of a run of whitespace tokens that holds a new line.
-        bool newline = false;
-        for (int64_t k = i; k < a->n && tg[k] >= 0 && blank(tg[k]); ++k)
-          newline |= tok.token_to_piece(tg[k]).find('\n') != std::string::npos;
-        const bool line_end = newline && !is_first && !blank(tg[i - 1]);
-        const bool decides = is_first || line_end || tg[i] == tok.eos();
-        lines += line_end;
-        EXPECT_EQ(tg2[i], decides ? tg[i] : -1) << "seed " << seed << " t=" << i;
-        n_dec += decides;
-      }
-      EXPECT_EQ(b->n_scored, n_dec);
+      lines += expect_decisions(tok, tg.data(), tg2.data(), a->n, b->n_scored, "seed " + std::to_string(seed));
       EXPECT_LT(b->n_scored, a->n_scored);
     }
+    EXPECT_GT(lines, 0);
+  }
+}
+
+// vt_first: a memagent update whose memory holds no statement or only the chain's first (both
+// occur), scored at the reply's decisions as vt_decide is. The reply starts after the
+// template's "Updated memory:" line.
+TEST(ReaderTasks, VtFirstDecidesAfterTheFirstStatement) {
+  for (const auto& [shipped, max_len] : std::vector<std::pair<bool, int64_t>>{{false, 640}, {true, 1024}}) {
+    const Tokenizer& tok = vocab(shipped);
+    auto c = make(tok, "vt_first", 256, max_len);
+    ASSERT_TRUE(c);
+    std::vector<int32_t> tk(static_cast<size_t>(max_len)), tg(tk.size()), full(tk.size());
+    int empty = 0, one = 0, lines = 0;
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+      Rng rng(seed);
+      auto s = c->sample(rng, 100, tk.data(), tg.data());
+      ASSERT_TRUE(s);
+      int64_t first = 0;
+      while (first < s->n && tg[first] < 0) ++first;
+      ASSERT_LT(first, s->n);
+      const std::string prompt = tok.decode(std::vector<int32_t>(tk.begin(), tk.begin() + first + 1));
+      ASSERT_TRUE(prompt.size() > 16 && prompt.compare(prompt.size() - 16, 16, "Updated memory:\n") == 0) << prompt;
+      const auto memory = between(prompt, "<memory>\n", "\n</memory>");
+      ASSERT_TRUE(memory);
+      const size_t k = vt_statements(*memory).size();
+      EXPECT_LE(k, 1u) << *memory;
+      ++(k == 0 ? empty : one);
+      if (k == 0) EXPECT_EQ(*memory, "No previous memory");
+      for (int64_t t = 0; t < s->n; ++t) full[t] = t < first ? -1 : t + 1 < s->n ? tk[t + 1] : tok.eos();
+      lines += expect_decisions(tok, full.data(), tg.data(), s->n, s->n_scored, "seed " + std::to_string(seed));
+    }
+    EXPECT_GT(empty, 0);
+    EXPECT_GT(one, 0);
     EXPECT_GT(lines, 0);
   }
 }
