@@ -55,17 +55,20 @@ stage r5 "$OUT/r4.gguf" 3000 5e-4 0.05 "$R5MIX" --cur-hard-values 0.5
 # CANDIDATE=1: the variable-tracking candidates after R5 (docs/model.md, "Variable tracking: the
 # decision to go on"), trained and scored but not shipped: R6b (vt_decide, vt_open), R6c
 # (vt_first), R6d (vt_first weighted up: the first that goes on after the chain's first
-# statement), R6e (vt_decide weighted up again: fewer invented lines).
+# statement), R6e (vt_decide weighted up again: fewer invented lines), R6f (the needle memory
+# tasks weighted up: some of the needle reads at 128K back).
 if [ "${CANDIDATE:-0}" = 1 ]; then
   # (The mixes list the tasks in the order the runs of 2026-12-08 used: the order sets the draws.
-  # Those runs used 1 thread for R6b and R6c, 2 for R6d and R6e.)
+  # Those runs used 1 thread for R6b, R6c and R6f, 2 for R6d and R6e.)
   v() { echo "mem_update=4,mem_carry=3,mem_answer=1,vt_update=4,$1,vt_answer=1.5,map_answer=2,smooth_note=3,smooth_answer=1,sculptor_search=0.5,sculptor_answer=0.5,niah_single_1=0.2,niah_multikey_1=0.5,passkey=0.1,vt=0.3,text=0.1"; }
   stage r6b "$OUT/r5.gguf" 3000 5e-4 0.05 "$(v vt_decide=4,vt_open=2)" --cur-hard-values 0.5
   stage r6c "$OUT/r6b.gguf" 2000 3e-4 0.05 "$(v vt_decide=4,vt_first=4,vt_open=2)" --cur-hard-values 0.5
   stage r6d "$OUT/r6c.gguf" 2500 5e-4 0.05 "$(v vt_decide=4,vt_first=8,vt_open=2)" --cur-hard-values 0.5
   stage r6e "$OUT/r6d.gguf" 2000 3e-4 0.05 "$(v vt_decide=8,vt_first=4,vt_open=2)" --cur-hard-values 0.5
-  "$LC" bench run -m "$OUT/r6e.gguf" --task vt -L 4K 16K 128K --samples 10 --reader memagent:window=4096 \
-    -t "$THREADS" --out-dir "$OUT/eval-r6e" --no-plots
+  stage r6f "$OUT/r6e.gguf" 2000 3e-4 0.05 "$(v vt_decide=8,vt_first=4,vt_open=2 | sed 's/mem_update=4,mem_carry=3/mem_update=6,mem_carry=6/')" \
+    --cur-hard-values 0.5
+  "$LC" bench run -m "$OUT/r6f.gguf" --task vt -L 4K 16K 128K --samples 10 --reader memagent:window=4096 \
+    -t "$THREADS" --out-dir "$OUT/eval-r6f" --no-plots
   exit 0
 fi
 echo "make_reader_model: trained in $(( ($(date +%s) - t0) / 60 )) min (this invocation)" >&2
