@@ -35,10 +35,14 @@ const std::vector<CurriculumTask>& default_mix() {
 
 bool is_sculptor_task(const std::string& n) { return n == "sculptor_search" || n == "sculptor_answer"; }
 
+// MemAgent on variable tracking (Curriculum::vt_task).
+bool is_vt_task(const std::string& n) {
+  return n == "vt_update" || n == "vt_decide" || n == "vt_first" || n == "vt_open" || n == "vt_answer";
+}
+
 bool is_reader_task(const std::string& n) {
-  return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || n == "vt_update" ||
-         n == "vt_decide" || n == "vt_first" || n == "vt_open" ||
-         n == "vt_answer" || n == "smooth_note" || n == "smooth_answer" || is_sculptor_task(n);
+  return n == "mem_update" || n == "mem_carry" || n == "mem_answer" || n == "map_answer" || is_vt_task(n) ||
+         n == "smooth_note" || n == "smooth_answer" || is_sculptor_task(n);
 }
 
 bool is_own_task(const std::string& n) {
@@ -401,9 +405,8 @@ Expected<CurriculumSample> Curriculum::encode_reply(const std::string& prompt, c
 //               new memory is the first k + new statements, one a line.
 //   vt_decide   vt_update's sequence, scored only at the reply's first token and at the token
 //               after each of its lines' text (a hop's trailing space or a new line, to go on; or
-//               the EOS): the decision to append
-//               is one token in a reply of tens, and a window's loss is the mean over its
-//               scored tokens, so this weights it up.
+//               the EOS): the decision to append is one token in a reply of tens, and a
+//               window's loss is the mean over its scored tokens, so this weights it up.
 //   vt_first    vt_decide with a memory of at most the chain's first statement (k in 0..1): the
 //               decision after that statement (a new line, or the EOS) is the one the reader
 //               model kept missing, and vt_update's k in 0..5 draws it a ninth of the time.
@@ -448,8 +451,7 @@ Expected<CurriculumSample> Curriculum::reader_task(const std::string& task, int6
     const std::string key = fresh(false), value = fresh(true);
     return Fact{value, tasks::needle_sentence(type, key, value)};
   };
-  if (task == "vt_update" || task == "vt_decide" || task == "vt_first" || task == "vt_open" || task == "vt_answer")
-    return vt_task(task, len, rng, tokens, targets);
+  if (is_vt_task(task)) return vt_task(task, len, rng, tokens, targets);
   Fact q;
   std::string question;
   if (passkey) {
